@@ -1,0 +1,149 @@
+"""Dtypes the reference understands, their unit roundoffs, and one correct rounding.
+
+The reference computes in float64 (int64 for integer inputs) and rounds *once*
+to the output dtype. ``ml_dtypes``' ``astype`` from float64 to bfloat16 or the
+float8 formats goes through float32 and so rounds twice; :func:`round_to`
+does a single round-to-nearest-even at the target precision instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "FloatFormat",
+    "INPUT_DTYPES",
+    "OUTPUT_DTYPES",
+    "as_dtype",
+    "float_format",
+    "is_integer",
+    "round_to",
+    "unit_roundoff",
+]
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A binary floating-point format: ``mant`` fraction bits, normal exponents ``[emin, emax]``."""
+
+    name: str
+    mant: int
+    emin: int
+    emax: int
+    max_finite: float
+    has_inf: bool
+
+    @property
+    def unit_roundoff(self) -> float:
+        return 2.0 ** -(self.mant + 1)
+
+    @property
+    def tiny(self) -> float:
+        """The smallest positive subnormal."""
+        return 2.0 ** (self.emin - self.mant)
+
+    @property
+    def overflow_threshold(self) -> float:
+        """Values of magnitude at or past this round to infinity (or NaN)."""
+        return self.max_finite + 2.0 ** (self.emax - self.mant - 1)
+
+
+def _fmt(name: str, dtype: Any, has_inf: bool = True) -> FloatFormat:
+    info = ml_dtypes.finfo(dtype)
+    return FloatFormat(
+        name=name,
+        mant=int(info.nmant),
+        emin=int(info.minexp),
+        emax=int(info.maxexp) - 1,
+        max_finite=float(info.max),
+        has_inf=has_inf,
+    )
+
+
+_FORMATS: dict[np.dtype, FloatFormat] = {
+    np.dtype(np.float64): _fmt("float64", np.float64),
+    np.dtype(np.float32): _fmt("float32", np.float32),
+    np.dtype(np.float16): _fmt("float16", np.float16),
+    np.dtype(ml_dtypes.bfloat16): _fmt("bfloat16", ml_dtypes.bfloat16),
+    np.dtype(ml_dtypes.float8_e4m3fn): _fmt(
+        "float8_e4m3fn", ml_dtypes.float8_e4m3fn, has_inf=False
+    ),
+    np.dtype(ml_dtypes.float8_e5m2): _fmt("float8_e5m2", ml_dtypes.float8_e5m2),
+}
+
+INPUT_DTYPES: tuple[np.dtype, ...] = tuple(_FORMATS) + (np.dtype(np.int8),)
+OUTPUT_DTYPES: tuple[np.dtype, ...] = tuple(_FORMATS) + (np.dtype(np.int32),)
+
+_NAMES = {str(d): d for d in INPUT_DTYPES + OUTPUT_DTYPES}
+
+
+def as_dtype(value: Any, *, name: str = "dtype") -> np.dtype:
+    """Normalise a dtype-like (NumPy, ml_dtypes, jax or torch dtype, or its name)."""
+    if value is None:
+        raise TypeError(f"{name}: expected a dtype, got None")
+    text = str(value)
+    if text.startswith("torch."):
+        text = text[len("torch."):]
+    if text in _NAMES:
+        return _NAMES[text]
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        raise TypeError(
+            f"{name}: expected one of {sorted(_NAMES)}, got {value!r}"
+        ) from None
+    if dtype not in OUTPUT_DTYPES and dtype not in INPUT_DTYPES:
+        raise TypeError(f"{name}: unsupported dtype {dtype}; expected one of {sorted(_NAMES)}")
+    return dtype
+
+
+def is_integer(dtype: np.dtype) -> bool:
+    return np.issubdtype(dtype, np.integer)
+
+
+def float_format(dtype: np.dtype) -> FloatFormat:
+    try:
+        return _FORMATS[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"no floating-point format for dtype {dtype}") from None
+
+
+def unit_roundoff(dtype: Any) -> float:
+    """Unit roundoff ``2**-(p)`` of a float dtype; 0 for integers (exact)."""
+    dtype = np.dtype(dtype)
+    if is_integer(dtype):
+        return 0.0
+    return float_format(dtype).unit_roundoff
+
+
+def round_to(x: np.ndarray, dtype: Any) -> np.ndarray:
+    """Round float64 ``x`` once, to nearest even, into ``dtype``.
+
+    Integer targets wrap modulo 2**bits as integer accumulators do.
+    """
+    dtype = np.dtype(dtype)
+    x = np.asarray(x)
+    if is_integer(dtype):
+        if not is_integer(x.dtype):
+            raise TypeError(f"cannot round {x.dtype} values to integer dtype {dtype}")
+        return x.astype(dtype)
+    x = x.astype(np.float64, copy=False)
+    if dtype in (np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16)):
+        return x.astype(dtype)  # NumPy's casts from float64 round once
+    fmt = float_format(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        _, e = np.frexp(x)  # x = f * 2**e with 0.5 <= |f| < 1
+        exponent = np.maximum(e - 1, fmt.emin)
+        quantum = np.ldexp(1.0, exponent - fmt.mant)
+        rounded = np.round(x / quantum) * quantum
+        overflow = np.abs(rounded) > fmt.max_finite
+        if fmt.has_inf:
+            rounded = np.where(overflow, np.copysign(np.inf, x), rounded)
+        else:
+            rounded = np.where(overflow | np.isinf(x), np.nan, rounded)
+    # every value is now exactly representable, so the double cast is exact
+    return rounded.astype(dtype)

@@ -1,0 +1,80 @@
+"""Layouts: map a packed operand buffer to its per-group blocks.
+
+Every block is returned in canonical orientation, ``(m_g, k_g)`` for lhs and
+``(k_g, n_g)`` for rhs, as a view whenever the storage allows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from gmm_ref.problem import Problem
+
+__all__ = ["Block", "blocks"]
+
+
+def _ragged_slice(mat: np.ndarray, axis: int, start: int, size: int, packed: bool) -> np.ndarray:
+    """Group ``[start, start + size)`` of a 2-D stored matrix ragged along ``axis``."""
+    if axis == 0:
+        return mat[start:start + size, :]
+    if not packed:
+        return mat[:, start:start + size]
+    rows = mat.shape[0]
+    flat = mat.reshape(-1)
+    return flat[rows * start: rows * (start + size)].reshape(rows, size)
+
+
+class Block:
+    """One group's operands and where its result goes, at one batch index."""
+
+    __slots__ = ("group", "local", "batch_index", "a", "b", "out_index", "k")
+
+    def __init__(self, group, local, batch_index, a, b, out_index, k):
+        self.group = group
+        self.local = local
+        self.batch_index = batch_index
+        self.a = a
+        self.b = b
+        self.out_index = out_index
+        self.k = k
+
+
+def _operand(p: Problem, which: str, bi: tuple[int, ...], local: int, start: int, size: int) -> np.ndarray:
+    fam = p.family
+    buf = p.lhs if which == "lhs" else p.rhs
+    transposed = p.lhs_transposed if which == "lhs" else p.rhs_transposed
+    grouped = (fam in ("ragged_n", "batch")) if which == "lhs" else (fam in ("ragged_m", "batch"))
+    mat = buf[(local, *bi)] if grouped else buf[bi]
+    # logical ragged dim of this operand: lhs (M, K) -> 0 or 1; rhs (K, N) -> 0 or 1
+    ragged = {
+        ("ragged_m", "lhs"): 0,
+        ("ragged_k", "lhs"): 1,
+        ("ragged_k", "rhs"): 0,
+        ("ragged_n", "rhs"): 1,
+    }.get((fam, which))
+    if ragged is not None:
+        stored_axis = ragged if not transposed else 1 - ragged
+        mat = _ragged_slice(mat, stored_axis, start, size, p.packed)
+    return mat.T if transposed else mat
+
+
+def blocks(p: Problem) -> Iterator[Block]:
+    """Every (batch index, local group) block of the problem, in order."""
+    fam = p.family
+    for bi in np.ndindex(*p.batch_shape):
+        off = p.offsets_at(bi)
+        for local, g in enumerate(p.local_groups):
+            start, size = int(off[g]), int(off[g + 1] - off[g])
+            if fam == "batch":
+                start, size = 0, 0
+            a = _operand(p, "lhs", bi, local, start, size)
+            b = _operand(p, "rhs", bi, local, start, size)
+            if fam == "ragged_m":
+                out_index = (*bi, slice(start, start + size), slice(None))
+            elif fam == "ragged_n":
+                out_index = (*bi, slice(None), slice(start, start + size))
+            else:
+                out_index = (local, *bi)
+            yield Block(g, local, bi, a, b, out_index, a.shape[1])

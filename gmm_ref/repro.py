@@ -1,0 +1,55 @@
+"""Copy-paste reproducers: Python source that rebuilds a problem exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from gmm_ref.problem import Problem
+
+__all__ = ["reproducer"]
+
+MAX_INLINE = 4096  # elements per array written out in full
+
+
+def _dtype_expr(dtype: np.dtype) -> str:
+    name = str(dtype)
+    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        return f"ml_dtypes.{name}"
+    return f"np.{name}"
+
+
+def _array_expr(a: np.ndarray) -> str:
+    if a.size > MAX_INLINE:
+        return (f"np.zeros({a.shape}, {_dtype_expr(a.dtype)})  "
+                f"# {a.size} values not inlined; rebuild from the Hypothesis blob")
+    if np.issubdtype(a.dtype, np.integer):
+        vals = a.tolist()
+    else:  # float() of any of our float dtypes is exact, and repr(float) round-trips
+        vals = a.astype(np.float64).tolist()
+    return f"np.array({vals!r}, dtype={_dtype_expr(a.dtype)}).reshape({a.shape})"
+
+
+def reproducer(p: Problem) -> str:
+    """Source of a snippet that rebuilds ``p`` and prints its reference."""
+    lines = ["import numpy as np, ml_dtypes", "from gmm_ref import Problem", "nan, inf = np.nan, np.inf",
+             "problem = Problem("]
+    for f in dataclasses.fields(p):
+        v = getattr(p, f.name)
+        default = f.default
+        if isinstance(v, np.ndarray):
+            expr = _array_expr(v)
+        elif isinstance(v, np.dtype):
+            expr = _dtype_expr(v)
+        else:
+            if v is None or (default is not dataclasses.MISSING and v == default):
+                if f.name not in ("group_sizes",):
+                    continue
+            expr = repr(v)
+        lines.append(f"    {f.name}={expr},")
+    lines.append(")")
+    lines.append("args, kwargs = problem.arguments()  # the kernel's own arguments"
+                 if p.convention else "")
+    lines.append("ref = problem.reference()  # .values, .mask, .bound(numerics)")
+    return "\n".join(line for line in lines if line)
