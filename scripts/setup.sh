@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install gmm-harness with every kernel that installs on this machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip >/dev/null
+python -m pip install -q -e ".[all]"
