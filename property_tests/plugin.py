@@ -1,21 +1,118 @@
-"""The gmm-harness pytest plugin: Hypothesis profiles and kernel selection options."""
+"""The gmm-harness pytest plugin (registered through ``pytest11``).
+
+- Hypothesis profiles ``ci`` (derandomized, no deadline, print_blob), ``dev``
+  and ``thorough``, registered when pytest starts (never at import).
+- ``--gmm-kernel`` (repeatable: a built-in adapter name or ``pkg.module:fn``),
+  ``--gmm-convention`` and ``--gmm-tiling``: which kernels the kernel checks
+  run on. With ``--gmm-kernel`` given, only the kernel checks run.
+- The ``gmm_kernel`` fixture parametrizes a test over the selected kernels;
+  a kernel that cannot run here is skipped with its reason.
+- ``pytest_report_header`` lists the kernels under test and why any is skipped.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from hypothesis import HealthCheck, settings
 
+_PROFILES_REGISTERED = False
 
-def _register_profiles() -> None:
-    settings.register_profile(
-        "ci", derandomize=True, deadline=None, print_blob=True, max_examples=30,
-        suppress_health_check=[HealthCheck.too_slow],
+
+def register_profiles() -> None:
+    """Register the ``ci``, ``dev`` and ``thorough`` Hypothesis profiles (idempotent)."""
+    global _PROFILES_REGISTERED
+    if _PROFILES_REGISTERED:
+        return
+    common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("ci", derandomize=True, max_examples=25, **common)
+    settings.register_profile("dev", max_examples=15, **common)
+    settings.register_profile("thorough", max_examples=400, **common)
+    _PROFILES_REGISTERED = True
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gmm-harness", "grouped GEMM kernel checks")
+    group.addoption(
+        "--gmm-kernel", action="append", default=[], metavar="NAME|pkg.module:fn",
+        help="kernel to check: a built-in adapter name or an import path (repeatable)",
     )
-    settings.register_profile("dev", deadline=None, max_examples=20, print_blob=True)
-    settings.register_profile(
-        "thorough", deadline=None, max_examples=500, print_blob=True,
-        suppress_health_check=[HealthCheck.too_slow],
+    group.addoption(
+        "--gmm-convention", default=None, metavar="CONV",
+        help="calling convention of the --gmm-kernel import paths "
+             "(ragged_dot, ragged_dot_general, megablox.gmm, megablox.tgmm, torch.grouped_mm, te.grouped_gemm)",
+    )
+    group.addoption(
+        "--gmm-tiling", default=None, metavar="TM,TK,TN",
+        help="tiling the kernel uses; strategies draw extents around its tile edges",
     )
 
 
-def pytest_configure(config) -> None:
-    _register_profiles()
+def _tiling(config: pytest.Config) -> tuple[int, int, int] | None:
+    raw = config.getoption("--gmm-tiling")
+    if raw is None:
+        return None
+    try:
+        parts = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 3 or min(parts) <= 0:
+        raise pytest.UsageError(f"--gmm-tiling: expected three positive ints TM,TK,TN, got {raw!r}")
+    return parts  # type: ignore[return-value]
+
+
+def selected_kernels(config: pytest.Config) -> list[Any]:
+    """The adapters this run checks (cached on the config)."""
+    cached = getattr(config, "_gmm_kernels", None)
+    if cached is not None:
+        return cached
+    from property_tests.selection import resolve_kernels
+
+    try:
+        kernels = resolve_kernels(
+            config.getoption("--gmm-kernel"),
+            convention=config.getoption("--gmm-convention"),
+            tiling=_tiling(config),
+        )
+    except (ValueError, TypeError, ImportError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config._gmm_kernels = kernels  # type: ignore[attr-defined]
+    return kernels
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    register_profiles()
+    if config.getoption("hypothesis_profile", None) is None:
+        settings.load_profile("ci")  # deterministic unless asked otherwise
+    config.addinivalue_line("markers", "kernel: checks a real kernel against the reference")
+    if config.getoption("--gmm-kernel"):
+        selected_kernels(config)  # fail fast on a bad import path
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
+    for k in selected_kernels(config):
+        why = k.available()
+        lines.append(f"gmm kernel {k.name} ({k.convention}): " + ("available" if why is None else f"SKIPPED: {why}"))
+    tiling = _tiling(config)
+    if tiling:
+        lines.append(f"gmm tiling: {tiling}")
+    return lines
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "gmm_kernel" in metafunc.fixturenames:
+        kernels = selected_kernels(metafunc.config)
+        metafunc.parametrize("gmm_kernel", kernels, ids=[k.name for k in kernels])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--gmm-kernel"):
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if item.get_closest_marker("kernel") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

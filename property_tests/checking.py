@@ -1,0 +1,193 @@
+"""Check a kernel against the reference: the modes, the property runner, ``check_kernel``.
+
+A *mode* is one kind of input a kernel must get right (exact integers bit for
+bit, normal values within the bound, poisoned padding, all groups empty,
+sharded groups with and without an existing output, other output dtypes).
+Each mode is a Hypothesis property over the problems of one family that the
+kernel's convention can express; a failure raises :class:`gmm_ref.Mismatch`
+for the shrunk problem with the report and a reproducer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gmm_ref
+
+__all__ = ["FAMILIES_BY_CONVENTION", "MODES", "Mode", "check_kernel", "check_mode", "mode_strategy"]
+
+FAMILIES_BY_CONVENTION = {
+    "ragged_dot": ("ragged_m",),
+    "ragged_dot_general": ("ragged_m", "ragged_k", "batch"),
+    "megablox.gmm": ("ragged_m",),
+    "megablox.tgmm": ("ragged_k",),
+    "torch.grouped_mm": ("ragged_m", "ragged_n", "ragged_k", "batch"),
+    "te.grouped_gemm": ("ragged_m", "ragged_n", "ragged_k"),
+}
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One kind of input; ``options`` go to :func:`property_tests.strategies.problems`."""
+
+    name: str
+    doc: str
+    options: dict[str, Any] = field(default_factory=dict)
+    needs_sharding: bool = False
+    needs_existing: bool = False
+
+
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in (
+        Mode("exact", "small integers: the result is exact, so it must match bit for bit",
+             {"values": "integers"}),
+        Mode("normal", "normal values within the per-element bound", {"values": "normal"}),
+        Mode("poisoned", "NaN/Inf in rows and columns of no group must not reach the output",
+             {"values": "poisoned"}),
+        Mode("all_empty", "every group empty: the output is all tail / all zero blocks",
+             {"values": "integers", "all_empty": True}),
+        Mode("sharded", "group_offset / num_local_groups without an existing output",
+             {"values": "integers", "sharding": True}, needs_sharding=True),
+        Mode("sharded_existing", "sharded groups writing into an existing output",
+             {"values": "integers", "sharding": True, "existing_out": True},
+             needs_sharding=True, needs_existing=True),
+        Mode("out_dtype", "every output dtype the convention takes, exact shape and dtype",
+             {"values": "normal", "vary_out_dtype": True}),
+    )
+}
+
+SHARDING_CONVENTIONS = ("megablox.gmm", "megablox.tgmm")
+
+
+def mode_reason(convention: str, mode: Mode) -> str | None:
+    """None if ``convention`` can express ``mode`` at all, else why not."""
+    if mode.needs_sharding and convention not in SHARDING_CONVENTIONS:
+        return f"{convention} has no group_offset (no sharded groups)"
+    return None
+
+
+def mode_strategy(adapter: Any, mode: Mode, family: str | None = None) -> st.SearchStrategy:
+    """Problems in ``adapter``'s convention for ``mode``, within what it supports."""
+    from property_tests import strategies as gst
+
+    kwargs = dict(mode.options)
+    tiling = getattr(adapter, "tiling", None)
+    kwargs.update(adapter_constraints(adapter))
+    if tiling is not None:
+        kwargs["tiling"] = tiling
+    if family is not None:
+        kwargs["families"] = (family,)
+    return gst.problems(convention=adapter.convention, **kwargs)
+
+
+def adapter_constraints(adapter: Any) -> dict[str, Any]:
+    """Strategy options an adapter declares (``strategy_options()``), if any."""
+    fn = getattr(adapter, "strategy_options", None)
+    return dict(fn()) if callable(fn) else {}
+
+
+def _settings(max_examples: int | None) -> settings:
+    base = settings()
+    return settings(
+        base,
+        max_examples=max_examples if max_examples is not None else base.max_examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
+
+
+class Unsupported(Exception):
+    """The kernel cannot take any problem of this mode/family; ``str()`` is the reason."""
+
+
+def check_mode(adapter: Any, mode: Mode | str, *, family: str | None = None,
+               max_examples: int | None = None) -> int:
+    """Run one mode's property on ``adapter``; raise Mismatch on failure. Returns examples checked.
+
+    Raises :class:`Unsupported` if the convention cannot express the mode or
+    the adapter declines every problem drawn.
+    """
+    __tracebackhide__ = True
+    mode = MODES[mode] if isinstance(mode, str) else mode
+    why = mode_reason(adapter.convention, mode)
+    if why:
+        raise Unsupported(why)
+    checked = [0]
+    declined: list[str] = []
+
+    @given(problem=mode_strategy(adapter, mode, family))
+    @_settings(max_examples)
+    def prop(problem: gmm_ref.Problem) -> None:
+        reason = adapter.supports(problem)
+        if reason is not None:
+            declined.append(reason)
+            return
+        checked[0] += 1
+        out = adapter.run(problem)
+        gmm_ref.assert_matches_reference(
+            out, problem, numerics=adapter.numerics_for(problem), kernel=adapter.name
+        )
+        if mode.name == "exact" and getattr(adapter, "deterministic", False):
+            again = adapter.run(problem)
+            if not np.array_equal(np.asarray(out).view(np.uint8), np.asarray(again).view(np.uint8)):
+                raise gmm_ref.Mismatch(
+                    f"kernel {adapter.name} is declared deterministic but two runs of "
+                    f"{problem.describe()} differ bit-wise", kind="determinism")
+
+    prop()
+    if checked[0] == 0:
+        reason = max(set(declined), key=declined.count) if declined else "no problem drawn"
+        raise Unsupported(f"{adapter.name} declined every problem: {reason}")
+    return checked[0]
+
+
+def check_kernel(
+    fn: Callable[..., Any] | Any,
+    *,
+    convention: str | None = None,
+    tiling: tuple[int, int, int] | None = None,
+    max_examples: int | None = None,
+    modes: Iterable[str] | None = None,
+    numerics: gmm_ref.Numerics | None = None,
+    name: str | None = None,
+) -> dict[str, str]:
+    """Check a kernel function (or a built-in adapter) in every mode its convention allows.
+
+    ``fn`` receives exactly its convention's arguments (jax arrays for the
+    jax conventions, torch tensors for ``torch.grouped_mm``) and may return a
+    jax array, torch tensor or NumPy array. Raises :class:`gmm_ref.Mismatch`
+    (an AssertionError) for the first failing mode, after shrinking; returns
+    ``{mode: "pass" | "unsupported: reason"}`` otherwise.
+    """
+    __tracebackhide__ = True
+    from gmm_kernels import KernelAdapter, wrap
+
+    if isinstance(fn, KernelAdapter):
+        adapter = fn
+    else:
+        if convention is None:
+            raise TypeError("convention: required when checking a function; expected one of "
+                            f"{gmm_ref.CONVENTIONS}")
+        adapter = wrap(fn, convention, name=name, numerics=numerics)
+    if tiling is not None:
+        adapter.tiling = tuple(tiling)
+    why = adapter.available()
+    if why:
+        return {m: f"unsupported: {why}" for m in (modes or MODES)}
+    results: dict[str, str] = {}
+    for m in modes or MODES:
+        if m not in MODES:
+            raise ValueError(f"modes: unknown mode {m!r}; expected some of {sorted(MODES)}")
+        try:
+            check_mode(adapter, m, max_examples=max_examples)
+            results[m] = "pass"
+        except Unsupported as exc:
+            results[m] = f"unsupported: {exc}"
+    return results

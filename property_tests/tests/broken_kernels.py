@@ -1,0 +1,220 @@
+"""Deliberately broken grouped-GEMM kernels, each carrying one bug seen in real kernels.
+
+The suite asserts that the ``ci`` profile rejects every one of them with a
+message naming the wrong group, and that the correct twins here pass. They are
+NumPy functions in a convention's signature (jax arrays arrive and are read
+with ``np.asarray``), float32 accumulation, so they run without compiling.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+
+def _np(x):
+    return None if x is None else np.asarray(x)
+
+
+def _ends(group_sizes):
+    gs = _np(group_sizes).astype(np.int64)
+    ends = np.cumsum(gs)
+    return gs, ends - gs, ends
+
+
+def _mm32(a, b):
+    return a.astype(np.float32) @ b.astype(np.float32)
+
+
+def _out_dtype(ped, lhs):
+    return np.dtype(ped) if ped is not None else np.dtype(lhs.dtype)
+
+
+# ---------------------------------------------------------------- ragged_dot
+def ragged_dot_correct(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """A correct ragged_dot: float32 accumulation, zero tail."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    gs, starts, ends = _ends(group_sizes)
+    out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32)
+    for g in range(gs.size):
+        out[starts[g]:ends[g]] = _mm32(lhs[starts[g]:ends[g]], rhs[g])
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
+def ragged_dot_boundary_off_by_one(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Each group's first row is multiplied by the previous group's weights."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    out = np.asarray(ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type))
+    out = out.astype(np.float32)
+    gs, starts, ends = _ends(group_sizes)
+    for g in range(1, gs.size):
+        if gs[g] > 0:
+            out[starts[g]] = _mm32(lhs[starts[g]:starts[g] + 1], rhs[g - 1])[0]
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
+def ragged_dot_empty_groups_reindexed(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Empty groups are compacted away, so later groups use the wrong weights."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    gs, starts, ends = _ends(group_sizes)
+    out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32)
+    slot = 0
+    for g in range(gs.size):
+        if gs[g] == 0:
+            continue
+        out[starts[g]:ends[g]] = _mm32(lhs[starts[g]:ends[g]], rhs[slot])
+        slot += 1
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
+def ragged_dot_tail_not_zeroed(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Rows past sum(group_sizes) are computed with the last group's weights."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    out = np.asarray(ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type))
+    out = out.astype(np.float32)
+    _, _, ends = _ends(group_sizes)
+    total = int(ends[-1]) if ends.size else 0
+    if rhs.shape[0]:
+        out[total:] = _mm32(lhs[total:], rhs[-1])
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
+def ragged_dot_k_remainder_skipped(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """The contraction stops at the last full K tile of 8 (the remainder is dropped)."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    k = lhs.shape[1]
+    k_full = k - k % 8 if k >= 8 else k
+    return ragged_dot_correct(lhs[:, :k_full], rhs[:, :k_full], group_sizes, precision, preferred_element_type)
+
+
+def ragged_dot_bf16_partial_sums(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """The accumulator is bfloat16: every partial sum is rounded to bfloat16."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    gs, starts, ends = _ends(group_sizes)
+    out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32)
+    bf16 = ml_dtypes.bfloat16
+    for g in range(gs.size):
+        a = lhs[starts[g]:ends[g]].astype(np.float32)
+        acc = np.zeros((a.shape[0], rhs.shape[2]), bf16)
+        for kk in range(a.shape[1]):
+            term = np.outer(a[:, kk], rhs[g, kk].astype(np.float32))
+            acc = (acc.astype(np.float32) + term).astype(bf16)
+        out[starts[g]:ends[g]] = acc.astype(np.float32)
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
+def ragged_dot_nan_leak_masking(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Groups selected by multiplying with a 0/1 mask: NaN or Inf in rows of no group leak out."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    gs, starts, ends = _ends(group_sizes)
+    rows = np.arange(lhs.shape[0])
+    out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32)
+    a = lhs.astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for g in range(gs.size):
+            m = ((rows >= starts[g]) & (rows < ends[g])).astype(np.float32)[:, None]
+            out += m * (a @ rhs[g].astype(np.float32))
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
+def ragged_dot_output_dtype_ignored(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Returns the input dtype whatever preferred_element_type asks for."""
+    lhs = _np(lhs)
+    out = ragged_dot_correct(lhs, rhs, group_sizes, precision, np.float32)
+    return np.asarray(out).astype(lhs.dtype)
+
+
+# ------------------------------------------------------------- megablox.gmm
+def gmm_correct(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None, group_offset=None,
+                existing_out=None, transpose_rhs=False):
+    """A correct megablox-style gmm with group_offset and existing_out."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    if transpose_rhs:
+        rhs = rhs.swapaxes(1, 2)
+    go = 0 if group_offset is None else int(np.asarray(group_offset).reshape(-1)[0])
+    gs, starts, ends = _ends(group_sizes)
+    ex = _np(existing_out)
+    out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32) if ex is None else ex.astype(np.float32)
+    for local in range(rhs.shape[0]):
+        g = go + local
+        out[starts[g]:ends[g]] = _mm32(lhs[starts[g]:ends[g]], rhs[local])
+    return out.astype(preferred_element_type)
+
+
+def gmm_group_offset_ignored(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None,
+                             group_offset=None, existing_out=None, transpose_rhs=False):
+    """Local weights are applied to the first groups, as if group_offset were 0."""
+    return gmm_correct(lhs, rhs, group_sizes, preferred_element_type, tiling, None, existing_out, transpose_rhs)
+
+
+# ------------------------------------------------------------- megablox.tgmm
+def tgmm_correct(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None, group_offset=None,
+                 num_actual_groups=None, existing_out=None):
+    """A correct megablox-style tgmm: lhs [M, sum K], rhs [sum K, N] -> [groups, M, N]."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    go = 0 if group_offset is None else int(np.asarray(group_offset).reshape(-1)[0])
+    gs, starts, ends = _ends(group_sizes)
+    n_out = num_actual_groups if num_actual_groups is not None else gs.size
+    out = np.zeros((n_out, lhs.shape[0], rhs.shape[1]), np.float32)
+    for i in range(n_out):
+        g = go + i
+        if g < gs.size:
+            out[i] = _mm32(lhs[:, starts[g]:ends[g]], rhs[starts[g]:ends[g]])
+    ex = _np(existing_out)
+    if ex is not None:
+        out += ex.astype(np.float32)
+    return out.astype(preferred_element_type)
+
+
+def tgmm_all_empty_uninitialized(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None,
+                                 group_offset=None, num_actual_groups=None, existing_out=None):
+    """Output blocks of empty groups are never written (left holding stale memory)."""
+    out = np.asarray(tgmm_correct(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                                  num_actual_groups, existing_out)).copy()
+    gs = _np(group_sizes)
+    go = 0 if group_offset is None else int(np.asarray(group_offset).reshape(-1)[0])
+    for i in range(out.shape[0]):
+        if go + i < gs.size and gs[go + i] == 0:
+            out[i] = np.asarray(3.0, out.dtype)  # whatever was in memory
+    return out
+
+
+def tgmm_nan_leak_masking(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None,
+                          group_offset=None, num_actual_groups=None, existing_out=None):
+    """K columns are selected by multiplying with a 0/1 mask: NaN in padding reaches every group."""
+    lhs, rhs = _np(lhs).astype(np.float32), _np(rhs).astype(np.float32)
+    go = 0 if group_offset is None else int(np.asarray(group_offset).reshape(-1)[0])
+    gs, starts, ends = _ends(group_sizes)
+    n_out = num_actual_groups if num_actual_groups is not None else gs.size
+    ks = np.arange(lhs.shape[1])
+    out = np.zeros((n_out, lhs.shape[0], rhs.shape[1]), np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(n_out):
+            g = go + i
+            m = ((ks >= starts[g]) & (ks < ends[g])).astype(np.float32)
+            out[i] = (lhs * m[None, :]) @ rhs
+    ex = _np(existing_out)
+    if ex is not None:
+        out += ex.astype(np.float32)
+    return out.astype(preferred_element_type)
+
+
+# convention -> [(name, fn, what the message must name)]
+BROKEN = {
+    "ragged_dot": [
+        ragged_dot_boundary_off_by_one,
+        ragged_dot_empty_groups_reindexed,
+        ragged_dot_tail_not_zeroed,
+        ragged_dot_k_remainder_skipped,
+        ragged_dot_bf16_partial_sums,
+        ragged_dot_nan_leak_masking,
+        ragged_dot_output_dtype_ignored,
+    ],
+    "megablox.gmm": [gmm_group_offset_ignored],
+    "megablox.tgmm": [tgmm_all_empty_uninitialized, tgmm_nan_leak_masking],
+}
+CORRECT = {
+    "ragged_dot": ragged_dot_correct,
+    "megablox.gmm": gmm_correct,
+    "megablox.tgmm": tgmm_correct,
+}

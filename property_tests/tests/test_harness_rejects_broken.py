@@ -1,0 +1,35 @@
+"""The harness checks itself: each deliberately broken kernel is rejected, each correct twin passes.
+
+Every rejection must name the wrong group (or the tail) and carry a reproducer.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+
+import gmm_ref
+from property_tests.checking import check_kernel
+from property_tests.tests.broken_kernels import BROKEN, CORRECT
+
+CASES = [pytest.param(conv, fn, id=fn.__name__) for conv, fns in BROKEN.items() for fn in fns]
+
+
+@pytest.mark.parametrize(("convention", "fn"), CASES)
+def test_broken_kernel_is_rejected(convention, fn):
+    assert settings().derandomize, "run under the deterministic 'ci' profile"
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        check_kernel(fn, convention=convention)
+    message = str(info.value)
+    if info.value.kind != "shape":
+        assert "Wrong groups:" in message
+        assert "group " in message.split("Wrong groups:")[1] or "tail" in message.split("Wrong groups:")[1]
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "Problem(" in notes, "the failure carries a reproducer"
+
+
+@pytest.mark.parametrize("convention", sorted(CORRECT))
+def test_correct_twin_passes(convention):
+    results = check_kernel(CORRECT[convention], convention=convention)
+    assert any(v == "pass" for v in results.values()), results
+    assert all(v == "pass" or v.startswith("unsupported") for v in results.values()), results
