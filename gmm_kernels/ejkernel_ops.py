@@ -1,0 +1,125 @@
+"""ejkernel ``grouped_matmul``: its XLA and Pallas TPU (interpret) implementations.
+
+The public ``ejkernel.modules.grouped_matmul`` autotunes on first use (about
+3 s per shape here, printing tracebacks for configs it cannot time) and
+dispatches by ``(platform, jax backend)``: ``platform="pallas"`` finds no
+implementation for backend ``cpu``. These adapters therefore call the
+registered implementations directly:
+
+- ``ejkernel.grouped_matmul[xla]``: ``ejkernel.kernels._xla.grouped_matmul``,
+  i.e. ``lax.ragged_dot_general`` (+ ``existing_out`` added: it *accumulates*,
+  where megablox overwrites); ``group_offset`` fails (TypeError: unhashable
+  jax array); ``tiling`` and ``interpret`` are ignored.
+- ``ejkernel.grouped_matmul[pallas]``: ``ejkernel.kernels._pallas.tpu.grouped_matmul``
+  (v1), a megablox ``gmm`` copy, run with ``interpret=True``: same semantics
+  and constraints as ``megablox.gmm``.
+- ``[pallas_v2]`` / ``[pallas_v3]``: call ``pltpu.get_tpu_info()`` which raises
+  ``Unsupported TPU device kind: cpu``; v2 also refuses ``existing_out``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gmm_ref import Numerics
+
+from gmm_kernels.base import KernelAdapter, missing_module
+from gmm_kernels.convert import jax_x64, uses_64bit
+from gmm_kernels.jax_lax import jax_numerics
+from gmm_kernels.megablox import _common_reasons, _group_offset
+
+__all__ = ["EjkernelGroupedMatmul"]
+
+_KERNELS = {
+    "xla": ("ejkernel.kernels._xla.grouped_matmul", "grouped_matmul"),
+    "pallas": ("ejkernel.kernels._pallas.tpu.grouped_matmul", "grouped_matmul"),
+    "pallas_v2": ("ejkernel.kernels._pallas.tpu.grouped_matmulv2", "grouped_matmulv2"),
+    "pallas_v3": ("ejkernel.kernels._pallas.tpu.grouped_matmulv3", "grouped_matmulv3"),
+}
+
+
+def _kernel(impl: str) -> Any:
+    import importlib
+
+    mod, fn = _KERNELS[impl]
+    return getattr(importlib.import_module(mod), fn)
+
+
+class EjkernelGroupedMatmul(KernelAdapter):
+    """ejkernel grouped matmul in the ``megablox.gmm`` convention."""
+
+    convention = "megablox.gmm"
+
+    def __init__(self, implementation: str = "xla") -> None:
+        if implementation not in _KERNELS:
+            raise ValueError(f"implementation: expected one of {sorted(_KERNELS)}, got {implementation!r}")
+        self.implementation = implementation
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"ejkernel.grouped_matmul[{self.implementation}]"
+
+    def available(self) -> str | None:
+        reason = missing_module("jax", "ejkernel")
+        if reason:
+            return reason
+        if self.implementation.startswith("pallas_v"):
+            import jax
+
+            if jax.default_backend() != "tpu":
+                return (f"ejkernel {self.implementation} needs a TPU: pltpu.get_tpu_info() raises "
+                        "'Unsupported TPU device kind: cpu' even with interpret=True")
+        try:
+            _kernel(self.implementation)
+        except Exception as e:  # noqa: BLE001
+            return f"cannot import ejkernel {self.implementation}: {type(e).__name__}: {e}"
+        return None
+
+    def numerics_for(self, problem: Any) -> Numerics:
+        if self.implementation == "xla":
+            return jax_numerics(problem)
+        return Numerics(multiply=None, accumulate=np.float32)
+
+    @property
+    def numerics(self) -> Numerics:  # type: ignore[override]
+        return Numerics(multiply=None, accumulate=np.float32)
+
+    def supports(self, problem: Any) -> str | None:
+        reason = super().supports(problem)
+        if reason:
+            return reason
+        if problem.family != "ragged_m" or problem.lhs_transposed or problem.batch_ndim:
+            return "ejkernel grouped_matmul is ragged M only, lhs [M, K]"
+        if self.implementation == "xla":
+            if problem.group_offset != 0 or problem.num_local_groups != problem.num_groups:
+                return "ejkernel XLA grouped_matmul fails with group_offset (TypeError: unhashable jax array)"
+            if problem.existing_out is not None:
+                return ("ejkernel XLA grouped_matmul adds existing_out (out = result + existing_out); "
+                        "the megablox convention overwrites")
+            if str(problem.lhs.dtype) == "int8":
+                return "ejkernel grouped_matmul takes float inputs (jaxtyping Float)"
+            return None
+        if self.implementation == "pallas_v2" and problem.existing_out is not None:
+            return "ejkernel grouped_matmulv2 raises NotImplementedError for existing_out"
+        return _common_reasons(problem, self.name, problem.m)
+
+    def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
+             tiling: Any = (128, 128, 128), group_offset: Any = None, existing_out: Any = None,
+             transpose_rhs: bool = False) -> np.ndarray:
+        import jax.numpy as jnp
+
+        ped = np.dtype(preferred_element_type)
+        with jax_x64(uses_64bit(lhs, rhs, ped)):
+            kw: dict[str, Any] = dict(
+                preferred_element_type=ped, tiling=tuple(int(t) for t in tiling),
+                group_offset=_group_offset(group_offset),
+                existing_out=None if existing_out is None else jnp.asarray(existing_out),
+                transpose_rhs=bool(transpose_rhs),
+            )
+            if self.implementation != "xla":
+                kw["interpret"] = True
+            out = _kernel(self.implementation)(
+                jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(np.asarray(group_sizes, np.int32)), **kw)
+            return np.asarray(out)

@@ -1,0 +1,117 @@
+"""jax's Mosaic GPU ragged dot (``jax.experimental.pallas.ops.gpu.ragged_dot_mgpu``).
+
+Natively it needs a Hopper GPU (wgmma, TMA). Without one it runs under jax's
+private GPU interpret mode (``jax._src.pallas.mosaic_gpu.interpret``,
+``force_gpu_interpret_mode``), which simulates the 132 "SM" programs,
+shared memory and barriers on the CPU. The interpreter checks every TMA copy
+against the buffer, so (unlike the hardware, whose TMA clips) it raises on
+any partial block: M, N and K must be multiples of the block sizes. The
+output dtype is the input dtype; rows past ``sum(sizes)`` are never written
+(NaN under the interpreter). After a failed interpreted call the interpreter
+state is reset, as its documentation requires.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from gmm_ref import Numerics
+
+from gmm_kernels.base import KernelAdapter, dtype_name, missing_module
+
+__all__ = ["MosaicGpuRaggedDot", "pick_block"]
+
+_DTYPES = ("float32", "bfloat16", "float16")
+_BLOCKS = (64, 32, 16, 8)
+
+
+def pick_block(extent: int) -> int | None:
+    """The largest of 64, 32, 16, 8 that divides ``extent`` (None if none does)."""
+    for b in _BLOCKS:
+        if extent % b == 0:
+            return b
+    return None
+
+
+@functools.cache
+def _jitted(bm: int, bn: int, bk: int) -> Any:
+    import jax
+    from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
+    return jax.jit(lambda a, b, g: ragged_dot_mgpu.ragged_dot(
+        a, b, group_sizes=g, block_m=bm, block_n=bn, block_k=bk,
+        max_concurrent_steps=2, grid_block_n=1))
+
+
+def _native() -> bool:
+    import jax
+
+    dev = jax.devices()[0]
+    return dev.platform == "gpu" and getattr(dev, "compute_capability", "") == "9.0"
+
+
+class MosaicGpuRaggedDot(KernelAdapter):
+    """``ragged_dot_mgpu.ragged_dot(lhs, rhs, group_sizes=...)`` in the ``ragged_dot`` convention."""
+
+    name = "jax.ragged_dot_mgpu"
+    convention = "ragged_dot"
+    numerics = Numerics(multiply=None, accumulate=np.float32)  # interpreted; Hopper: tf32 for float32
+
+    def available(self) -> str | None:
+        reason = missing_module("jax")
+        if reason:
+            return reason
+        try:
+            import jax.experimental.pallas.ops.gpu.ragged_dot_mgpu  # noqa: F401
+            if not _native():
+                from jax._src.pallas.mosaic_gpu.interpret import params  # noqa: F401
+        except Exception as e:  # noqa: BLE001
+            return f"no Hopper GPU and no Mosaic GPU interpret mode: {type(e).__name__}: {e}"
+        return None
+
+    def supports(self, problem: Any) -> str | None:
+        reason = super().supports(problem)
+        if reason:
+            return reason
+        if problem.family != "ragged_m" or problem.batch_ndim or problem.lhs_transposed or problem.rhs_transposed:
+            return "ragged_dot_mgpu is ragged M only, lhs [M, K], rhs [G, K, N]"
+        if problem.group_offset != 0 or problem.num_local_groups != problem.num_groups:
+            return "ragged_dot_mgpu has no group_offset"
+        if problem.existing_out is not None:
+            return "ragged_dot_mgpu takes no existing output"
+        lt, rt = dtype_name(problem.lhs.dtype), dtype_name(problem.rhs.dtype)
+        if lt != rt or lt not in _DTYPES:
+            return f"ragged_dot_mgpu needs equal float32/bfloat16/float16 inputs, got {lt} x {rt}"
+        if dtype_name(problem.out_dtype) != lt:
+            return f"ragged_dot_mgpu returns the input dtype {lt}, not {problem.out_dtype}"
+        for ax, ext in (("M", problem.m), ("N", problem.n), ("K", problem.k)):
+            if pick_block(ext) is None:
+                return f"ragged_dot_mgpu (interpreted) needs {ax}={ext} divisible by 8 (no partial blocks)"
+        return None
+
+    def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None,
+             preferred_element_type: Any = None) -> np.ndarray:
+        if precision is not None:
+            raise ValueError("this adapter runs the default precision only")
+        if preferred_element_type is not None and np.dtype(preferred_element_type) != lhs.dtype:
+            raise ValueError(f"ragged_dot_mgpu returns {lhs.dtype}, not {preferred_element_type}")
+        m, k = lhs.shape
+        n = rhs.shape[2]
+        if _native():
+            fn = _jitted(64, 128, 64)
+            return np.asarray(fn(lhs, rhs, np.asarray(group_sizes, np.int32)))
+        from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks, params
+
+        blocks = (pick_block(m), pick_block(n), pick_block(k))
+        if None in blocks:
+            raise ValueError(f"ragged_dot_mgpu (interpreted): M, N, K = {m}, {n}, {k} must be multiples of 8")
+        fn = _jitted(*blocks)
+        try:
+            with params.force_gpu_interpret_mode(params.InterpretGPUParams()):
+                return np.asarray(fn(lhs, rhs, np.asarray(group_sizes, np.int32)))
+        except Exception:
+            gpu_callbacks.reset_gpu_interpret_mode_state()
+            raise

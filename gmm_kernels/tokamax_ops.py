@@ -1,0 +1,89 @@
+"""tokamax ``ragged_dot`` (lax signature plus ``implementation=``).
+
+``"xla"`` runs anywhere (it calls ``lax.ragged_dot_general`` accumulating in
+at least float32, then casts). ``"mosaic"`` (Mosaic GPU sm90/sm100, or Mosaic
+TPU v5+) and ``"triton"`` (Pallas Triton) raise ``NotImplementedError: Not
+supported on cpu``: every op checks ``supported_on(device)`` before running,
+so neither the Mosaic TPU op's ``interpret=True`` field nor jax's GPU
+interpret mode can reach them on a CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from gmm_ref import Numerics
+
+from gmm_kernels.base import KernelAdapter, missing_module
+from gmm_kernels.convert import jax_x64, uses_64bit
+from gmm_kernels.jax_lax import jax_numerics
+
+__all__ = ["TokamaxRaggedDot"]
+
+_NEEDS = {
+    "mosaic": "a Hopper/Blackwell GPU (Mosaic GPU) or a TPU v5+ (Mosaic TPU)",
+    "triton": "a GPU (Pallas Triton)",
+}
+
+
+@functools.cache
+def _jitted(implementation: str, preferred_element_type: Any) -> Any:
+    import jax
+    import tokamax
+
+    return jax.jit(lambda a, b, g: tokamax.ragged_dot(
+        a, b, g, preferred_element_type=preferred_element_type, implementation=implementation))
+
+
+class TokamaxRaggedDot(KernelAdapter):
+    """``tokamax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=..., implementation=...)``."""
+
+    convention = "ragged_dot"
+
+    def __init__(self, implementation: str = "xla") -> None:
+        self.implementation = implementation
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"tokamax.ragged_dot[{self.implementation}]"
+
+    def available(self) -> str | None:
+        reason = missing_module("jax", "tokamax")
+        if reason or self.implementation == "xla":
+            return reason
+        import jax
+
+        platform = jax.default_backend()
+        if platform == "cpu":
+            return (f"tokamax {self.implementation!r} needs {_NEEDS[self.implementation]}; on CPU "
+                    "it raises NotImplementedError('Not supported on cpu') and has no interpret mode")
+        return None
+
+    def numerics_for(self, problem: Any) -> Numerics:
+        return jax_numerics(problem)
+
+    def supports(self, problem: Any) -> str | None:
+        reason = super().supports(problem)
+        if reason:
+            return reason
+        if problem.family != "ragged_m" or problem.batch_ndim:
+            return "tokamax ragged_dot (this adapter) is ragged M only"
+        if problem.group_offset != 0 or problem.num_local_groups != problem.num_groups:
+            return "tokamax ragged_dot refuses group_offset (NotImplementedError)"
+        if problem.existing_out is not None:
+            return "tokamax ragged_dot takes no existing output"
+        if self.implementation == "mosaic" and min(problem.m, problem.k, problem.n) < 128:
+            return "tokamax Mosaic TPU needs every non-group dimension >= 128"
+        return None
+
+    def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None,
+             preferred_element_type: Any = None) -> np.ndarray:
+        if precision is not None:
+            raise ValueError("this adapter runs the default precision only")
+        ped = None if preferred_element_type is None else np.dtype(preferred_element_type)
+        with jax_x64(uses_64bit(lhs, rhs, ped)):
+            out = _jitted(self.implementation, ped)(lhs, rhs, np.asarray(group_sizes, np.int32))
+            return np.asarray(out)
