@@ -1,0 +1,133 @@
+"""This repository's golden corpus: small cases, each tied to the convention whose kernels check against it.
+
+Every family (ragged_m, ragged_n, ragged_k, batch) meets the edge classes
+(empty groups first / middle / last / in runs / all but one / all, G = 1,
+boundaries aligned to no tile, a padded tail past ``sum(group_sizes)``, NaN
+poison where no group reads, sharded groups with and without an existing
+output) and the dtypes float32, bfloat16, float16 (int8 where the kernel takes
+it; one float8 case for the reference). Shapes are few per convention, as
+kernels compile once per shape (interpreted Pallas costs about a second each):
+
+- ``ragged_dot``: ``[24, 16] x [G, 16, 8]`` (G = 4; one G = 1);
+- ``ragged_dot_general``: ``[2, 16, 8]`` batched mode 1, transposed mode 1,
+  mode 2 ``[8, 24] x [24, 8]`` (batched too), mode 3 ``[3, 2, 8, 16]``;
+- ``megablox.gmm``: ``[32, 24] x [G, 24, 16]``, tiling (16, 16, 16) (a K remainder);
+- ``megablox.tgmm``: ``[16, 32] x [32, 16]``, tiling (16, 16, 16);
+- ``torch.grouped_mm``: every operand's last dim times its itemsize a multiple of 16 bytes;
+- ``te.grouped_gemm`` (reference only): packed and first/last layouts (TE has no ragged N).
+
+Tags name the edge classes a case covers (``python -m golden list``).
+"""
+
+from __future__ import annotations
+
+from property_tests.goldens import Case
+
+__all__ = ["CASES"]
+
+RD = dict(convention="ragged_dot", family="ragged_m", m=24, k=16, n=8)
+RDG_M = dict(convention="ragged_dot_general", family="ragged_m", m=16, k=8, n=8)
+RDG_K = dict(convention="ragged_dot_general", family="ragged_k", m=8, k=24, n=8)
+GMM = dict(convention="megablox.gmm", family="ragged_m", m=32, k=24, n=16, tiling=(16, 16, 16))
+TGMM = dict(convention="megablox.tgmm", family="ragged_k", m=16, k=32, n=16, tiling=(16, 16, 16))
+TM = dict(convention="torch.grouped_mm")
+TE = dict(convention="te.grouped_gemm")
+
+CASES: list[Case] = [
+    # ---------------------------------------------------------------- ragged_dot (lax, mode 1)
+    Case("rd-f32-empty-first-middle", **RD, group_sizes=[0, 7, 0, 17], seed=1,
+         tags=("empty_first", "empty_middle", "unaligned")),
+    Case("rd-f32-tail-poison", **RD, group_sizes=[5, 3, 9, 2], poison=True, seed=2,
+         tags=("tail", "poison", "unaligned")),
+    Case("rd-f32-all-empty", **RD, group_sizes=[0, 0, 0, 0], seed=3, tags=("all_empty", "tail")),
+    Case("rd-f32-exact-all-but-one-empty", **RD, group_sizes=[0, 0, 24, 0], kind="int", int_range=4,
+         seed=4, tags=("all_but_one_empty", "exact")),
+    Case("rd-f32-g1-tail", convention="ragged_dot", family="ragged_m", m=24, k=16, n=8,
+         group_sizes=[17], seed=5, tags=("g1", "tail")),
+    Case("rd-bf16-empty-last-run", **RD, dtype="bfloat16", group_sizes=[11, 13, 0, 0], seed=6,
+         tags=("empty_last", "empty_run")),
+    Case("rd-bf16-f32out-tail", **RD, dtype="bfloat16", out_dtype="float32", group_sizes=[1, 0, 18, 0],
+         seed=7, tags=("tail", "empty_middle", "empty_last")),
+    Case("rd-f16-tail", **RD, dtype="float16", group_sizes=[6, 6, 6, 3], seed=8, tags=("tail",)),
+    Case("rd-int8-empty-middle", **RD, dtype="int8", group_sizes=[3, 0, 10, 8], kind="int", int_range=100,
+         seed=9, tags=("empty_middle", "tail", "exact")),
+    # ------------------------------------------------------------------- ragged_dot_general
+    Case("rdg-m-f32-batch-sizes", **RDG_M, batch_shape=(2,), group_sizes=[[5, 0, 7], [0, 0, 16]], seed=20,
+         tags=("batch_dims", "tail", "empty_middle", "all_but_one_empty")),
+    Case("rdg-m-bf16-transposed", **RDG_M, dtype="bfloat16", out_dtype="float32", lhs_transposed=True,
+         rhs_transposed=True, group_sizes=[4, 0, 9], poison=True, seed=21,
+         tags=("transposed", "tail", "poison", "empty_middle")),
+    Case("rdg-k-bf16-tail-poison", **RDG_K, dtype="bfloat16", out_dtype="float32", group_sizes=[0, 9, 0, 10],
+         poison=True, seed=22, tags=("empty_first", "empty_middle", "tail", "poison")),
+    Case("rdg-k-f16-batch-transposed", **RDG_K, dtype="float16", batch_shape=(2,), lhs_transposed=True,
+         group_sizes=[[7, 0, 17, 0], [0, 12, 0, 12]], seed=23,
+         tags=("batch_dims", "transposed", "empty_middle", "empty_last", "empty_first")),
+    Case("rdg-k-f32-all-empty", **RDG_K, group_sizes=[0, 0, 0, 0], seed=24, tags=("all_empty", "tail")),
+    Case("rdg-k-int8", **RDG_K, dtype="int8", group_sizes=[11, 0, 13, 0], kind="int", int_range=120, seed=25,
+         tags=("empty_middle", "empty_last", "exact")),
+    Case("rdg-batch-f32", convention="ragged_dot_general", family="batch", m=8, k=16, n=8, groups=3,
+         batch_shape=(2,), seed=26, tags=("batch_dims",)),
+    Case("rdg-batch-bf16-exact", convention="ragged_dot_general", family="batch", m=8, k=16, n=8, groups=3,
+         dtype="bfloat16", kind="int", int_range=3, seed=27, tags=("exact",)),
+    # ---------------------------------------------------------------------- megablox gmm
+    Case("gmm-f32-tail-unaligned", **GMM, group_sizes=[5, 0, 11, 9], seed=40,
+         tags=("tail", "unaligned", "empty_middle")),
+    Case("gmm-f32-all-empty-existing", **GMM, group_sizes=[0, 0, 0, 0], existing=True, seed=41,
+         tags=("all_empty", "tail", "existing")),
+    Case("gmm-f32-exact-poison", **GMM, group_sizes=[0, 13, 14, 0], kind="int", int_range=3, poison=True,
+         seed=42, tags=("exact", "poison", "tail", "empty_first", "empty_last")),
+    Case("gmm-bf16-aligned", **GMM, dtype="bfloat16", group_sizes=[0, 16, 3, 13], seed=43,
+         tags=("empty_first", "unaligned")),
+    Case("gmm-bf16-f32out-transposed", **GMM, dtype="bfloat16", out_dtype="float32", rhs_transposed=True,
+         group_sizes=[7, 7, 7, 7], seed=44, tags=("transposed", "tail", "unaligned")),
+    Case("gmm-f32-sharded-poison", **GMM, group_sizes=[6, 10, 0, 9], group_offset=1, num_local_groups=2,
+         poison=True, seed=45, tags=("sharded", "tail", "empty_middle", "poison")),
+    Case("gmm-f32-sharded-existing", **GMM, group_sizes=[6, 10, 0, 9], group_offset=1, num_local_groups=2,
+         existing=True, seed=46, tags=("sharded", "existing", "tail")),
+    Case("gmm-bf16-sharded-existing-last", **GMM, dtype="bfloat16", group_sizes=[9, 0, 12, 5],
+         group_offset=2, num_local_groups=2, existing=True, seed=47, tags=("sharded", "existing", "tail")),
+    # --------------------------------------------------------------------- megablox tgmm
+    Case("tgmm-f32-empty-tail", **TGMM, group_sizes=[0, 9, 0, 13], seed=60,
+         tags=("empty_first", "empty_middle", "tail", "unaligned")),
+    Case("tgmm-f32-all-empty", **TGMM, group_sizes=[0, 0, 0, 0], seed=61, tags=("all_empty", "tail")),
+    Case("tgmm-bf16-f32out", **TGMM, dtype="bfloat16", out_dtype="float32", group_sizes=[10, 0, 22, 0],
+         seed=62, tags=("empty_middle", "empty_last", "unaligned")),
+    Case("tgmm-bf16-exact", **TGMM, dtype="bfloat16", group_sizes=[3, 29, 0, 0], kind="int", int_range=2,
+         seed=63, tags=("exact", "empty_run")),
+    Case("tgmm-f32-sharded-existing", **TGMM, group_sizes=[7, 0, 11, 8], group_offset=1, num_local_groups=2,
+         existing=True, seed=64, tags=("sharded", "existing", "empty_middle", "tail")),
+    Case("tgmm-f32-sharded-poison", **TGMM, group_sizes=[7, 5, 11, 8], group_offset=2, num_local_groups=2,
+         poison=True, seed=65, tags=("sharded", "tail", "poison")),
+    # ----------------------------------------------------------------- torch._grouped_mm
+    Case("torch-m-f32-tail", **TM, family="ragged_m", m=24, k=16, n=8, group_sizes=[0, 9, 0, 11], seed=80,
+         tags=("empty_first", "empty_middle", "tail", "unaligned")),
+    Case("torch-k-bf16-all-empty", **TM, family="ragged_k", m=8, k=24, n=8, dtype="bfloat16",
+         group_sizes=[0, 0, 0], seed=81, tags=("all_empty", "tail")),
+    Case("torch-m-f16-aligned", **TM, family="ragged_m", m=24, k=16, n=8, dtype="float16",
+         group_sizes=[8, 16, 0, 0], seed=82, tags=("empty_run", "empty_last")),
+    Case("torch-n-bf16-tail-poison", **TM, family="ragged_n", m=8, k=16, n=24, dtype="bfloat16",
+         group_sizes=[8, 0, 13], poison=True, seed=83, tags=("tail", "poison", "empty_middle", "unaligned")),
+    Case("torch-n-f32-exact", **TM, family="ragged_n", m=8, k=16, n=24, group_sizes=[5, 19, 0],
+         kind="int", int_range=5, seed=84, tags=("exact", "empty_last", "unaligned")),
+    Case("torch-k-f16-unaligned", **TM, family="ragged_k", m=8, k=24, n=8, dtype="float16",
+         group_sizes=[0, 10, 14], seed=85, tags=("empty_first", "unaligned")),
+    Case("torch-k-f32-aligned-tail", **TM, family="ragged_k", m=8, k=24, n=8, group_sizes=[8, 0, 8],
+         seed=86, tags=("empty_middle", "tail")),
+    Case("torch-batch-f32", **TM, family="batch", m=8, k=16, n=8, groups=3, seed=87, tags=()),
+    Case("torch-batch-bf16-exact", **TM, family="batch", m=8, k=16, n=8, groups=3, dtype="bfloat16",
+         kind="int", int_range=3, seed=88, tags=("exact",)),
+    # ---------------------------------------------------- TransformerEngine (reference only)
+    Case("te-m-f32-lhs-last-packed", **TE, family="ragged_m", m=24, k=8, n=8, lhs_transposed=True,
+         packed=True, group_sizes=[5, 0, 19], seed=100, tags=("packed", "transposed", "empty_middle")),
+    Case("te-m-bf16-rhs-transposed", **TE, family="ragged_m", m=24, k=8, n=8, dtype="bfloat16",
+         rhs_transposed=True, group_sizes=[0, 11, 13], seed=101, tags=("transposed", "empty_first")),
+    Case("te-k-f16-lhs-first", **TE, family="ragged_k", m=8, k=24, n=8, dtype="float16",
+         lhs_transposed=True, group_sizes=[12, 12, 0], seed=102, tags=("transposed", "empty_last")),
+    Case("te-k-bf16-lhs-last-packed", **TE, family="ragged_k", m=8, k=24, n=8, dtype="bfloat16",
+         out_dtype="float32", packed=True, group_sizes=[9, 0, 15], seed=103, tags=("packed", "empty_middle")),
+    Case("te-k-f32-first-last-packed", **TE, family="ragged_k", m=8, k=24, n=8, lhs_transposed=True,
+         rhs_transposed=True, packed=True, group_sizes=[24, 0, 0], seed=104,
+         tags=("packed", "transposed", "all_but_one_empty")),
+    Case("te-m-fp8-out-e5m2", **TE, family="ragged_m", m=16, k=8, n=8, dtype="float8_e4m3fn",
+         out_dtype="float8_e5m2", group_sizes=[7, 9], seed=105, tags=("fp8",)),
+]
