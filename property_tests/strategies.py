@@ -624,8 +624,11 @@ def _unused(p: gmm_ref.Problem) -> tuple[np.ndarray, np.ndarray]:
     rm = np.zeros(p.rhs.shape, np.int8)
     q = p.replace(lhs=lm, rhs=rm, out_dtype=np.int32, existing_out=None, existing_policy="overwrite")
     for blk in _blocks(q):
-        blk.a[...] = 1  # blocks are views of the buffers
-        blk.b[...] = 1
+        # blocks are views of the buffers; an empty group's weights reach no output element
+        if blk.b.shape[1] > 0:
+            blk.a[...] = 1
+        if blk.a.shape[0] > 0:
+            blk.b[...] = 1
     return lm == 0, rm == 0
 
 
@@ -903,4 +906,8 @@ def _build(draw, cfg: _Config, rules: ConventionRules, s: _Static, kinds, tail_o
     if kind == "poisoned" or (value_kind != "exact" and draw(st.integers(0, 3)) == 0):
         lu, ru = _unused(p)
         p = p.replace(lhs=_poison(rng, p.lhs, lu), rhs=_poison(rng, p.rhs, ru))
+        if kind == "poisoned" and draw(st.booleans()):
+            # a few NaN/Inf inside groups too: they must propagate within their group only
+            p = p.replace(lhs=_poison(rng, p.lhs, ~lu & (rng.random(p.lhs.shape) < 0.02)),
+                          rhs=_poison(rng, p.rhs, ~ru & (rng.random(p.rhs.shape) < 0.02)))
     return p
