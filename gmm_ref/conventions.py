@@ -156,6 +156,8 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
             f"and rhs {r_free} (besides batch and group dims)"
         )
     ragged = lr[0]
+    if not isinstance(ragged, (int, np.integer)) or not 0 <= ragged < lhs.ndim:
+        raise ValueError(f"{name}: lhs ragged dim {ragged} is not an axis of lhs (ndim {lhs.ndim})")
     nb = len(lb)
     out_dt = _out_dtype("preferred_element_type", preferred_element_type)
     if ragged in l_free:  # mode 1
@@ -239,7 +241,8 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None, 
     g = gs.shape[0]
     off = _group_offset(group_offset)
     nag = num_actual_groups
-    if nag is not None and (not isinstance(nag, (int, np.integer)) or not 0 <= nag <= g - off):
+    if nag is not None and (not isinstance(nag, (int, np.integer)) or isinstance(nag, bool)
+                            or not 0 <= nag <= g - off):
         raise ValueError(f"num_actual_groups: expected an int in [0, G - group_offset = {g - off}], got {nag!r}")
     local = int(nag) if nag is not None else g - off
     slots = local if nag is not None else g
@@ -260,8 +263,7 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None, 
         mask = np.concatenate([ref.mask, np.zeros((pad, *ref.mask.shape[1:]), bool)])
         if ex is not None:
             exact[local:] = ex[local:].astype(exact.dtype)
-        full = p.replace(num_local_groups=local, existing_out=None)
-        ref = _PaddedReference(full, exact, mask, ref)
+        ref = _PaddedReference(p, exact, mask, ref)
     return ref if with_reference else ref.values
 
 
@@ -420,7 +422,7 @@ def arguments(p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (p.lhs, p.rhs, gs32), {
             "preferred_element_type": ped,
             "tiling": p.tiling or (128, 128, 128),
-            "group_offset": None if p.group_offset == 0 else np.array([p.group_offset], np.int32),
+            "group_offset": None if p.group_offset == 0 else np.array(p.group_offset, np.int32),
             "existing_out": p.existing_out,
             "transpose_rhs": p.rhs_transposed,
         }
@@ -428,7 +430,7 @@ def arguments(p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (p.lhs, p.rhs, gs32), {
             "preferred_element_type": ped,
             "tiling": p.tiling or (128, 128, 128),
-            "group_offset": None if p.group_offset == 0 else np.array([p.group_offset], np.int32),
+            "group_offset": None if p.group_offset == 0 else np.array(p.group_offset, np.int32),
             "num_actual_groups": p.num_local_groups,
             "existing_out": p.existing_out,
         }
@@ -476,6 +478,8 @@ def expressible(p: Problem, conv: str) -> str | None:
             return "megablox gmm takes ragged M only, lhs [M, K], no batch dims"
         if p.existing_out is not None and p.existing_policy != "overwrite":
             return "megablox gmm overwrites existing_out"
+        if p.existing_out is None and p.tail == "zero" and _has_tail(p):
+            return "megablox gmm never writes rows past sum(group_sizes) (needs tail='undefined')"
     elif conv == "megablox.tgmm":
         if fam != "ragged_k" or nb or p.lhs_transposed or p.rhs_transposed or p.packed:
             return "megablox tgmm takes ragged K only, lhs [M, sum K] strided, rhs [sum K, N], no batch dims"
@@ -486,15 +490,24 @@ def expressible(p: Problem, conv: str) -> str | None:
     elif conv == "torch.grouped_mm":
         if nb or p.lhs_transposed or p.rhs_transposed or p.packed:
             return "torch._grouped_mm takes row-major strided operands, no batch dims"
+        if fam in ("ragged_m", "ragged_n") and p.tail == "zero" and _has_tail(p):
+            return "torch._grouped_mm never writes rows/columns past offs[-1] (needs tail='undefined')"
     elif conv == "te.grouped_gemm":
         if nb:
             return "te.grouped_gemm takes no batch dims"
         if fam == "batch":
             return "te.grouped_gemm needs a ragged axis"
+        if fam == "ragged_n":
+            return "te.grouped_gemm cannot express ragged N (DESIGN.md section 5)"
         ragged_last = p._ragged_last("lhs") or p._ragged_last("rhs")
         if ragged_last and not p.packed:
             return "te.grouped_gemm stores a ragged last axis packed"
     return None
+
+
+def _has_tail(p: Problem) -> bool:
+    """Whether some ragged output rows/columns lie past ``sum(group_sizes)``."""
+    return p.group_sizes is not None and bool(np.any(p.group_sizes.sum(axis=-1) < p.ragged_extent))
 
 
 def _dimension_numbers(p: Problem) -> RaggedDotDimensionNumbers:

@@ -43,15 +43,61 @@ def _undefine_outside(p: Problem, mask: np.ndarray) -> None:
             mask[(*bi, *idx)] = False
 
 
+class _Scratch:
+    """Reusable conversion buffers, so that no block allocates (or page-faults) anew."""
+
+    def __init__(self, dtype: type):
+        self.dtype = np.dtype(dtype)
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def get(self, role: str, shape: tuple[int, int]) -> np.ndarray:
+        n = shape[0] * shape[1]
+        buf = self._bufs.get(role)
+        if buf is None or buf.size < n:
+            buf = self._bufs[role] = np.empty(max(n, 1), self.dtype)
+        return buf[:n].reshape(shape)
+
+    def wide(self, role: str, x: np.ndarray) -> np.ndarray:
+        """``x`` in the wide dtype: itself if it already is, else a converted copy in a buffer."""
+        if x.dtype == self.dtype:
+            return x
+        out = self.get(role, x.shape)
+        np.copyto(out, x, casting="unsafe")  # exact: every input value is representable
+        return out
+
+
+# Rows of lhs converted at once: bounds the scratch memory (~4 MiB at K=512) while
+# keeping every BLAS call large enough to run at full speed.
+CHUNK_ELEMENTS = 1 << 19
+
+
+def _product(a: np.ndarray, b: np.ndarray, target: np.ndarray, accumulate: bool, scratch: _Scratch) -> None:
+    """``target = a @ b`` (or ``+=``), exactly-converted inputs, no full-size temporaries."""
+    wb = scratch.wide("b", b)
+    m, k = a.shape
+    rows = max(1, CHUNK_ELEMENTS // max(k, 1))
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        wa = scratch.wide("a", a[r0:r1])
+        if accumulate:
+            tmp = scratch.get("t", (r1 - r0, b.shape[1]))
+            np.matmul(wa, wb, out=tmp)
+            target[r0:r1] += tmp
+        else:
+            np.matmul(wa, wb, out=target[r0:r1])
+
+
 def compute(p: Problem) -> Reference:
+    """The reference of ``p``: exact values (float64/int64), defined-mask; rounding and bound lazily."""
     wide = _wide(p)
     exact = np.zeros(p.out_shape, wide)
     mask = np.ones(p.out_shape, bool)
     accumulate = p.existing_out is not None and p.existing_policy == "accumulate"
     if p.existing_out is not None:
-        exact[...] = p.existing_out.astype(wide)
+        np.copyto(exact, p.existing_out, casting="unsafe")
     elif p.family in ("ragged_m", "ragged_n"):
         _undefine_outside(p, mask)
+    scratch = _Scratch(wide)
     for blk in blocks(p):
         if p.family == "ragged_k" and blk.k == 0:
             if p.empty == "undefined":
@@ -63,13 +109,13 @@ def compute(p: Problem) -> Reference:
             continue  # 'untouched' keeps existing_out; accumulate adds zero
         if blk.a.shape[0] == 0 or blk.b.shape[1] == 0:
             continue
-        a = blk.a.astype(wide, copy=False)
-        b = blk.b.astype(wide, copy=False)
         target = exact[blk.out_index]
-        if accumulate:
-            target += a @ b
-        else:
-            np.matmul(a, b, out=target)
+        if blk.k == 0:  # K = 0: the product is an exact zero
+            if not accumulate:
+                target[...] = 0
+            continue
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs propagate as IEEE says
+            _product(blk.a, blk.b, target, accumulate, scratch)
     return Reference(p, exact, mask)
 
 
@@ -103,13 +149,15 @@ class Reference:
         u_in = numerics.u_in(p.lhs.dtype, p.rhs.dtype)
         u_acc = numerics.u_acc
         in_lim, sum_lim = numerics.exact_limits((p.lhs.dtype, p.rhs.dtype), p.out_dtype)
+        tiny_acc = _dt.float_format(numerics.accumulate).tiny if not _dt.is_integer(numerics.accumulate) else 0.0
         accumulate = p.existing_out is not None and p.existing_policy == "accumulate"
         for blk in blocks(p):
             if blk.k == 0 and not accumulate:
                 continue
             a = np.abs(blk.a.astype(np.float64))
             b = np.abs(blk.b.astype(np.float64))
-            ab = a @ b
+            with np.errstate(invalid="ignore", over="ignore"):
+                ab = a @ b
             k = blk.k
             operands = [a, b]
             if accumulate:
@@ -118,8 +166,13 @@ class Reference:
                 operands.append(ex)
                 k += 1
             with np.errstate(invalid="ignore", over="ignore"):
-                bnd = (2 * u_in + gamma(k, u_acc) + gamma(k + 1, U_REF)) * ab
-                bnd += fmt.unit_roundoff * np.abs(self.exact[blk.out_index]) + fmt.tiny
+                # inputs rounded to the multiply precision (twice u_in plus its square), then
+                # k roundings in the accumulator (Higham's gamma_k covers products and sums),
+                # products underflowing in it (k * its tiny), the reference's own float64
+                # sums, and the one rounding to the output dtype of a value that far off.
+                rel = (1 + u_in) ** 2 * (1 + gamma(k, u_acc)) - 1 + gamma(k + 1, U_REF)
+                err = rel * ab + k * tiny_acc
+                bnd = err + fmt.unit_roundoff * (np.abs(self.exact[blk.out_index]) + err) + fmt.tiny
             if all(_integer_valued(x, in_lim) for x in operands):
                 bnd = np.where(ab <= sum_lim, 0.0, bnd)
             out[blk.out_index] = bnd
