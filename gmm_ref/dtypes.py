@@ -133,7 +133,8 @@ def round_to(x: np.ndarray, dtype: Any) -> np.ndarray:
         return x.astype(dtype)
     x = x.astype(np.float64, copy=False)
     if dtype in (np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16)):
-        return x.astype(dtype)  # NumPy's casts from float64 round once
+        with np.errstate(over="ignore"):  # overflow to inf is the correct rounding
+            return x.astype(dtype)  # NumPy's casts from float64 round once
     fmt = float_format(dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         _, e = np.frexp(x)  # x = f * 2**e with 0.5 <= |f| < 1

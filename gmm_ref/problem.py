@@ -120,9 +120,20 @@ class Problem:
             if _dt.is_integer(self.lhs.dtype):
                 out = np.dtype(np.int32)
             else:
-                out = np.promote_types(self.lhs.dtype, self.rhs.dtype)
+                try:
+                    out = np.promote_types(self.lhs.dtype, self.rhs.dtype)
+                except TypeError:  # e.g. float8_e4m3fn with float8_e5m2
+                    raise TypeError(
+                        f"out_dtype: required, since lhs dtype {self.lhs.dtype} and rhs dtype "
+                        f"{self.rhs.dtype} have no common type"
+                    ) from None
         else:
             out = _dt.as_dtype(self.out_dtype, name="out_dtype")
+        if out not in _dt.OUTPUT_DTYPES:
+            raise TypeError(
+                f"out_dtype: unsupported output dtype {out}; expected one of "
+                f"{[str(d) for d in _dt.OUTPUT_DTYPES]}"
+            )
         if _dt.is_integer(out) != _dt.is_integer(self.lhs.dtype):
             raise TypeError(
                 f"out_dtype: {out} does not fit inputs of dtype {self.lhs.dtype} "
@@ -189,14 +200,17 @@ class Problem:
         if gs.ndim == 0 or not (np.issubdtype(gs.dtype, np.integer)):
             raise TypeError(f"group_sizes: expected an integer array of shape [G] or [b..., G], got dtype {gs.dtype} shape {gs.shape}")
         if gs.ndim != 1 and gs.shape[:-1] != self._batch_shape:
-            raise ValueError(
-                f"group_sizes: expected shape [G] or {list(self._batch_shape) + ['G']}, got {gs.shape}"
-            )
+            want = "[G]" if not self._batch_shape else f"[G] or {list(self._batch_shape) + ['G']}"
+            raise ValueError(f"group_sizes: expected shape {want}, got {gs.shape}")
         if np.any(gs < 0):
             raise ValueError(f"group_sizes: must be non-negative, got {gs.tolist()}")
         g = gs.shape[-1]
         extent = {"ragged_m": m, "ragged_n": n, "ragged_k": k}[fam]
-        totals = gs.sum(axis=-1)
+        if np.any(gs > extent):  # checked first: a sum of huge sizes could wrap around
+            raise ValueError(
+                f"group_sizes: size {int(np.max(gs))} exceeds the ragged extent {extent} ({fam[-1].upper()})"
+            )
+        totals = gs.astype(np.int64).sum(axis=-1)
         if np.any(totals > extent):
             raise ValueError(
                 f"group_sizes: sum {int(np.max(totals))} exceeds the ragged extent "

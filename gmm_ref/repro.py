@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import zlib
 
 import numpy as np
 
@@ -20,10 +22,17 @@ def _dtype_expr(dtype: np.dtype) -> str:
     return f"np.{name}"
 
 
+MAX_ENCODED = 1 << 22  # larger arrays are not written out at all
+
+
 def _array_expr(a: np.ndarray) -> str:
-    if a.size > MAX_INLINE:
+    if a.size > MAX_ENCODED:
         return (f"np.zeros({a.shape}, {_dtype_expr(a.dtype)})  "
                 f"# {a.size} values not inlined; rebuild from the Hypothesis blob")
+    if a.size > MAX_INLINE:  # exact bytes, compressed
+        data = base64.b64encode(zlib.compress(np.ascontiguousarray(a).tobytes(), 6)).decode()
+        return (f"np.frombuffer(zlib.decompress(base64.b64decode({data!r})), "
+                f"dtype={_dtype_expr(a.dtype)}).reshape({a.shape}).copy()")
     if np.issubdtype(a.dtype, np.integer):
         vals = a.tolist()
     else:  # float() of any of our float dtypes is exact, and repr(float) round-trips
@@ -33,7 +42,7 @@ def _array_expr(a: np.ndarray) -> str:
 
 def reproducer(p: Problem) -> str:
     """Source of a snippet that rebuilds ``p`` and prints its reference."""
-    lines = ["import numpy as np, ml_dtypes", "from gmm_ref import Problem", "nan, inf = np.nan, np.inf",
+    lines = ["import base64, zlib", "import numpy as np, ml_dtypes", "from gmm_ref import Problem", "nan, inf = np.nan, np.inf",
              "problem = Problem("]
     for f in dataclasses.fields(p):
         v = getattr(p, f.name)
