@@ -44,14 +44,19 @@ class KernelAdapter:
     """Base class of the built-in adapters.
 
     Class attributes (override in subclasses): ``name``, ``convention``,
-    ``numerics`` (for float32 / bfloat16 inputs; see :meth:`numerics_for`)
-    and ``deterministic``.
+    ``numerics`` (for float32 / bfloat16 inputs; see :meth:`numerics_for`),
+    ``deterministic``, ``known_issues`` (mode name, a key of
+    ``property_tests.checking.MODES``, -> the upstream bug that makes the
+    kernel fail that mode, verified on this machine) and ``max_examples``
+    (a per-mode example budget for slow kernels; None: the profile's).
     """
 
     name: ClassVar[str] = "abstract"
     convention: ClassVar[str] = ""
     numerics: ClassVar[Numerics] = Numerics(multiply=None, accumulate=np.float32)
     deterministic: ClassVar[bool] = True
+    known_issues: ClassVar[dict[str, str]] = {}
+    max_examples: ClassVar[int | None] = None
 
     # ------------------------------------------------------------- capability
     def available(self) -> str | None:
@@ -68,6 +73,12 @@ class KernelAdapter:
         """The arithmetic used for ``problem`` (float64 inputs widen the accumulator)."""
         return self.numerics
 
+    def strategy_options(self) -> dict[str, Any]:
+        """Keyword options for ``property_tests.strategies.problems`` that encode hard
+        constraints of this kernel beyond its convention (dtypes, shapes, tiling, group
+        counts), so strategies draw only problems it takes instead of filtering."""
+        return {}
+
     # ------------------------------------------------------------------ running
     def call(self, *args: Any, **kwargs: Any) -> np.ndarray:
         """Run the kernel on convention arguments; return NumPy."""
@@ -79,6 +90,13 @@ class KernelAdapter:
             problem = problem.replace(convention=self.convention)
         args, kwargs = problem.arguments()
         return self.call(*args, **kwargs)
+
+    def vjp(self, problem: Any, cotangent: Any) -> dict[str, np.ndarray]:
+        """Reverse-mode gradients of ``run(problem)`` for ``cotangent``:
+        ``{"lhs", "rhs"}`` (and ``"existing_out"`` when the problem has one), stored
+        like the inputs; compare with ``gmm_ref.gradients``. Raises NotImplementedError
+        where the kernel (or this adapter) has no gradient."""
+        raise NotImplementedError(f"{self.name}: no reverse-mode gradient in this adapter")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ({self.convention})>"

@@ -67,7 +67,7 @@ def uses_64bit(*values: Any) -> bool:
     for v in values:
         if v is None:
             continue
-        dt = getattr(v, "dtype", None)
+        dt = None if isinstance(v, type) else getattr(v, "dtype", None)  # np.int64 has a .dtype descriptor
         if dt is None:
             try:
                 dt = np.dtype(v)

@@ -27,7 +27,7 @@ from gmm_ref import Numerics
 
 from gmm_kernels.base import KernelAdapter, missing_module
 from gmm_kernels.convert import jax_x64, uses_64bit
-from gmm_kernels.jax_lax import jax_numerics
+from gmm_kernels.jax_lax import jax_numerics, xla_nan_leak_issues
 from gmm_kernels.megablox import _common_reasons, _group_offset
 
 __all__ = ["EjkernelGroupedMatmul"]
@@ -56,6 +56,12 @@ class EjkernelGroupedMatmul(KernelAdapter):
         if implementation not in _KERNELS:
             raise ValueError(f"implementation: expected one of {sorted(_KERNELS)}, got {implementation!r}")
         self.implementation = implementation
+
+    @property
+    def known_issues(self) -> dict[str, str]:  # type: ignore[override]
+        if self.implementation != "xla":
+            return {}
+        return xla_nan_leak_issues("ejkernel 0.0.80.3's XLA grouped_matmul calls lax.ragged_dot_general")
 
     @property
     def name(self) -> str:  # type: ignore[override]

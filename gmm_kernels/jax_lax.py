@@ -18,7 +18,30 @@ from gmm_ref import Numerics
 from gmm_kernels.base import KernelAdapter, missing_module
 from gmm_kernels.convert import jax_x64, uses_64bit
 
-__all__ = ["JaxRaggedDot", "JaxRaggedDotGeneral", "lax_dimension_numbers", "jax_numerics"]
+__all__ = ["JaxRaggedDot", "JaxRaggedDotGeneral", "XLA_CPU_NAN_LEAK", "jax_numerics", "lax_dimension_numbers",
+           "xla_nan_leak_issues"]
+
+
+XLA_CPU_NAN_LEAK = (
+    "upstream bug, XLA CPU ragged_dot (jax 0.10.2): a NaN/Inf anywhere in one group's rhs reaches the "
+    "rows of every other group and the tail, also when that group is empty (the CPU lowering forms "
+    "every group's product over all rows and masks by multiplying with 0, and 0*NaN = NaN). Repro: "
+    "lax.ragged_dot(ones((4, 2)), stack([ones((2, 2)), full((2, 2), nan)]), group_sizes=[4, 0]) is all NaN"
+)
+
+
+def xla_nan_leak_issues(via: str = "") -> dict[str, str]:
+    """``known_issues`` of a kernel computed by XLA's ragged_dot (``via``: how it gets there).
+
+    Empty unless jax runs on CPU (the only backend the bug was seen on).
+    """
+    if missing_module("jax"):
+        return {}
+    import jax
+
+    if jax.default_backend() != "cpu":
+        return {}
+    return {"poisoned": XLA_CPU_NAN_LEAK + (f"; {via}" if via else "")}
 
 
 def jax_numerics(problem: Any) -> Numerics:
@@ -60,6 +83,19 @@ def _jitted_ragged_dot_general(dn_key: Any, preferred_element_type: Any) -> Any:
     )
 
 
+@functools.cache
+def _jitted_ragged_dot_vjp(preferred_element_type: Any) -> Any:
+    import jax
+    from jax import lax
+
+    def f(a: Any, b: Any, g: Any, ct: Any) -> Any:
+        _, pullback = jax.vjp(lambda x, y: lax.ragged_dot(x, y, g, preferred_element_type=preferred_element_type),
+                              a, b)
+        return pullback(ct)
+
+    return jax.jit(f)
+
+
 def _dn_key(dn: Any) -> tuple:
     (lc, rc), (lb, rb) = dn[0]
     t = lambda xs: tuple(int(x) for x in xs)  # noqa: E731
@@ -71,6 +107,9 @@ def _ped(x: Any) -> Any:
 
 
 class _JaxBase(KernelAdapter):
+    @property
+    def known_issues(self) -> dict[str, str]:  # type: ignore[override]
+        return xla_nan_leak_issues()
     def available(self) -> str | None:
         return missing_module("jax")
 
@@ -110,6 +149,18 @@ class JaxRaggedDot(_JaxBase):
         with jax_x64(uses_64bit(lhs, rhs, ped)):
             out = _jitted_ragged_dot(ped)(lhs, rhs, np.asarray(group_sizes, np.int32))
             return np.asarray(out)
+
+
+    def vjp(self, problem: Any, cotangent: Any) -> dict[str, np.ndarray]:
+        """``jax.vjp`` of ``lax.ragged_dot`` (mode 1) w.r.t. lhs and rhs, jitted, sizes traced."""
+        if problem.convention != self.convention:
+            problem = problem.replace(convention=self.convention)
+        (lhs, rhs, gs), kw = problem.arguments()
+        ped = _ped(kw.get("preferred_element_type"))
+        with jax_x64(uses_64bit(lhs, rhs, ped)):
+            dl, dr = _jitted_ragged_dot_vjp(ped)(lhs, rhs, np.asarray(gs, np.int32),
+                                                np.asarray(cotangent))
+            return {"lhs": np.asarray(dl), "rhs": np.asarray(dr)}
 
 
 class JaxRaggedDotGeneral(_JaxBase):

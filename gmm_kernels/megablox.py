@@ -22,7 +22,7 @@ from gmm_ref import Numerics
 
 from gmm_kernels.base import KernelAdapter, dtype_name, missing_module
 
-__all__ = ["MegabloxGmm", "MegabloxTgmm", "gmm_vjp", "backend_module", "ops_module"]
+__all__ = ["MegabloxGmm", "MegabloxTgmm", "gmm_grads", "gmm_vjp", "backend_module", "ops_module"]
 
 _DTYPES = ("float32", "bfloat16")
 _DEFAULT_TILING = (128, 128, 128)
@@ -78,6 +78,13 @@ class MegabloxGmm(KernelAdapter):
     name = "megablox.gmm"
     convention = "megablox.gmm"
     numerics = Numerics(multiply=None, accumulate=np.float32)
+    #: input of :meth:`vjp` -> upstream bug in its gradient (see property_tests/tests/test_gradients.py)
+    known_gradient_issues = {
+        "existing_out": (
+            "upstream bug, jax 0.10.2 jax/experimental/pallas/ops/tpu/megablox/ops.py _gmm_bwd returns "
+            "the whole cotangent as the gradient of existing_out, also for the rows gmm overwrote "
+            "(their true gradient is 0)"),
+    }
 
     def available(self) -> str | None:
         reason = missing_module("jax")
@@ -109,6 +116,15 @@ class MegabloxGmm(KernelAdapter):
             transpose_rhs=bool(transpose_rhs), interpret=True,
         )
         return np.asarray(out)
+
+    def vjp(self, problem: Any, cotangent: Any) -> dict[str, np.ndarray]:
+        """Gradients through megablox ``ops.gmm``'s custom VJP (see :func:`gmm_grads`)."""
+        if problem.convention != self.convention:
+            problem = problem.replace(convention=self.convention)
+        (lhs, rhs, gs), kw = problem.arguments()
+        grads = gmm_grads(lhs, rhs, gs, cotangent, **kw)
+        del grads["out"]
+        return grads
 
 
 class MegabloxTgmm(KernelAdapter):
@@ -147,18 +163,19 @@ class MegabloxTgmm(KernelAdapter):
         return np.asarray(out)
 
 
-def gmm_vjp(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any, *,
-            preferred_element_type: Any = np.float32, tiling: Any = _DEFAULT_TILING,
-            group_offset: Any = None, transpose_rhs: bool = False
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(out, dlhs, drhs)`` of megablox ``ops.gmm`` (its custom VJP) for ``cotangent``.
+def gmm_grads(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any, *,
+              preferred_element_type: Any = np.float32, tiling: Any = _DEFAULT_TILING,
+              group_offset: Any = None, existing_out: Any = None, transpose_rhs: bool = False
+              ) -> dict[str, np.ndarray]:
+    """Output and gradients of megablox ``ops.gmm`` (its custom VJP) for ``cotangent``.
 
-    The VJP computes ``dlhs = gmm(cotangent, rhs, transpose_rhs=not transpose_rhs)``
-    (so rows past ``sum(sizes)`` are undefined, NaN under interpret, like the
-    forward) and ``drhs = tgmm(lhs.T, cotangent)`` with
-    ``num_actual_groups = rhs.shape[0]``. ``existing_out`` is not taken here:
-    the VJP hands back the whole cotangent as its gradient, also for the rows
-    the kernel overwrote (which do not depend on it).
+    Returns ``{"out", "lhs", "rhs"}`` and ``"existing_out"`` when one is
+    given. The VJP computes ``dlhs = gmm(cotangent, rhs, transpose_rhs=not
+    transpose_rhs)`` (so rows past ``sum(sizes)`` are unwritten, NaN under
+    interpret, like the forward), ``drhs = tgmm(lhs.T, cotangent,
+    num_actual_groups=rhs.shape[0])`` and, for ``existing_out``, the whole
+    cotangent: also for the rows the kernel overwrote, whose true gradient is
+    0 (upstream bug, see :attr:`MegabloxGmm.known_gradient_issues`).
     """
     import jax
     import jax.numpy as jnp
@@ -168,11 +185,28 @@ def gmm_vjp(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any, *,
     go = _group_offset(group_offset)
     ped = np.dtype(preferred_element_type)
     tl = tuple(int(t) for t in tiling)
+    tr = bool(transpose_rhs)
+    primals = [jnp.asarray(lhs), jnp.asarray(rhs)]
+    if existing_out is not None:
+        primals.append(jnp.asarray(existing_out))
 
-    def f(a: Any, b: Any) -> Any:
+    def f(a: Any, b: Any, ex: Any = None) -> Any:
         # ops.gmm = custom_vjp(backend.gmm, nondiff_argnums=(3, 4, 7, 8)): positional call.
-        return ops.gmm(a, b, gs, ped, tl, go, None, bool(transpose_rhs), True)
+        return ops.gmm(a, b, gs, ped, tl, go, ex, tr, True)
 
-    out, pullback = jax.vjp(f, jnp.asarray(lhs), jnp.asarray(rhs))
-    dlhs, drhs = pullback(jnp.asarray(cotangent, dtype=out.dtype))
-    return np.asarray(out), np.asarray(dlhs), np.asarray(drhs)
+    out, pullback = jax.vjp(f, *primals)
+    grads = pullback(jnp.asarray(cotangent, dtype=out.dtype))
+    result = {"out": np.asarray(out), "lhs": np.asarray(grads[0]), "rhs": np.asarray(grads[1])}
+    if existing_out is not None:
+        result["existing_out"] = np.asarray(grads[2])
+    return result
+
+
+def gmm_vjp(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any, *,
+            preferred_element_type: Any = np.float32, tiling: Any = _DEFAULT_TILING,
+            group_offset: Any = None, transpose_rhs: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(out, dlhs, drhs)`` of megablox ``ops.gmm`` (its custom VJP); see :func:`gmm_grads`."""
+    r = gmm_grads(lhs, rhs, group_sizes, cotangent, preferred_element_type=preferred_element_type,
+                  tiling=tiling, group_offset=group_offset, transpose_rhs=transpose_rhs)
+    return r["out"], r["lhs"], r["rhs"]

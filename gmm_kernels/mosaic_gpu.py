@@ -7,13 +7,16 @@ shared memory and barriers on the CPU. The interpreter checks every TMA copy
 against the buffer, so (unlike the hardware, whose TMA clips) it raises on
 any partial block: M, N and K must be multiples of the block sizes. The
 output dtype is the input dtype; rows past ``sum(sizes)`` are never written
-(NaN under the interpreter). After a failed interpreted call the interpreter
+(NaN under the interpreter). With a single group (G=1) the interpreted
+kernel kills the process (SIGFPE while XLA folds an integer division by
+zero), so ``supports`` refuses G=1 here. After a failed interpreted call the interpreter
 state is reset, as its documentation requires.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import numpy as np
@@ -60,6 +63,17 @@ class MosaicGpuRaggedDot(KernelAdapter):
     convention = "ragged_dot"
     numerics = Numerics(multiply=None, accumulate=np.float32)  # interpreted; Hopper: tf32 for float32
 
+    @property
+    def max_examples(self) -> int | None:  # type: ignore[override]
+        return None if _native() else 3  # interpreted: 0.1-2 s per call, 1-2 s per compile
+
+    def strategy_options(self) -> dict[str, Any]:
+        """Equal input and output dtypes, M/K/N multiples of 8 (no partial blocks), G >= 2
+        (G = 1 kills the interpreted process), and no tail: rows past sum(group_sizes) are
+        never written, where the ragged_dot convention zeroes them."""
+        return {"dtypes": ("float32", "bfloat16", "float16"), "shapes": ((32, 32, 32), (64, 16, 32)),
+                "min_groups": 2, "max_groups": 4, "allow_tail": False}
+
     def available(self) -> str | None:
         reason = missing_module("jax")
         if reason:
@@ -82,6 +96,12 @@ class MosaicGpuRaggedDot(KernelAdapter):
             return "ragged_dot_mgpu has no group_offset"
         if problem.existing_out is not None:
             return "ragged_dot_mgpu takes no existing output"
+        if problem.group_sizes is not None and int(problem.group_sizes.sum(axis=-1).min()) < problem.m:
+            return ("ragged_dot_mgpu never writes rows past sum(group_sizes) (NaN under the interpreter; "
+                    "DESIGN.md: tail undefined on Mosaic GPU), where the ragged_dot convention zeroes them")
+        if problem.num_groups == 1 and not _native():
+            return ("ragged_dot_mgpu (interpreted) with G=1 kills the process: SIGFPE in XLA CPU "
+                    "compilation (stablehlo constant folding divides by zero)")
         lt, rt = dtype_name(problem.lhs.dtype), dtype_name(problem.rhs.dtype)
         if lt != rt or lt not in _DTYPES:
             return f"ragged_dot_mgpu needs equal float32/bfloat16/float16 inputs, got {lt} x {rt}"
@@ -110,7 +130,11 @@ class MosaicGpuRaggedDot(KernelAdapter):
             raise ValueError(f"ragged_dot_mgpu (interpreted): M, N, K = {m}, {n}, {k} must be multiples of 8")
         fn = _jitted(*blocks)
         try:
-            with params.force_gpu_interpret_mode(params.InterpretGPUParams()):
+            with params.force_gpu_interpret_mode(params.InterpretGPUParams()), warnings.catch_warnings():
+                # the interpreter's NumPy matmul warns on NaN/Inf inputs (poisoned padding); under
+                # filterwarnings=error that warning kills the io_callback and the whole call
+                warnings.filterwarnings("ignore", category=RuntimeWarning,
+                                        module=r"jax\._src\.pallas\.mosaic_gpu\.interpret")
                 return np.asarray(fn(lhs, rhs, np.asarray(group_sizes, np.int32)))
         except Exception:
             gpu_callbacks.reset_gpu_interpret_mode_state()

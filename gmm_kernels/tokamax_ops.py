@@ -19,7 +19,7 @@ from gmm_ref import Numerics
 
 from gmm_kernels.base import KernelAdapter, missing_module
 from gmm_kernels.convert import jax_x64, uses_64bit
-from gmm_kernels.jax_lax import jax_numerics
+from gmm_kernels.jax_lax import jax_numerics, xla_nan_leak_issues
 
 __all__ = ["TokamaxRaggedDot"]
 
@@ -29,10 +29,28 @@ _NEEDS = {
 }
 
 
+def _absl_flags_parsed() -> None:
+    """Parse absl flags with defaults only, unless the application already did.
+
+    tokamax reads its config flags on first use and, if absl has not parsed
+    the command line, calls ``flags.FLAGS(sys.argv)``: under pytest (or any
+    program with its own options) that raises ``UnrecognizedFlagError: Unknown
+    command line flag 'q'``. Parsing just the program name keeps the defaults.
+    """
+    import sys
+
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS(sys.argv[:1])
+
+
 @functools.cache
 def _jitted(implementation: str, preferred_element_type: Any) -> Any:
     import jax
     import tokamax
+
+    _absl_flags_parsed()
 
     return jax.jit(lambda a, b, g: tokamax.ragged_dot(
         a, b, g, preferred_element_type=preferred_element_type, implementation=implementation))
@@ -45,6 +63,12 @@ class TokamaxRaggedDot(KernelAdapter):
 
     def __init__(self, implementation: str = "xla") -> None:
         self.implementation = implementation
+
+    @property
+    def known_issues(self) -> dict[str, str]:  # type: ignore[override]
+        if self.implementation != "xla":
+            return {}
+        return xla_nan_leak_issues("tokamax 0.0.12 implementation='xla' calls lax.ragged_dot_general")
 
     @property
     def name(self) -> str:  # type: ignore[override]

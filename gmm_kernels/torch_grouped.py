@@ -40,6 +40,10 @@ class TorchGroupedMM(KernelAdapter):
     convention = "torch.grouped_mm"
     numerics = Numerics(multiply=None, accumulate=np.float32)
 
+    def strategy_options(self) -> dict[str, Any]:
+        """Inputs of one dtype among float32 / bfloat16 / float16, output dtype = input dtype."""
+        return {"dtypes": _DTYPES}
+
     def available(self) -> str | None:
         reason = missing_module("torch")
         if reason:

@@ -22,6 +22,7 @@ from gmm_ref.conventions import (
     tgmm,
 )
 from gmm_ref.dtypes import round_to, unit_roundoff
+from gmm_ref.gradients import Gradients, gradients
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import FAMILIES, Problem
 from gmm_ref.reference import Reference, compute
@@ -30,6 +31,7 @@ from gmm_ref.repro import reproducer
 __all__ = [
     "CONVENTIONS",
     "FAMILIES",
+    "Gradients",
     "Mismatch",
     "Numerics",
     "Problem",
@@ -41,6 +43,7 @@ __all__ = [
     "compute",
     "expressible",
     "gmm",
+    "gradients",
     "grouped_mm",
     "problem_from_arguments",
     "ragged_dot",

@@ -1,0 +1,271 @@
+"""Fast unit tests of the kernel adapters (gmm_kernels): availability and support reasons,
+exact bfloat16 conversions, wrapping user functions, and the declarations the suite reads
+(known_issues, max_examples, strategy_options).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import gmm_kernels
+import gmm_ref
+from gmm_kernels.base import KernelAdapter, missing_module
+from gmm_kernels.convert import to_jax, to_numpy, to_torch, torch_dtype, uses_64bit
+from property_tests.checking import MODES
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+ADAPTERS = gmm_kernels.registry()
+IDS = [a.name for a in ADAPTERS]
+
+
+def _problem(family="ragged_m", sizes=(3, 0, 5), m=8, k=4, n=4, dtype=np.float32, convention=None, **kw):
+    rng = np.random.default_rng(0)
+    g = len(sizes)
+    shapes = {"ragged_m": ((m, k), (g, k, n)), "ragged_k": ((m, k), (k, n)), "ragged_n": ((g, m, k), (k, n))}
+    ls, rs = shapes[family]
+    return gmm_ref.Problem(family, rng.integers(-2, 3, ls).astype(dtype), rng.integers(-2, 3, rs).astype(dtype),
+                           np.array(sizes), convention=convention, **kw)
+
+
+# ------------------------------------------------------------------ availability
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=IDS)
+def test_available_is_none_or_a_reason(adapter):
+    why = adapter.available()
+    assert why is None or (isinstance(why, str) and why.strip()), repr(why)
+
+
+def test_missing_kernels_say_why():
+    reasons = {a.name: a.available() for a in ADAPTERS}
+    assert reasons["te.grouped_gemm"] == "transformer_engine is not installed"
+    for name in ("tokamax.ragged_dot[mosaic]", "tokamax.ragged_dot[triton]"):
+        assert "NotImplementedError('Not supported on cpu')" in reasons[name]
+    for name in ("ejkernel.grouped_matmul[pallas_v2]", "ejkernel.grouped_matmul[pallas_v3]"):
+        assert "Unsupported TPU device kind: cpu" in reasons[name]
+    assert missing_module("jax", "surely_not_a_module_xyz") == "surely_not_a_module_xyz is not installed"
+    assert missing_module("numpy") is None
+
+
+def test_names_are_unique_and_get_finds_them():
+    assert len(set(IDS)) == len(IDS)
+    assert gmm_kernels.get("megablox.gmm").name == "megablox.gmm"
+    with pytest.raises(KeyError, match="no kernel adapter 'nope'"):
+        gmm_kernels.get("nope")
+
+
+# ---------------------------------------------------------------------- supports
+SUPPORT_CASES = [
+    ("jax.ragged_dot", dict(), None),
+    ("jax.ragged_dot", dict(family="ragged_k", sizes=(1, 3)), "ragged M only"),
+    ("jax.ragged_dot", dict(convention="megablox.gmm", tail="undefined"), "takes the 'ragged_dot' convention"),
+    ("jax.ragged_dot_general", dict(family="ragged_n", n=8), "no ragged N mode"),
+    ("megablox.gmm", dict(sizes=(3, 0, 5), tiling=(8, 8, 8)), None),
+    ("megablox.gmm", dict(sizes=(3, 0, 5)), "divisible by tm=128"),
+    ("megablox.gmm", dict(dtype=np.float16), "float32 or bfloat16 inputs, not lhs float16"),
+    ("megablox.gmm", dict(m=12, sizes=(3, 0, 5), tiling=(8, 8, 8)), "divisible by tm=8"),
+    ("megablox.tgmm", dict(family="ragged_m"), "ragged K only"),
+    ("torch.grouped_mm", dict(out_dtype=np.float64), "out_dtype must equal the input dtype"),
+    ("torch.grouped_mm", dict(k=6), "not a multiple of 16"),
+    ("jax.ragged_dot_mgpu", dict(sizes=(8,), m=8, k=8, n=8), "G=1 kills the process"),
+    ("ejkernel.grouped_matmul[xla]", dict(existing_out=np.zeros((8, 4), np.float32)), "adds existing_out"),
+]
+
+
+@pytest.mark.parametrize(("name", "kw", "expected"), SUPPORT_CASES)
+def test_supports_reasons(name, kw, expected):
+    adapter = gmm_kernels.get(name)
+    if name == "ejkernel.grouped_matmul[xla]" and adapter.available():
+        pytest.skip(adapter.available())
+    why = adapter.supports(_problem(**kw))
+    if expected is None:
+        assert why is None
+    else:
+        assert isinstance(why, str) and expected in why, why
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=IDS)
+def test_supports_gives_a_reason_for_a_foreign_family(adapter):
+    p = _problem(family="ragged_n", n=8)
+    if adapter.convention in ("torch.grouped_mm", "te.grouped_gemm"):
+        p = _problem(family="ragged_n", n=8, dtype=np.float64)  # ragged N is theirs; float64 is not
+    why = adapter.supports(p)
+    assert isinstance(why, str) and why.strip()
+
+
+# --------------------------------------------------------------- bf16 conversions
+ALL_BF16 = np.arange(1 << 16, dtype=np.uint16).view(BF16)  # every bit pattern, NaN payloads included
+
+
+def _same_bits(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+def test_bf16_torch_round_trip_is_bit_exact():
+    torch = pytest.importorskip("torch")
+    t = to_torch(ALL_BF16)
+    assert t.dtype == torch.bfloat16
+    assert _same_bits(to_numpy(t), ALL_BF16)
+    # strided views keep their strides and values
+    m = ALL_BF16[:4096].reshape(64, 64)[:, ::2]
+    assert _same_bits(to_numpy(to_torch(m)), m)
+    assert torch_dtype(BF16) is torch.bfloat16 and torch_dtype(np.float16) is torch.float16
+    assert torch_dtype(None) is None
+
+
+def test_bf16_jax_round_trip_is_bit_exact():
+    jnp = pytest.importorskip("jax.numpy")
+    x = to_jax(ALL_BF16)
+    assert x.dtype == jnp.bfloat16
+    assert _same_bits(to_numpy(x), ALL_BF16)
+
+
+def test_bit_comparison_catches_a_lossy_conversion():
+    lossy = ALL_BF16.astype(np.float16).astype(BF16)  # what a float16 detour does
+    assert not _same_bits(lossy, ALL_BF16)
+    assert not _same_bits(ALL_BF16.astype(np.float32), ALL_BF16)  # dtype changed
+
+
+def test_uses_64bit():
+    assert uses_64bit(np.zeros(2, np.float64)) and uses_64bit(None, np.int64) and uses_64bit("float64")
+    assert not uses_64bit(np.zeros(2, np.float32), BF16, None, "not a dtype")
+
+
+# -------------------------------------------------------------------------- wrap
+def _numpy_ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    lhs, rhs, gs = np.asarray(lhs), np.asarray(rhs), np.asarray(group_sizes)
+    out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32)
+    ends = np.cumsum(gs)
+    for g, (s, e) in enumerate(zip(ends - gs, ends)):
+        out[s:e] = lhs[s:e].astype(np.float32) @ rhs[g].astype(np.float32)
+    return out.astype(preferred_element_type or lhs.dtype)
+
+
+def test_wrap_user_function_returning_numpy():
+    seen = {}
+
+    def fn(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+        seen["type"] = type(lhs).__module__
+        return _numpy_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type)
+
+    adapter = gmm_kernels.wrap(fn, "ragged_dot", name="user-numpy")
+    p = _problem(convention="ragged_dot")
+    gmm_ref.assert_matches_reference(adapter.run(p), p)
+    assert seen["type"].startswith("jax")  # jax conventions receive jax arrays
+    assert adapter.name == "user-numpy" and isinstance(adapter, KernelAdapter)
+
+
+def test_wrap_user_function_returning_jax():
+    jax = pytest.importorskip("jax")
+
+    def fn(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, precision=None, preferred_element_type=None):
+        assert isinstance(ragged_dot_dimension_numbers, jax.lax.RaggedDotDimensionNumbers)
+        return jax.lax.ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
+                                          preferred_element_type=preferred_element_type)
+
+    adapter = gmm_kernels.wrap(fn, "ragged_dot_general")
+    for p in (_problem(convention="ragged_dot_general", dtype=BF16),
+              _problem(family="ragged_k", sizes=(1, 0, 3), convention="ragged_dot_general")):
+        out = adapter.run(p)
+        assert isinstance(out, np.ndarray)
+        gmm_ref.assert_matches_reference(out, p)
+
+
+def test_wrap_user_function_returning_torch():
+    torch = pytest.importorskip("torch")
+    seen = {}
+
+    def fn(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+        seen.update(a=type(mat_a), offs=offs.dtype, out_dtype=out_dtype)
+        return torch._grouped_mm(mat_a, mat_b, offs=offs, out_dtype=out_dtype)
+
+    adapter = gmm_kernels.wrap(fn, "torch.grouped_mm")
+    p = _problem(sizes=(3, 0, 5), k=8, n=8, dtype=BF16, convention="torch.grouped_mm", tail="undefined")
+    out = adapter.run(p)
+    assert out.dtype == BF16
+    gmm_ref.assert_matches_reference(out, p)
+    assert seen == {"a": torch.Tensor, "offs": torch.int32, "out_dtype": torch.bfloat16}
+
+
+def test_wrapped_wrong_function_is_rejected():
+    def fn(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+        out = _numpy_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type)
+        return out[::-1].copy()  # rows reversed
+
+    p = _problem(convention="ragged_dot")
+    with pytest.raises(gmm_ref.Mismatch):
+        gmm_ref.assert_matches_reference(gmm_kernels.wrap(fn, "ragged_dot").run(p), p)
+    with pytest.raises(ValueError, match="convention: expected one of"):
+        gmm_kernels.wrap(fn, "not-a-convention")
+
+
+# ------------------------------------------------------------------ declarations
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=IDS)
+def test_declarations_are_well_formed(adapter):
+    issues = adapter.known_issues
+    assert isinstance(issues, dict)
+    for mode, reason in issues.items():
+        assert mode in MODES, f"{adapter.name}: known_issues key {mode!r} is not a mode ({sorted(MODES)})"
+        assert isinstance(reason, str) and len(reason) > 40, reason
+    me = adapter.max_examples
+    assert me is None or (isinstance(me, int) and me > 0)
+    assert isinstance(adapter.strategy_options(), dict)
+
+
+@pytest.mark.parametrize("adapter", [a for a in ADAPTERS if a.strategy_options()],
+                         ids=[a.name for a in ADAPTERS if a.strategy_options()])
+def test_strategy_options_draw_problems_the_adapter_takes(adapter):
+    from property_tests import strategies as gst
+
+    if adapter.available():
+        pytest.skip(adapter.available())
+    declined = []
+
+    @settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(p=gst.problems(convention=adapter.convention, values="exact", **adapter.strategy_options()))
+    def prop(p):
+        why = adapter.supports(p)
+        if why:
+            declined.append(why)
+
+    prop()
+    assert not declined, declined[:3]
+
+
+def _nan_leak_problem(convention: str) -> gmm_ref.Problem:
+    """Group 1 is empty and its rhs is NaN: no output element reads it."""
+    rhs = np.stack([np.ones((2, 2), np.float32), np.full((2, 2), np.nan, np.float32)])
+    kw = dict(tail="undefined", tiling=(8, 8, 8)) if convention == "megablox.gmm" else {}
+    return gmm_ref.Problem("ragged_m", np.ones((8, 2), np.float32), rhs, np.array([8, 0]),
+                           convention=convention, **kw)
+
+
+LEAKY = [a for a in ADAPTERS if "poisoned" in a.known_issues]
+
+
+@pytest.mark.parametrize("adapter", LEAKY, ids=[a.name for a in LEAKY])
+def test_declared_nan_leak_still_reproduces(adapter):
+    """If upstream fixes the leak this fails: then drop the known_issues entry."""
+    if adapter.available():
+        pytest.skip(adapter.available())
+    p = _nan_leak_problem(adapter.convention)
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        gmm_ref.assert_matches_reference(adapter.run(p), p, kernel=adapter.name)
+    assert info.value.kind == "nonfinite" and info.value.groups == (0,)
+
+
+@pytest.mark.parametrize("name", ["megablox.gmm", "torch.grouped_mm", "ejkernel.grouped_matmul[pallas]"])
+def test_kernels_without_the_leak_pass_the_same_problem(name):
+    adapter = gmm_kernels.get(name)
+    if adapter.available():
+        pytest.skip(adapter.available())
+    conv = adapter.convention
+    p = _nan_leak_problem(conv)
+    if conv == "torch.grouped_mm":  # 16-byte rows: K = N = 4
+        rhs = np.stack([np.ones((4, 4), np.float32), np.full((4, 4), np.nan, np.float32)])
+        p = gmm_ref.Problem("ragged_m", np.ones((8, 4), np.float32), rhs, np.array([8, 0]),
+                            convention=conv, tail="undefined")
+    assert not adapter.known_issues
+    gmm_ref.assert_matches_reference(adapter.run(p), p, kernel=name)
