@@ -56,11 +56,17 @@ class Numerics:
 
     multiply: Any = None
     accumulate: Any = np.float32
+    #: subnormal inputs, products, partial sums and outputs may be flushed to zero
+    #: (FTZ/DAZ, as XLA on CPU and most GPU/TPU paths do): widens the bound by the
+    #: flushed terms and the smallest normals of the accumulator and the output.
+    flush_subnormals: bool = False
 
     def __post_init__(self) -> None:
         if self.multiply is not None:
             object.__setattr__(self, "multiply", _dt.as_dtype(self.multiply, name="multiply"))
         object.__setattr__(self, "accumulate", _dt.as_dtype(self.accumulate, name="accumulate"))
+        if not isinstance(self.flush_subnormals, (bool, np.bool_)):
+            raise TypeError(f"flush_subnormals: expected a bool, got {self.flush_subnormals!r}")
 
     @classmethod
     def default_for(cls, lhs_dtype: Any, rhs_dtype: Any, out_dtype: Any) -> Numerics:
@@ -95,3 +101,9 @@ class Numerics:
             in_limit = min(in_limit, sig_limit(self.multiply))
         sum_limit = min(sig_limit(self.accumulate), sig_limit(out_dtype))
         return in_limit, sum_limit
+
+
+def min_normal(dtype: Any) -> float:
+    """The smallest positive normal number of a float dtype (0 for integers)."""
+    dtype = np.dtype(dtype)
+    return 0.0 if _dt.is_integer(dtype) else 2.0 ** _dt.float_format(dtype).emin

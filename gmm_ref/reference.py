@@ -11,12 +11,13 @@
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
-from gmm_ref.numerics import U_REF, Numerics, gamma
+from gmm_ref.numerics import U_REF, Numerics, gamma, min_normal
 from gmm_ref.problem import Problem
 
 __all__ = ["Reference", "compute"]
@@ -172,11 +173,30 @@ class Reference:
                 # sums, and the one rounding to the output dtype of a value that far off.
                 rel = (1 + u_in) ** 2 * (1 + gamma(k, u_acc)) - 1 + gamma(k + 1, U_REF)
                 err = rel * ab + k * tiny_acc
+                if numerics.flush_subnormals:
+                    err = err + _flush_error(blk.a, blk.b, a, b, k, numerics)
                 bnd = err + fmt.unit_roundoff * (np.abs(self.exact[blk.out_index]) + err) + fmt.tiny
+                if numerics.flush_subnormals:
+                    bnd = bnd + min_normal(p.out_dtype)  # an output below it may become 0
             if all(_integer_valued(x, in_lim) for x in operands):
                 bnd = np.where(ab <= sum_lim, 0.0, bnd)
             out[blk.out_index] = bnd
         return out
+
+
+def _flush_error(a_in: np.ndarray, b_in: np.ndarray, a: np.ndarray, b: np.ndarray, k: int,
+                 numerics: Numerics) -> np.ndarray:
+    """Error a flush-to-zero kernel may add: flushed subnormal inputs, plus every product
+    or partial sum below the accumulator's smallest normal."""
+    def below(x: np.ndarray, dtype: Any) -> np.ndarray:
+        lim = min_normal(dtype)
+        if numerics.multiply is not None:
+            lim = max(lim, min_normal(numerics.multiply))
+        return np.where(x < lim, x, 0.0)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        flushed = below(a, a_in.dtype) @ b + a @ below(b, b_in.dtype)
+    return flushed + (k + 1) * min_normal(numerics.accumulate)
 
 
 def _integer_valued(x: np.ndarray, limit: float) -> bool:

@@ -50,6 +50,8 @@ MODES: dict[str, Mode] = {
         Mode("exact", "small integers: the result is exact, so it must match bit for bit",
              {"values": "integers"}),
         Mode("normal", "normal values within the per-element bound", {"values": "normal"}),
+        Mode("wide", "subnormals up to values near the output's overflow, within the bound",
+             {"values": "wide"}),
         Mode("poisoned", "NaN/Inf in rows and columns of no group must not reach the output",
              {"values": "poisoned"}),
         Mode("all_empty", "every group empty: the output is all tail / all zero blocks",
