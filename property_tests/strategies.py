@@ -632,6 +632,15 @@ def _unused(p: gmm_ref.Problem) -> tuple[np.ndarray, np.ndarray]:
     return lm == 0, rm == 0
 
 
+def _few(rng: np.random.Generator, where: np.ndarray, most: int = 2) -> np.ndarray:
+    """A mask of at most ``most`` positions chosen among ``where``."""
+    picked = np.zeros(where.shape, bool)
+    flat = np.flatnonzero(where)
+    if flat.size:
+        picked.flat[rng.choice(flat, size=min(most, flat.size), replace=False)] = True
+    return picked
+
+
 def _poison(rng: np.random.Generator, arr: np.ndarray, unused: np.ndarray) -> np.ndarray:
     if not unused.any() or _dt.is_integer(arr.dtype):
         return arr
@@ -908,6 +917,5 @@ def _build(draw, cfg: _Config, rules: ConventionRules, s: _Static, kinds, tail_o
         p = p.replace(lhs=_poison(rng, p.lhs, lu), rhs=_poison(rng, p.rhs, ru))
         if kind == "poisoned" and draw(st.booleans()):
             # a few NaN/Inf inside groups too: they must propagate within their group only
-            p = p.replace(lhs=_poison(rng, p.lhs, ~lu & (rng.random(p.lhs.shape) < 0.02)),
-                          rhs=_poison(rng, p.rhs, ~ru & (rng.random(p.rhs.shape) < 0.02)))
+            p = p.replace(lhs=_poison(rng, p.lhs, _few(rng, ~lu)), rhs=_poison(rng, p.rhs, _few(rng, ~ru)))
     return p

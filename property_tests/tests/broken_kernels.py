@@ -23,7 +23,8 @@ def _ends(group_sizes):
 
 
 def _mm32(a, b):
-    return a.astype(np.float32) @ b.astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs propagate
+        return a.astype(np.float32) @ b.astype(np.float32)
 
 
 def _out_dtype(ped, lhs):

