@@ -27,7 +27,7 @@ from gmm_ref import Numerics
 
 from gmm_kernels.base import KernelAdapter, missing_module
 from gmm_kernels.convert import jax_x64, uses_64bit
-from gmm_kernels.jax_lax import jax_numerics, xla_nan_leak_issues
+from gmm_kernels.jax_lax import XLA_F32, jax_numerics, xla_nan_leak_issues
 from gmm_kernels.megablox import _common_reasons, _group_offset
 
 __all__ = ["EjkernelGroupedMatmul"]
@@ -86,11 +86,11 @@ class EjkernelGroupedMatmul(KernelAdapter):
     def numerics_for(self, problem: Any) -> Numerics:
         if self.implementation == "xla":
             return jax_numerics(problem)
-        return Numerics(multiply=None, accumulate=np.float32)
+        return XLA_F32
 
     @property
     def numerics(self) -> Numerics:  # type: ignore[override]
-        return Numerics(multiply=None, accumulate=np.float32)
+        return XLA_F32
 
     def supports(self, problem: Any) -> str | None:
         reason = super().supports(problem)

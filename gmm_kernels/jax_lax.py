@@ -8,6 +8,8 @@ inputs in float32).
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 from typing import Any
 
@@ -45,8 +47,17 @@ def xla_nan_leak_issues(via: str = "") -> dict[str, str]:
 
 
 def jax_numerics(problem: Any) -> Numerics:
-    """Exact products; accumulate in float32, float64 for 64-bit, int32 for integers."""
-    return Numerics.default_for(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
+    """Exact products; accumulate in float32, float64 for 64-bit, int32 for integers.
+
+    XLA flushes subnormals (FTZ/DAZ on CPU; GPU and TPU do too): a bf16 input of
+    2**-130 times 2**10 gives 0, not 2**-120.
+    """
+    base = Numerics.default_for(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
+    return dataclasses.replace(base, flush_subnormals=True)
+
+
+#: what XLA-compiled kernels (Pallas interpret included) declare for float32 accumulation
+XLA_F32 = Numerics(multiply=None, accumulate=np.float32, flush_subnormals=True)
 
 
 def lax_dimension_numbers(dn: Any) -> Any:

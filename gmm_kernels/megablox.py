@@ -21,6 +21,7 @@ import numpy as np
 from gmm_ref import Numerics
 
 from gmm_kernels.base import KernelAdapter, dtype_name, missing_module
+from gmm_kernels.jax_lax import XLA_F32
 
 __all__ = ["MegabloxGmm", "MegabloxTgmm", "gmm_grads", "gmm_vjp", "backend_module", "ops_module"]
 
@@ -77,7 +78,7 @@ class MegabloxGmm(KernelAdapter):
 
     name = "megablox.gmm"
     convention = "megablox.gmm"
-    numerics = Numerics(multiply=None, accumulate=np.float32)
+    numerics = XLA_F32
     #: input of :meth:`vjp` -> upstream bug in its gradient (see property_tests/tests/test_gradients.py)
     known_gradient_issues = {
         "existing_out": (
@@ -136,7 +137,7 @@ class MegabloxTgmm(KernelAdapter):
 
     name = "megablox.tgmm"
     convention = "megablox.tgmm"
-    numerics = Numerics(multiply=None, accumulate=np.float32)
+    numerics = XLA_F32
 
     available = MegabloxGmm.available
 

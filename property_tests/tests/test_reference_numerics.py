@@ -180,3 +180,24 @@ def test_subnormals():
     assert got.tolist() == [tiny, 0.0, tiny, 2 * tiny, 2 * tiny]
     t8 = 2.0**-9  # e4m3fn smallest subnormal
     assert round_to(np.array([t8 * 0.75, t8 * 2.5]), E4M3).astype(float).tolist() == [t8, 2 * t8]
+
+
+# ------------------------------------------------------------ flush to zero
+def _flush_problem():
+    # a bfloat16 subnormal times 2**10 is 2**-120, a normal float32 result
+    lhs = np.array([[2.0 ** -130]], ml_dtypes.bfloat16)
+    rhs = np.array([[[2.0 ** 10]]], ml_dtypes.bfloat16)
+    return gmm_ref.Problem("ragged_m", lhs, rhs, np.array([1]), out_dtype=np.float32)
+
+
+def test_flushed_subnormal_input_passes_only_when_declared():
+    p = _flush_problem()
+    flushed = np.zeros((1, 1), np.float32)  # XLA on CPU gives this
+    assert not gmm_ref.check(flushed, p).ok
+    assert gmm_ref.check(flushed, p, numerics=gmm_ref.Numerics(flush_subnormals=True)).ok
+
+
+def test_flush_declaration_still_catches_a_wrong_value():
+    p = _flush_problem()
+    wrong = np.full((1, 1), 2.0 ** -100, np.float32)
+    assert not gmm_ref.check(wrong, p, numerics=gmm_ref.Numerics(flush_subnormals=True)).ok
