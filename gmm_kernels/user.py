@@ -10,6 +10,8 @@ Whatever it returns (jax array, torch tensor, NumPy) comes back as NumPy.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable
 from typing import Any
 
@@ -68,9 +70,62 @@ class FunctionAdapter(KernelAdapter):
         self._explicit_numerics = numerics is not None
 
     def numerics_for(self, problem: Any) -> Numerics:
+        """The declared numerics, else the lenient default for an unknown kernel: exact
+        products (bfloat16 passes on TPU, whose DEFAULT precision multiplies float32 in it),
+        the widest accumulator involved, subnormals possibly flushed (as XLA, GPUs and TPUs
+        do). Declare ``numerics=`` to be held to more."""
         if self._explicit_numerics:
             return self.numerics
-        return Numerics.default_for(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
+        base = Numerics.default_for(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
+        multiply = base.multiply
+        if self.convention != "torch.grouped_mm" and _jax_backend() == "tpu" and not _is_int(problem):
+            multiply = "bfloat16"
+        return dataclasses.replace(base, multiply=multiply, flush_subnormals=not _is_int(problem))
+
+    def vjp(self, problem: Any, cotangent: Any) -> dict[str, np.ndarray]:
+        """Reverse-mode gradients of ``fn`` w.r.t. lhs, rhs (and ``existing_out`` when given):
+        ``jax.vjp`` for the jax conventions, autograd for ``torch.grouped_mm``. Raises
+        NotImplementedError where the function has no gradient."""
+        if problem.convention != self.convention:
+            problem = problem.replace(convention=self.convention)
+        args, kwargs = problem.arguments()
+        if self.convention == "torch.grouped_mm":
+            return self._torch_vjp(args, kwargs, cotangent)
+        import jax
+        import jax.numpy as jnp
+
+        with jax_x64(uses_64bit(*args, *kwargs.values())):
+            a, kw = _to_jax_args(self.convention, args, kwargs)
+            existing = kw.pop("existing_out", None)
+            names = ["lhs", "rhs"] + (["existing_out"] if existing is not None else [])
+
+            def f(lhs: Any, rhs: Any, *ex: Any) -> Any:
+                extra = {"existing_out": ex[0]} if ex else {}
+                return self.fn(lhs, rhs, *a[2:], **kw, **extra)
+
+            primals = (a[0], a[1]) + ((existing,) if existing is not None else ())
+            try:
+                out, pullback = jax.vjp(f, *primals)
+                cts = pullback(jnp.asarray(np.asarray(cotangent)).astype(out.dtype))
+            except (NotImplementedError, jax.errors.TracerArrayConversionError,
+                    jax.errors.ConcretizationTypeError) as exc:  # not differentiable with jax
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise NotImplementedError(f"{self.name}: no jax gradient: {first}") from None
+            return {n: to_numpy(c) for n, c in zip(names, cts)}
+
+    def _torch_vjp(self, args: tuple, kwargs: dict, cotangent: Any) -> dict[str, np.ndarray]:
+        a, kw = _to_torch_args(args, kwargs)
+        lhs, rhs = (t.detach().clone().requires_grad_(True) for t in a[:2])
+        out = self.fn(lhs, rhs, *a[2:], **kw)
+        if not getattr(out, "requires_grad", False):
+            raise NotImplementedError(f"{self.name}: its output carries no autograd graph")
+        try:
+            out.backward(to_torch(np.ascontiguousarray(cotangent)).to(out.dtype))
+        except (RuntimeError, NotImplementedError) as exc:
+            if "derivative" in str(exc) or "not implemented" in str(exc).lower():
+                raise NotImplementedError(f"{self.name}: no gradient: {exc}") from None
+            raise
+        return {"lhs": to_numpy(lhs.grad), "rhs": to_numpy(rhs.grad)}
 
     def call(self, *args: Any, **kwargs: Any) -> np.ndarray:
         if self.convention == "torch.grouped_mm":
@@ -79,6 +134,21 @@ class FunctionAdapter(KernelAdapter):
         with jax_x64(uses_64bit(*args, *kwargs.values())):
             a, kw = _to_jax_args(self.convention, args, kwargs)
             return to_numpy(self.fn(*a, **kw))
+
+
+def _is_int(problem: Any) -> bool:
+    return np.issubdtype(problem.lhs.dtype, np.integer)
+
+
+def _jax_backend() -> str | None:
+    """jax's default backend if jax is already imported (never imports it)."""
+    import sys
+
+    jax = sys.modules.get("jax")
+    try:
+        return jax.default_backend() if jax is not None else None
+    except Exception:  # noqa: BLE001 - no backend at all
+        return None
 
 
 def wrap(fn: Callable[..., Any], convention: str, **options: Any) -> FunctionAdapter:

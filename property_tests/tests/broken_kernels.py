@@ -8,6 +8,8 @@ with ``np.asarray``), float32 accumulation, so they run without compiling.
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 
@@ -219,3 +221,38 @@ CORRECT = {
     "megablox.gmm": gmm_correct,
     "megablox.tgmm": tgmm_correct,
 }
+
+
+# ---------------------------------------------------------- gradients (jax)
+@functools.lru_cache(maxsize=None)
+def _rolled_rhs_grad(ped):
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def fwd_fn(lhs, rhs, gs):
+        return lax.ragged_dot(lhs, rhs, gs, preferred_element_type=ped)
+
+    @jax.custom_vjp
+    def f(lhs, rhs, gs):
+        return fwd_fn(lhs, rhs, gs)
+
+    def fwd(lhs, rhs, gs):
+        return fwd_fn(lhs, rhs, gs), (lhs, rhs, gs)
+
+    def bwd(res, g):
+        lhs, rhs, gs = res
+        _, pull = jax.vjp(lambda a, b: fwd_fn(a, b, gs), lhs, rhs)
+        dl, dr = pull(g)
+        return dl, jnp.roll(dr, 1, axis=0), None  # each expert's weight gradient lands on the next
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def ragged_dot_weight_grad_misrouted(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Forward is lax.ragged_dot; the backward hands each group's weight gradient to the next group."""
+    return _rolled_rhs_grad(preferred_element_type)(lhs, rhs, group_sizes)
+
+
+BROKEN_GRADIENTS = {"ragged_dot": [ragged_dot_weight_grad_misrouted]}

@@ -10,7 +10,7 @@ from hypothesis import settings
 
 import gmm_ref
 from property_tests.checking import check_kernel
-from property_tests.tests.broken_kernels import BROKEN, CORRECT
+from property_tests.tests.broken_kernels import BROKEN, BROKEN_GRADIENTS, CORRECT
 
 CASES = [pytest.param(conv, fn, id=fn.__name__) for conv, fns in BROKEN.items() for fn in fns]
 
@@ -33,3 +33,21 @@ def test_correct_twin_passes(convention):
     results = check_kernel(CORRECT[convention], convention=convention)
     assert any(v == "pass" for v in results.values()), results
     assert all(v == "pass" or v.startswith("unsupported") for v in results.values()), results
+
+
+GRAD_CASES = [pytest.param(conv, fn, id=fn.__name__) for conv, fns in BROKEN_GRADIENTS.items() for fn in fns]
+
+
+@pytest.mark.parametrize(("convention", "fn"), GRAD_CASES)
+def test_broken_gradient_is_rejected(convention, fn):
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        check_kernel(fn, convention=convention, modes=["grad"])
+    message = str(info.value)
+    assert "d/drhs" in message.splitlines()[0]
+    assert "Wrong groups:" in message and "group " in message.split("Wrong groups:")[1]
+
+
+def test_forward_of_the_broken_gradient_kernel_passes():
+    (fn,) = BROKEN_GRADIENTS["ragged_dot"]
+    results = check_kernel(fn, convention="ragged_dot", modes=["exact", "normal"])
+    assert results == {"exact": "pass", "normal": "pass"}

@@ -1,0 +1,56 @@
+"""Checked examples per second per kernel in the ``ci`` profile (a script, not a test).
+
+Each available kernel runs its ``normal`` and ``exact`` modes twice: the first
+run pays for compiling each shape bucket, the second finds them compiled
+(jit caches persist within the process). Prints examples/s for both.
+
+    python benchmarks/bench_kernels.py [--examples 25] [--kernel NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=25)
+    parser.add_argument("--kernel", action="append", default=[])
+    args = parser.parse_args()
+
+    from hypothesis import settings
+
+    from property_tests.checking import Unsupported, check_mode
+    from property_tests.plugin import register_profiles
+    from property_tests.selection import resolve_kernels
+
+    register_profiles()
+    settings.load_profile("ci")
+    print(f"{'kernel':<34} {'mode':<7} {'cold ex/s':>10} {'warm ex/s':>10} {'examples':>9}")
+    for k in resolve_kernels(args.kernel):
+        why = k.available()
+        if why:
+            print(f"{k.name:<34} skipped: {why[:80]}")
+            continue
+        for mode in ("normal", "exact"):
+            rates = []
+            n = 0
+            for _ in range(2):
+                t0 = time.perf_counter()
+                try:
+                    n = check_mode(k, mode, max_examples=args.examples)
+                except Unsupported as exc:
+                    print(f"{k.name:<34} {mode:<7} unsupported: {str(exc)[:70]}")
+                    break
+                rates.append(n / (time.perf_counter() - t0))
+            if len(rates) == 2:
+                print(f"{k.name:<34} {mode:<7} {rates[0]:>10.1f} {rates[1]:>10.1f} {n:>9}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
