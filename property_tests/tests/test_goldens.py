@@ -52,46 +52,28 @@ def _lax_ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_typ
 LOCAL_KERNEL = "property_tests.tests.test_goldens:_lax_ragged_dot"
 
 
-def _kernel_params():
-    try:
-        import gmm_kernels
-        kernels = [(k.name, k) for k in gmm_kernels.registry()]
-    except ImportError:
-        kernels = []
-    kernels.append((LOCAL_KERNEL, None))
-    cases = _manifest_cases()
-    params = []
-    for name, k in kernels:
-        conv = k.convention if k is not None else "ragged_dot"
-        for case in sorted(cases):
-            if cases[case]["spec"]["convention"] == conv:
-                params.append(pytest.param(name, case, id=f"{name}-{case}"))
-    return params or [pytest.param(None, None, marks=pytest.mark.skip(reason="no goldens here"))]
-
-
-_RESOLVED: dict[str, object] = {}
-
-
-def _kernel(name: str):
-    if name not in _RESOLVED:
-        conv = "ragged_dot" if name == LOCAL_KERNEL else None
-        _RESOLVED[name] = gd.resolve_kernel(name, convention=conv)
-    return _RESOLVED[name]
+@needs_data
+@pytest.mark.kernel
+def test_kernel_matches_goldens(gmm_kernel):
+    """Every golden case of the kernel's convention (the plugin selects the kernels)."""
+    results = gd.check_kernel(gmm_kernel, DATA)
+    if not results:
+        pytest.skip(f"no golden case in the {gmm_kernel.convention} convention")
+    fails = [r for r in results if r.status == "fail"]
+    if fails:
+        pytest.fail("\n\n".join(r.detail + ("\n" + r.message if r.message else "") for r in fails),
+                    pytrace=False)
+    if not any(r.status == "pass" for r in results):
+        pytest.skip(f"{gmm_kernel.name}: every golden case unsupported: {results[0].detail}")
 
 
 @needs_data
-@pytest.mark.kernel
-@pytest.mark.parametrize(("kernel", "case"), _kernel_params())
-def test_kernel_matches_goldens(kernel, case):
-    k = _kernel(kernel)
-    if kernel == LOCAL_KERNEL:
-        pytest.importorskip("jax")
-    (res,) = gd.check_kernel(k, DATA, cases=case)
-    if res.status == "unsupported":
-        pytest.skip(res.detail)
-    if res.status == "fail":
-        pytest.fail(res.detail + ("\n" + res.message if res.message else ""), pytrace=False)
-    assert res.status == "pass"
+def test_user_function_matches_goldens():
+    """The pkg.module:fn path: a user kernel resolved by import path."""
+    pytest.importorskip("jax")
+    k = gd.resolve_kernel(LOCAL_KERNEL, convention="ragged_dot")
+    results = gd.check_kernel(k, DATA)
+    assert results and all(r.status == "pass" for r in results), [r.line() for r in results]
 
 
 # ------------------------------------------------------------------- verification
