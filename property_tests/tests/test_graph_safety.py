@@ -10,6 +10,7 @@ import pytest
 
 import gmm_ref
 from gmm_kernels.compilation import CompileCounter, Recompiled, assert_compiles_once
+from gmm_kernels.convert import to_numpy
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -117,3 +118,28 @@ def test_sizes_as_static_jit_argument_is_caught():
 
     with pytest.raises(Recompiled, match="group_sizes=\\[3, 0, 9, 20\\]"):
         assert_compiles_once(static, make_args, [[8, 8, 8, 8], [3, 0, 9, 20]], name="static_argnums kernel")
+
+
+def test_torch_grouped_mm_replays_in_a_cuda_graph_with_new_sizes():
+    """Capture ``torch._grouped_mm`` once in a CUDA graph; replay it with new offsets written
+    into the captured tensor: every replay must match the reference (no host round trip)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: capturing torch._grouped_mm in a CUDA graph needs a GPU")
+    m, k, n, g = 256, 64, 128, 4
+    rng = np.random.default_rng(0)
+    a = torch.from_numpy(rng.integers(-3, 4, (m, k)).astype(np.float32)).to(torch.bfloat16).cuda()
+    b = torch.from_numpy(rng.integers(-3, 4, (g, k, n)).astype(np.float32)).to(torch.bfloat16).cuda()
+    offs = torch.tensor([64, 128, 192, 256], dtype=torch.int32, device="cuda")
+    torch._grouped_mm(a, b.transpose(-2, -1).contiguous().transpose(-2, -1), offs=offs)  # warm up
+    graph = torch.cuda.CUDAGraph()
+    b_cm = b.transpose(-2, -1).contiguous().transpose(-2, -1)  # column-major weights, as CUDA wants
+    with torch.cuda.graph(graph):
+        out = torch._grouped_mm(a, b_cm, offs=offs)
+    for sizes in ([64, 64, 64, 64], [0, 0, 256, 0], [1, 127, 0, 128], [0, 0, 0, 0], [17, 0, 33, 100]):
+        offs.copy_(torch.tensor(np.cumsum(sizes), dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        got = to_numpy(out)
+        ref = gmm_ref.grouped_mm(to_numpy(a), to_numpy(b), offs=offs.cpu().numpy(), with_reference=True)
+        gmm_ref.assert_matches_reference(got, ref, kernel=f"torch._grouped_mm CUDA graph replay, sizes {sizes}")
