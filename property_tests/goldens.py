@@ -585,23 +585,16 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 
 def _import_object(target: str) -> Any:
-    mod_name, _, attr = target.partition(":")
-    if not mod_name or not attr:
-        raise ValueError(f"kernel: expected 'pkg.module:function', got {target!r}")
-    obj: Any = importlib.import_module(mod_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+    from property_tests.selection import load_function
+
+    return load_function(target, require_callable=False)
 
 
 def registry() -> list[Any]:
-    """The built-in kernel adapters (``gmm_kernels.registry()``), or [] if that package is absent."""
-    try:
-        gk = importlib.import_module("gmm_kernels")
-    except ImportError:
-        return []
-    reg = getattr(gk, "registry", None)
-    return list(reg()) if callable(reg) else []
+    """The built-in kernel adapters."""
+    import gmm_kernels
+
+    return gmm_kernels.registry()
 
 
 def resolve_kernel(spec: Any, *, convention: str | None = None,
@@ -634,16 +627,10 @@ def resolve_kernel(spec: Any, *, convention: str | None = None,
 
 def wrap_function(fn: Callable[..., Any], convention: str, *, name: str | None = None,
                   numerics: gmm_ref.Numerics | None = None) -> Any:
-    """``fn`` (taking ``convention``'s arguments) as an adapter: ``gmm_kernels.wrap`` when
-    installed (it converts arguments to jax or torch), else a NumPy-argument :class:`FunctionKernel`."""
-    try:
-        gk = importlib.import_module("gmm_kernels")
-    except ImportError:
-        gk = None
-    wrap = getattr(gk, "wrap", None)
-    if callable(wrap):
-        return wrap(fn, convention, name=name, numerics=numerics)
-    return FunctionKernel(fn, convention, name=name, numerics=numerics)
+    """``fn`` (taking ``convention``'s arguments, as jax arrays or torch tensors) as an adapter."""
+    import gmm_kernels
+
+    return gmm_kernels.wrap(fn, convention, name=name, numerics=numerics)
 
 
 # ------------------------------------------------------------------------------ compare

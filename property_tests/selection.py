@@ -9,7 +9,7 @@ from typing import Any
 __all__ = ["load_function", "resolve_kernels"]
 
 
-def load_function(spec: str) -> Any:
+def load_function(spec: str, *, require_callable: bool = True) -> Any:
     """Import ``pkg.module:attr.path`` and return the object."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
@@ -23,7 +23,7 @@ def load_function(spec: str) -> Any:
             obj = getattr(obj, part)
         except AttributeError:
             raise ValueError(f"--gmm-kernel {spec!r}: {module_name!r} has no attribute {attr!r}") from None
-    if not callable(obj):
+    if require_callable and not callable(obj):
         raise TypeError(f"--gmm-kernel {spec!r}: {attr!r} is not callable")
     return obj
 
