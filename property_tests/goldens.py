@@ -1257,4 +1257,7 @@ def _selected_cases(corpus: Sequence[Case], cases: str | None) -> list[Case]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported module's main, so that Case is one class for the corpus and the tooling
+    from property_tests.goldens import main as _main
+
+    sys.exit(_main())
