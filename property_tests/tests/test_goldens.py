@@ -371,3 +371,13 @@ def test_python_m_golden_verify_runs_from_the_repo_root():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "golden verify ok: 9 case(s)" in proc.stdout
+
+
+@needs_data
+def test_downstream_entry_point_takes_a_corpus_by_import_path(tmp_path):
+    """``python -m property_tests.goldens --dir PATH --corpus pkg.mod:CASES``, as a downstream repo runs it."""
+    proc = subprocess.run([sys.executable, "-m", "property_tests.goldens", "verify", "--dir", str(DATA),
+                           "--corpus", "golden.cases:CASES", "--cases", "rd-*"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "golden verify ok: 9 case(s)" in proc.stdout
