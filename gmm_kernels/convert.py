@@ -10,6 +10,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from gmm_ref.compare import as_numpy
+
 __all__ = ["to_numpy", "to_jax", "to_torch", "torch_dtype", "uses_64bit", "jax_x64"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -17,14 +19,7 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 def to_numpy(x: Any) -> np.ndarray:
     """A jax array, torch tensor or array-like as NumPy (bfloat16 as ml_dtypes)."""
-    if type(x).__module__.startswith("torch"):
-        import torch
-
-        t = x.detach().cpu()
-        if t.dtype == torch.bfloat16:
-            return t.contiguous().view(torch.int16).numpy().view(_BF16)
-        return t.numpy()
-    return np.asarray(x)
+    return as_numpy(x)
 
 
 def torch_dtype(dt: Any) -> Any:

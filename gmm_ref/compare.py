@@ -44,18 +44,17 @@ class Outcome:
     bad: np.ndarray | None = field(default=None, repr=False)
 
 
-def _to_numpy(actual: Any) -> np.ndarray:
+def as_numpy(actual: Any) -> np.ndarray:
+    """A kernel's output (NumPy, jax array, torch tensor on any device) as NumPy, bfloat16 bit-exact."""
     if isinstance(actual, np.ndarray):
         return actual
-    mod = type(actual).__module__
-    if mod.startswith("torch"):
+    if type(actual).__module__.startswith("torch"):
+        import ml_dtypes
         import torch
 
         t = actual.detach().cpu()
         if t.dtype == torch.bfloat16:
-            import ml_dtypes
-
-            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+            return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         return t.numpy()
     try:
         return np.asarray(actual)
@@ -155,7 +154,7 @@ def check(
             f"got {type(problem_or_expected).__name__}"
         )
     p = ref.problem
-    act = _to_numpy(actual)
+    act = as_numpy(actual)
     who = f"kernel {kernel}" if kernel else "kernel"
     head = f"{who} vs gmm_ref on {p.describe()}"
     want_shape = ref.exact.shape  # p.out_shape, or more when a convention appends unwritten slots

@@ -65,9 +65,9 @@ def _arr(name: str, x: Any) -> np.ndarray:
         return x
     mod = type(x).__module__
     if mod.startswith(("jax", "jaxlib", "torch")):
-        from gmm_ref.compare import _to_numpy
+        from gmm_ref.compare import as_numpy
 
-        return _to_numpy(x)
+        return as_numpy(x)
     if isinstance(x, (list, tuple)):
         return np.asarray(x)
     raise TypeError(f"{name}: expected an array, got {type(x).__name__}")

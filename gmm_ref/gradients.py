@@ -83,9 +83,9 @@ def gradients(problem: Problem, cotangent: Any, *, tail: str | None = None,
         raise TypeError(f"problem: expected a gmm_ref.Problem, got {type(p).__name__}")
     dout = cotangent
     if not isinstance(dout, np.ndarray):
-        from gmm_ref.compare import _to_numpy
+        from gmm_ref.compare import as_numpy
 
-        dout = _to_numpy(dout)
+        dout = as_numpy(dout)
     if dout.shape != p.out_shape or dout.dtype != p.out_dtype:
         raise ValueError(
             f"cotangent: expected shape {p.out_shape} and dtype {p.out_dtype} (the output's), "

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 import gmm_ref
+from gmm_ref.compare import as_numpy
 from gmm_ref import dtypes as _dt
 
 __all__ = [
@@ -575,13 +576,7 @@ class FunctionKernel:
 
     def run(self, problem: gmm_ref.Problem) -> np.ndarray:
         args, kwargs = gmm_ref.arguments(problem)
-        return _to_numpy(self.fn(*args, **kwargs))
-
-
-def _to_numpy(x: Any) -> np.ndarray:
-    from gmm_ref.compare import _to_numpy as conv
-
-    return conv(x)
+        return as_numpy(self.fn(*args, **kwargs))
 
 
 def _import_object(target: str) -> Any:
@@ -724,7 +719,7 @@ def compare_output(kernel: Any, golden: Golden, problem: gmm_ref.Problem, actual
     the kernel's declared numerics."""
     name, case = str(kernel.name), golden.case.name
     try:
-        act = _to_numpy(actual)
+        act = as_numpy(actual)
     except Exception as exc:  # noqa: BLE001
         return GoldenResult(name, case, "fail", f"case {case}: output not convertible: {exc}")
     if act.shape != golden.out.shape or act.dtype != golden.out.dtype:
@@ -880,7 +875,7 @@ def _produce(case: Case, kernel: Any | None) -> tuple[gmm_ref.Problem, np.ndarra
     ref = p.reference()
     if kernel is None:
         return p, canonical_output(ref.values, ref.mask), ref.mask, reference_producer(), None, ""
-    out = canonical_output(_to_numpy(kernel.run(p)), ref.mask)
+    out = canonical_output(as_numpy(kernel.run(p)), ref.mask)
     numerics = numerics_of(kernel, p)
     outcome = gmm_ref.check(out, ref, numerics=numerics, kernel=kernel.name)
     fail = ""
