@@ -404,3 +404,14 @@ def test_exact_mode_any_summation_order_is_bit_identical(p, rnd):
     assert gmm_ref.check(got.astype(p.out_dtype), ref).ok or not ref.mask.any() or \
         np.array_equal(got[ref.mask].astype(p.out_dtype), ref.values[ref.mask])
     np.testing.assert_array_equal(got[ref.mask].astype(p.out_dtype), ref.values[ref.mask])
+
+
+def test_import_gmm_ref_needs_only_numpy_and_ml_dtypes():
+    import subprocess
+    import sys
+
+    code = ("import sys, gmm_ref, gmm_kernels; "
+            "heavy = [m for m in ('jax', 'torch', 'hypothesis', 'pytest') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
