@@ -202,7 +202,7 @@ def tilings(*, min_tile: int = 8, max_tile: int = 512) -> SearchStrategy[tuple[i
         powers = [1 << e for e in range(0, 31) if lo <= (1 << e) <= hi]
         if not powers:
             raise InvalidArgument(f"min_tile={lo}, max_tile={hi}, but no power of two lies between them")
-        one = st.sampled_from(powers)
+        one = _sampled(tuple(powers))
         return (draw(one), draw(one), draw(one))
 
     return _draw()
@@ -238,13 +238,65 @@ def extents(
     return _draw()
 
 
+_BOOLEANS = st.booleans()
+_SEEDS = st.integers(0, 2**32 - 1)
+_PATTERNS = st.sampled_from(_SHAPE_PATTERNS)
+_PARTS = st.integers(0, 2)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _integers(lo: int, hi: int) -> SearchStrategy[int]:
+    # strategies are built once and reused: a fresh one costs validation on every draw
+    return st.integers(lo, hi)
+
+
+def _sampled(elements: tuple) -> SearchStrategy:
+    # keyed by the element types too: (True, False) == (1, 0), but must not share a strategy
+    return _sampled_typed(elements, _types(elements))
+
+
+def _types(x: Any) -> Any:
+    return (tuple, tuple(_types(v) for v in x)) if type(x) is tuple else type(x)
+
+
+@functools.lru_cache(maxsize=1024)
+def _sampled_typed(elements: tuple, types: Any) -> SearchStrategy:
+    return st.sampled_from(elements)
+
+
+class _Extents:
+    """Draws one extent: a part (below one tile, around tile edges, any multiple of
+    ``mult``), then a value in it. The same choices as ``one_of`` of the three parts,
+    at fewer nested draws; shrinks towards the smallest candidate."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, tile: int, lo: int, hi: int, mult: int) -> None:
+        cands = _extent_candidates(tile, lo, hi, mult)
+        below = tuple(v for v in cands if v < tile) or tuple(cands)
+        edges = tuple(v for v in cands if v >= tile - mult) or tuple(cands)
+        self.parts = (_sampled(below), _sampled(edges), _integers(-(-lo // mult), hi // mult), mult)
+
+    def __call__(self, draw) -> int:
+        below, edges, free, mult = self.parts
+        part = draw(_PARTS)
+        return draw(below) if part == 0 else draw(edges) if part == 1 else draw(free) * mult
+
+
+@functools.lru_cache(maxsize=1024)
+def _extents(tile: int, lo: int, hi: int, mult: int) -> _Extents:
+    # built once per argument tuple: building strategies inside a draw is slow
+    return _Extents(tile, lo, hi, mult)
+
+
 def _times(mult: int):
     return lambda v: v * mult
 
 
 @functools.lru_cache(maxsize=1024)
 def _extent_strategy(tile: int, lo: int, hi: int, mult: int) -> SearchStrategy[int]:
-    # built once per argument tuple: building strategies inside a draw is slow
+    # the public extents() keeps one_of: the same choices as _Extents, and the spans
+    # (so the examples after the first few) it has always drawn
     cands = _extent_candidates(tile, lo, hi, mult)
     below = [v for v in cands if v < tile] or cands
     edges = [v for v in cands if v >= tile - mult] or cands
@@ -263,7 +315,7 @@ def _seeded_size_lists(seed: int, g: int, extent: int, tile: int):
     edges = edges[(edges >= 0) & (edges <= extent)]
     edges = edges if edges.size else np.zeros(1, int)
     cuts = np.where(rng.random(size=g) < 0.5, rng.choice(edges, size=g), rng.integers(0, extent + 1, size=g))
-    return st.just(free.tolist()), st.just(cuts.tolist())
+    return free.tolist(), cuts.tolist()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -293,32 +345,35 @@ def _draw_sizes(draw, g: int, extent: int, tile: int, allow_tail: bool, pattern:
     if g == 0:
         return []
     # with a tail allowed, full shrinks towards False: sum(sizes) below the extent
-    full = draw(st.booleans()) if allow_tail and not want_tail else not allow_tail
+    full = draw(_BOOLEANS) if allow_tail and not want_tail else not allow_tail
     if pattern is None:
-        pattern = draw(st.sampled_from(_SHAPE_PATTERNS))
-    if g > _LIST_LIMIT and pattern in ("free", "edges"):
-        free_sizes, edge_cuts = _seeded_size_lists(draw(st.integers(0, 2**32 - 1)), g, extent, tile)
-    else:
-        free_sizes, edge_cuts = _size_lists(g, extent, tile)
+        pattern = draw(_PATTERNS)
     if pattern == "all_empty":
         sizes = [0] * g
         if full and extent:
-            sizes[draw(st.integers(0, g - 1))] = extent  # all but one empty
+            sizes[draw(_integers(0, g - 1))] = extent  # all but one empty
         return sizes
     if pattern == "one_group":
         sizes = [0] * g
-        sizes[draw(st.integers(0, g - 1))] = extent if full else draw(st.integers(0, extent))
+        sizes[draw(_integers(0, g - 1))] = extent if full else draw(_integers(0, extent))
         return sizes
+    seeded = g > _LIST_LIMIT and pattern in ("free", "edges", "empty_run")
     if pattern == "edges":
-        cuts = sorted(draw(edge_cuts))
+        if seeded:
+            cuts = sorted(_seeded_size_lists(draw(_SEEDS), g, extent, tile)[1])
+        else:
+            cuts = sorted(draw(_size_lists(g, extent, tile)[1]))
         if full:
             cuts[-1] = extent
         return [b - a for a, b in zip([0] + cuts[:-1], cuts)]
-    sizes = _fit(draw(free_sizes), extent)
+    if seeded:
+        sizes = _fit(_seeded_size_lists(draw(_SEEDS), g, extent, tile)[0], extent)
+    else:
+        sizes = _fit(draw(_size_lists(g, extent, tile)[0]), extent)
     keep = None
     if pattern == "empty_run":
-        start = draw(st.integers(0, g - 1))
-        stop = draw(st.integers(start + 1, g))
+        start = draw(_integers(0, g - 1))
+        stop = draw(_integers(start + 1, g))
         if full and extent and stop - start == g:
             stop = g - 1 if start == 0 and g > 1 else stop
         for i in range(start, stop):
@@ -327,7 +382,7 @@ def _draw_sizes(draw, g: int, extent: int, tile: int, allow_tail: bool, pattern:
     if full and sum(sizes) < extent:
         choices = keep if keep is not None else list(range(g))
         if choices:
-            sizes[choices[draw(st.integers(0, len(choices) - 1))]] += extent - sum(sizes)
+            sizes[choices[draw(_integers(0, len(choices) - 1))]] += extent - sum(sizes)
         else:  # the run covers every group: only extent == 0 fits
             sizes[0] += extent - sum(sizes)
     return sizes
@@ -361,11 +416,11 @@ def group_sizes(
         if num_groups is None:
             if lo > hi:
                 raise InvalidArgument(f"min_groups={lo} is greater than max_groups={hi}")
-            g = draw(st.integers(lo, hi))
+            g = draw(_integers(lo, hi))
         else:
             g = _check_int("num_groups", _resolve(draw, num_groups), minimum=0)
         if extent is None:
-            e = draw(_extent_strategy(t, 0, 3 * t + 1, 1))
+            e = _extents(t, 0, 3 * t + 1, 1)(draw)
         else:
             e = _check_int("extent", _resolve(draw, extent), minimum=0)
         if g == 0 and e and not allow_tail:
@@ -395,9 +450,9 @@ def shardings(
                 f"min_shards={lo}, max_shards={max_shards}, but no shard count in that range divides "
                 f"num_groups={g}"
             )
-        s = draw(st.sampled_from(divisors))
+        s = draw(_sampled(tuple(divisors)))
         local = g // s
-        return draw(st.integers(0, s - 1)) * local, local
+        return draw(_integers(0, s - 1)) * local, local
 
     return _draw()
 
@@ -555,31 +610,49 @@ def _buckets(cfg: _Config) -> tuple[_Static, ...]:
     return tuple(sorted(found, key=_Static.cost))
 
 
+@functools.lru_cache(maxsize=64)
+def _free_groups(cfg: _Config) -> tuple[SearchStrategy[int], SearchStrategy[int]]:
+    """(any G, a G that some shard count of at least 2 divides), built once per config."""
+    ms = cfg.max_shards
+    any_g = _integers(cfg.min_groups, cfg.max_groups)
+    return any_g, any_g.filter(lambda x: any(x % d == 0 for d in range(2, min(x, ms) + 1)))
+
+
+@functools.lru_cache(maxsize=256)
+def _free_extents(cfg: _Config, family: str, in_dtype) -> tuple[_Extents, ...] | str:
+    """The M, K and N strategies for a family and input dtype, or why there are none."""
+    out = []
+    for i, axis in enumerate("mkn"):
+        mult = _axis_multiple(CONVENTION_RULES[cfg.convention], axis, family, cfg.tiling, in_dtype)
+        if not _extent_candidates(cfg.tiling[i], 1, cfg.max_extent, mult):
+            return f"max_extent={cfg.max_extent}, but {axis.upper()} must be a multiple of {mult}"
+        out.append(_extents(cfg.tiling[i], 1, cfg.max_extent, mult))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=16)
+def _batch_shapes(nb: int) -> SearchStrategy[list[int]]:
+    return st.lists(_integers(1, 3), min_size=nb, max_size=nb)
+
+
 def _draw_free_static(draw, cfg: _Config) -> _Static:
-    fam = draw(st.sampled_from(cfg.families))
-    in_dt, out_dt = draw(st.sampled_from(cfg.dtype_pairs))
-    layout = draw(st.sampled_from(_layouts(cfg, fam)))
-    if cfg.sharding and fam != "batch":
-        g = draw(st.integers(cfg.min_groups, cfg.max_groups).filter(
-            lambda x: any(x % d == 0 for d in range(2, min(x, cfg.max_shards) + 1))))
-    else:
-        g = draw(st.integers(cfg.min_groups, cfg.max_groups))
-    shards = _shard_options(cfg, fam, g)
-    shard_count = draw(st.sampled_from(shards))
+    fam = draw(_sampled(cfg.families))
+    in_dt, out_dt = draw(_sampled(cfg.dtype_pairs))
+    layout = draw(_sampled(_layouts(cfg, fam)))
+    any_g, sharded_g = _free_groups(cfg)
+    g = draw(sharded_g if cfg.sharding and fam != "batch" else any_g)
+    shard_count = draw(_sampled(tuple(_shard_options(cfg, fam, g))))
     if cfg.shapes is not None:
-        mkn = draw(st.sampled_from(cfg.shapes))
+        mkn = draw(_sampled(cfg.shapes))
     else:
-        mkn = []
-        for i, axis in enumerate("mkn"):
-            mult = _axis_multiple(CONVENTION_RULES[cfg.convention], axis, fam, cfg.tiling, in_dt)
-            if not _extent_candidates(cfg.tiling[i], 1, cfg.max_extent, mult):
-                raise InvalidArgument(f"max_extent={cfg.max_extent}, but {axis.upper()} must be a multiple of {mult}")
-            mkn.append(draw(_extent_strategy(cfg.tiling[i], 1, cfg.max_extent, mult)))
-        mkn = tuple(mkn)
-    nb = draw(st.integers(0, cfg.max_batch_dims))
-    batch = tuple(draw(st.lists(st.integers(1, 3), min_size=nb, max_size=nb)))
-    batched = bool(nb) and fam in ("ragged_m", "ragged_k") and draw(st.booleans())
-    existing = draw(st.sampled_from(_existing_options(cfg)))
+        axes = _free_extents(cfg, fam, in_dt)
+        if isinstance(axes, str):
+            raise InvalidArgument(axes)
+        mkn = (axes[0](draw), axes[1](draw), axes[2](draw))
+    nb = draw(_integers(0, cfg.max_batch_dims))
+    batch = tuple(draw(_batch_shapes(nb)))
+    batched = bool(nb) and fam in ("ragged_m", "ragged_k") and draw(_BOOLEANS)
+    existing = draw(_sampled(tuple(_existing_options(cfg))))
     s = _Static(fam, layout, batch, batched, mkn, g, shard_count, in_dt, out_dt, existing)
     if not _fits(s):
         raise InvalidArgument(f"max_extent={cfg.max_extent}, max_groups: a drawn problem exceeds "
@@ -599,30 +672,68 @@ def _fill(rng: np.random.Generator, shape, dtype, kind: str, k: int, out_dtype, 
     dtype = np.dtype(dtype)
     if kind == "exact" or _dt.is_integer(dtype):
         if seed == 0:
-            return np.ones(shape, np.float32).astype(dtype)
+            return np.ones(shape, dtype)
         lim = min(_sig_limit(out_dtype), _sig_limit(np.float32), _sig_limit(dtype)) / 2
         a = int(max(1, min(4, math.isqrt(int(lim // max(k, 1))))))
-        return rng.integers(-a, a + 1, size=shape).astype(np.float32).astype(dtype)
+        # |v| <= 4: int8 holds them and every dtype represents them exactly
+        return rng.integers(-a, a + 1, size=shape, dtype=np.int8).astype(dtype)
     if kind == "normal":
-        return rng.standard_normal(size=shape, dtype=np.float32).astype(dtype)
+        return rng.standard_normal(size=shape, dtype=np.float32).astype(dtype, copy=False)
     # wide: log-uniform magnitudes from the input's subnormals to where K products
     # of two of them reach the output's overflow threshold
     fin, fout = _dt.float_format(dtype), _dt.float_format(out_dtype)
     lo = fin.emin - fin.mant
     hi = min(fin.emax, int(math.floor(0.5 * (math.log2(fout.max_finite) - math.log2(max(k, 1))))))
     hi = max(hi, lo)
+    if fin.has_inf and dtype.itemsize in (2, 4):
+        return _wide_bits(rng, shape, dtype, fin, hi - lo)
     exp = rng.integers(lo, hi + 1, size=shape)
-    mag = np.ldexp(rng.uniform(1.0, 2.0, size=shape), exp)
+    # mantissas near 2 at the top exponent would round past the largest finite value
+    mag = np.minimum(np.ldexp(rng.uniform(1.0, 2.0, size=shape), exp), fin.max_finite)
     mag[rng.random(size=shape) < 0.1] = 0.0
     mag = np.where(rng.random(size=shape) < 0.5, -mag, mag)
     return mag.astype(np.float32).astype(dtype) if dtype != _F64 else mag
 
 
-def _unused(p: gmm_ref.Problem) -> tuple[np.ndarray, np.ndarray]:
+def _wide_bits(rng: np.random.Generator, shape, dtype: np.dtype, fin, span: int) -> np.ndarray:
+    """``wide`` values built as bit patterns: exponent ``emin - mant + d`` for a uniform
+    ``d`` in ``[0, span]`` (subnormals below ``emin``), uniform mantissa and sign, ~10% zeros.
+
+    No float arithmetic, so no slow subnormal operations or narrowing casts, few
+    temporaries, and never a rounding past the largest finite value.
+    """
+    mant, width = fin.mant, 8 * dtype.itemsize
+    u32 = np.uint32
+    n = math.prod(shape)
+    r = rng.integers(0, 1 << 32, size=n, dtype=u32)  # mantissa, sign, zero-or-not
+    d = rng.integers(0, span + 1, size=n, dtype=u32)  # exponent above the smallest subnormal's
+    zero = r < u32(26 << 24)  # top byte below 26: ~10%
+    sign = r >> u32(mant)
+    sign &= u32(1)
+    sign <<= u32(width - 1)
+    r &= u32((1 << mant) - 1)
+    r |= u32(1 << mant)  # the significand 1.m as an integer
+    shift = np.minimum(d, u32(mant))
+    np.subtract(u32(mant), shift, out=shift)  # d < mant: a subnormal, shifted right
+    r >>= shift
+    del shift
+    np.maximum(d, u32(mant), out=d)
+    d -= u32(mant)
+    d <<= u32(mant)  # the exponent field; 0 for subnormals
+    r += d  # a normal's implicit bit carries into the exponent field
+    del d
+    r |= sign
+    r[zero] = 0
+    bits = r if width == 32 else r.astype(np.uint16)
+    return bits.view(dtype).reshape(shape)
+
+
+def _unused(family: str, lhs_shape, rhs_shape, sizes, common: dict) -> tuple[np.ndarray, np.ndarray]:
     """Masks of the lhs and rhs elements that no (local) group reads."""
-    lm = np.zeros(p.lhs.shape, np.int8)
-    rm = np.zeros(p.rhs.shape, np.int8)
-    q = p.replace(lhs=lm, rhs=rm, out_dtype=np.int32, existing_out=None, existing_policy="overwrite")
+    lm = np.zeros(lhs_shape, np.int8)
+    rm = np.zeros(rhs_shape, np.int8)
+    q = gmm_ref.Problem(family, lm, rm, sizes, **{**common, "out_dtype": np.int32, "existing_out": None,
+                                                  "existing_policy": "overwrite"})
     for blk in _blocks(q):
         # blocks are views of the buffers; an empty group's weights reach no output element
         if blk.b.shape[1] > 0:
@@ -641,14 +752,16 @@ def _few(rng: np.random.Generator, where: np.ndarray, most: int = 2) -> np.ndarr
     return picked
 
 
-def _poison(rng: np.random.Generator, arr: np.ndarray, unused: np.ndarray) -> np.ndarray:
-    if not unused.any() or _dt.is_integer(arr.dtype):
-        return arr
+def _poison(rng: np.random.Generator, arr: np.ndarray, unused: np.ndarray) -> None:
+    """NaN or +-Inf (where the dtype has them) in every element of ``arr`` that ``unused`` marks, in place."""
+    if _dt.is_integer(arr.dtype):
+        return
+    count = int(np.count_nonzero(unused))
+    if not count:
+        return
     has_inf = _dt.float_format(arr.dtype).has_inf
     choices = np.array([np.nan, np.inf, -np.inf] if has_inf else [np.nan])
-    arr = arr.copy()
-    arr[unused] = choices[rng.integers(0, len(choices), size=int(unused.sum()))].astype(arr.dtype)
-    return arr
+    arr[unused] = choices[rng.integers(0, len(choices), size=count)].astype(arr.dtype)
 
 
 # ------------------------------------------------------------------- problems
@@ -823,22 +936,31 @@ def problems(
     config_args = (convention, families, dtypes, tiling, min_groups, max_groups, max_extent,
                    max_batch_dims, sharding, max_shards, existing_out, shapes, max_buckets, vary_out_dtype)
     fixed = not any(isinstance(a, SearchStrategy) for a in config_args)
-    memo: list[_Config] = []  # validated on the first draw when no argument is a strategy
+    memo: dict[str, Any] = {}  # validated on the first draw, where no argument is a strategy
 
-    @st.composite
-    def _draw(draw):
-        if memo:
-            cfg = memo[0]
-        else:
-            cfg = _config(draw, *config_args)
-            if fixed:
-                memo.append(cfg)
-        rules = CONVENTION_RULES[convention]
+    def _kinds(draw) -> tuple[str, ...]:
         kinds = _resolve(draw, value_kinds)
         kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
         kinds = tuple(_VALUE_ALIASES.get(v, v) for v in kinds)
         if not kinds or any(v not in VALUE_KINDS for v in kinds):
             raise InvalidArgument(f"values={value_kinds!r}, but each must be one of {VALUE_KINDS}")
+        return kinds
+
+    @st.composite
+    def _draw(draw):
+        if "cfg" in memo:
+            cfg = memo["cfg"]
+        else:
+            cfg = _config(draw, *config_args)
+            if fixed:
+                memo["cfg"] = cfg
+        rules = CONVENTION_RULES[convention]
+        if "kinds" in memo:
+            kinds = memo["kinds"]
+        else:
+            kinds = _kinds(draw)
+            if not isinstance(value_kinds, SearchStrategy):
+                memo["kinds"] = kinds
         tail_ok = rules.full_sums is False if allow_tail is None else bool(allow_tail)
         if allow_tail and rules.full_sums:
             raise InvalidArgument(
@@ -850,8 +972,13 @@ def problems(
             )
         if cfg.max_buckets is None:
             s = _draw_free_static(draw, cfg)
+        elif "buckets" in memo:
+            s = draw(memo["buckets"])
         else:
-            s = draw(st.sampled_from(_buckets(cfg)))
+            buckets = _sampled(_buckets(cfg))
+            if fixed:
+                memo["buckets"] = buckets
+            s = draw(buckets)
         return _build(draw, cfg, rules, s, kinds, tail_ok, all_empty)
 
     return _draw()
@@ -863,17 +990,17 @@ def _build(draw, cfg: _Config, rules: ConventionRules, s: _Static, kinds, tail_o
     g, b = s.groups, s.batch
     tm, tk, tn = cfg.tiling
     local = g // s.shards
-    offset = draw(st.integers(0, s.shards - 1)) * local if s.shards > 1 else 0
+    offset = draw(_integers(0, s.shards - 1)) * local if s.shards > 1 else 0
     policies: dict[str, Any] = {"tail": rules.tail, "foreign": rules.foreign, "empty": rules.empty}
     if fam == "batch":
         policies["tail"] = "zero"  # no ragged axis, so no tail: the front-ends' default
     if cfg.convention is None:
         policies = {
-            "tail": draw(st.sampled_from(("zero", "undefined"))),
-            "foreign": draw(st.sampled_from(("zero", "undefined"))),
-            "empty": draw(st.sampled_from(("zero", "untouched", "undefined"))),
+            "tail": draw(_sampled(("zero", "undefined"))),
+            "foreign": draw(_sampled(("zero", "undefined"))),
+            "empty": draw(_sampled(("zero", "untouched", "undefined"))),
         }
-    kind = draw(st.sampled_from(kinds))
+    kind = draw(_sampled(kinds))
     sizes = None
     if fam != "batch":
         extent, tile = {"ragged_m": (m, tm), "ragged_n": (n, tn), "ragged_k": (k, tk)}[fam]
@@ -882,12 +1009,12 @@ def _build(draw, cfg: _Config, rules: ConventionRules, s: _Static, kinds, tail_o
         # poisoned values want padding to poison: a sum below the extent where allowed
         rows = [_draw_sizes(draw, g, extent, tile, tail_ok or all_empty, pattern, want_tail=kind == "poisoned")
                 for _ in range(n_rows)]
-        if s.shards > 1 and draw(st.booleans()):
+        if s.shards > 1 and draw(_BOOLEANS):
             for r in rows:  # the shard's first group is empty; its rows go to a neighbour
                 moved, r[offset] = r[offset], 0
                 r[offset + 1 if offset + 1 < g else offset - 1] += moved
         sizes = np.array(rows[0] if not s.sizes_batched else np.reshape(rows, (*b, g)), np.int32)
-    seed = draw(st.integers(0, 2**32 - 1))
+    seed = draw(_SEEDS)
     rng = np.random.default_rng(seed)
     value_kind = "normal" if kind == "poisoned" else kind
     lhs_shape = (k, m) if lt else (m, k)
@@ -904,18 +1031,23 @@ def _build(draw, cfg: _Config, rules: ConventionRules, s: _Static, kinds, tail_o
     )
     if fam != "batch":
         common.update(group_offset=offset, num_local_groups=local)
-    p = gmm_ref.Problem(fam, lhs, rhs, sizes, **common)
+    # one Problem at the end (each construction validates): the output shape and the
+    # unread elements come from the static parameters and a mask problem instead
     if s.existing:
         ex_kind = "exact" if value_kind == "exact" else "normal"
-        ex = _fill(rng, p.out_shape, s.out_dtype, ex_kind, k_eff, s.out_dtype, seed)
+        out_shape = (*b, m, n) if fam in ("ragged_m", "ragged_n") else (g if fam == "batch" else local, *b, m, n)
+        ex = _fill(rng, out_shape, s.out_dtype, ex_kind, k_eff, s.out_dtype, seed)
         policy = rules.existing_policy
         if policy == "any":
-            policy = draw(st.sampled_from(("overwrite", "accumulate")))
-        p = p.replace(existing_out=ex, existing_policy=policy)
+            policy = draw(_sampled(("overwrite", "accumulate")))
+        common.update(existing_out=ex, existing_policy=policy)
     if kind == "poisoned":  # only here, so that a kernel's NaN handling is judged in one mode
-        lu, ru = _unused(p)
-        p = p.replace(lhs=_poison(rng, p.lhs, lu), rhs=_poison(rng, p.rhs, ru))
-        if kind == "poisoned" and draw(st.booleans()):
+        lu, ru = _unused(fam, lhs.shape, rhs.shape, sizes, common)
+        # lhs and rhs are fresh "normal" arrays, poisoned in place
+        _poison(rng, lhs, lu)
+        _poison(rng, rhs, ru)
+        if draw(_BOOLEANS):
             # a few NaN/Inf inside groups too: they must propagate within their group only
-            p = p.replace(lhs=_poison(rng, p.lhs, _few(rng, ~lu)), rhs=_poison(rng, p.rhs, _few(rng, ~ru)))
-    return p
+            _poison(rng, lhs, _few(rng, ~lu))
+            _poison(rng, rhs, _few(rng, ~ru))
+    return gmm_ref.Problem(fam, lhs, rhs, sizes, **common)

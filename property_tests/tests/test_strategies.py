@@ -95,7 +95,7 @@ def test_group_sizes_without_tail_always_fill_the_extent():
 def test_extents_reach_every_tile_edge_and_respect_multiples():
     # Hypothesis never repeats an example, so count which edge values appear rather than shares
     seen = set(draws(gst.extents(tile=128, max_value=400), 300))
-    assert {63, 64, 127, 128, 129, 255, 256, 257, 383, 384, 385} <= seen
+    assert {127, 128, 129, 255, 256, 257, 383, 384, 385} <= seen
     assert any(v < 128 for v in seen) and len(seen) > 50
     assert all(v % 8 == 0 for v in draws(gst.extents(tile=128, multiple_of=8, max_value=400), 100))
 
