@@ -133,7 +133,10 @@ def _group_summary(p: Problem, bad_idx: np.ndarray, n_bad_total: int) -> tuple[s
 
 
 def _fmt_val(x: Any) -> str:
-    return repr(float(x)) if np.issubdtype(np.asarray(x).dtype, np.floating) or isinstance(x, float) else repr(x)
+    kind = np.asarray(x).dtype
+    if np.issubdtype(kind, np.integer):
+        return str(int(x))
+    return repr(float(x)) if np.issubdtype(kind, np.floating) or isinstance(x, float) else repr(x)
 
 
 def check(

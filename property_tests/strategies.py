@@ -107,11 +107,11 @@ _FAMS = gmm_ref.FAMILIES
 CONVENTION_RULES: dict[str | None, ConventionRules] = {
     "ragged_dot": ConventionRules(
         families=("ragged_m",), layouts={"ragged_m": _PLAIN},
-        dtypes=((_F32, _F32), (_BF16, _BF16), (_BF16, _F32), (_F16, _F16), (_F16, _F32)),
+        dtypes=((_F32, _F32), (_BF16, _BF16), (_BF16, _F32), (_F16, _F16), (_F16, _F32), (_I8, _I32)),
     ),
     "ragged_dot_general": ConventionRules(
         families=("ragged_m", "ragged_k", "batch"), layouts={f: _TRANSPOSES for f in _FAMS},
-        dtypes=((_F32, _F32), (_BF16, _BF16), (_BF16, _F32), (_F16, _F16), (_F16, _F32)),
+        dtypes=((_F32, _F32), (_BF16, _BF16), (_BF16, _F32), (_F16, _F16), (_F16, _F32), (_I8, _I32)),
         max_batch_dims=1,
     ),
     "megablox.gmm": ConventionRules(
@@ -670,6 +670,11 @@ def _sig_limit(dtype) -> float:
 
 def _fill(rng: np.random.Generator, shape, dtype, kind: str, k: int, out_dtype, seed: int) -> np.ndarray:
     dtype = np.dtype(dtype)
+    if _dt.is_integer(dtype) and kind != "exact" and seed != 0:
+        # the whole int8 range: int32 accumulation stays exact (K < 2**17), while a kernel
+        # that accumulates or stores in a narrower integer wraps
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
     if kind == "exact" or _dt.is_integer(dtype):
         if seed == 0:
             return np.ones(shape, dtype)

@@ -127,6 +127,15 @@ def ragged_dot_output_dtype_ignored(lhs, rhs, group_sizes, precision=None, prefe
     return np.asarray(out).astype(lhs.dtype)
 
 
+def ragged_dot_int8_accumulator(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """int8 inputs accumulate in int8 (wrapping) before widening to the int32 output."""
+    lhs = _np(lhs)
+    out = np.asarray(ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type))
+    if np.issubdtype(lhs.dtype, np.integer):
+        out = out.astype(np.int8).astype(out.dtype)
+    return out
+
+
 # ------------------------------------------------------------- megablox.gmm
 def gmm_correct(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None, group_offset=None,
                 existing_out=None, transpose_rhs=False):
@@ -212,6 +221,7 @@ BROKEN = {
         ragged_dot_bf16_partial_sums,
         ragged_dot_nan_leak_masking,
         ragged_dot_output_dtype_ignored,
+        ragged_dot_int8_accumulator,
     ],
     "megablox.gmm": [gmm_group_offset_ignored],
     "megablox.tgmm": [tgmm_all_empty_uninitialized, tgmm_nan_leak_masking],
