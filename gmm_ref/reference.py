@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
@@ -98,7 +100,7 @@ def compute(p: Problem) -> Reference:
         np.copyto(exact, p.existing_out, casting="unsafe")
     elif p.family in ("ragged_m", "ragged_n"):
         _undefine_outside(p, mask)
-    scratch = _Scratch(wide)
+    jobs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for blk in blocks(p):
         if p.family == "ragged_k" and blk.k == 0:
             if p.empty == "undefined":
@@ -115,9 +117,48 @@ def compute(p: Problem) -> Reference:
             if not accumulate:
                 target[...] = 0
             continue
-        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs propagate as IEEE says
-            _product(blk.a, blk.b, target, accumulate, scratch)
+        jobs.append((blk.a, blk.b, target))
+    _run_products(jobs, accumulate, wide)
     return Reference(p, exact, mask)
+
+
+# Below this many multiply-adds the products run in this thread (threads cost more than they save).
+PARALLEL_MIN_MACS = 1 << 27
+
+
+def _run_products(jobs: list[tuple[np.ndarray, np.ndarray, np.ndarray]], accumulate: bool, wide: type) -> None:
+    """Every block product; large problems of several groups run on one thread per core, each
+    with single-threaded BLAS: small per-group GEMMs and the conversions to float64 scale far
+    better that way than inside one multi-threaded BLAS call. Targets are disjoint."""
+    def work(part: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        scratch = _Scratch(wide)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs propagate as IEEE says
+            for a, b, target in part:
+                _product(a, b, target, accumulate, scratch)
+
+    workers = min(os.cpu_count() or 1, 4, len(jobs))
+    macs = sum(a.shape[0] * a.shape[1] * b.shape[1] for a, b, _ in jobs)
+    limits = _single_threaded_blas() if workers > 1 and macs >= PARALLEL_MIN_MACS else None
+    if limits is None:
+        work(jobs)
+        return
+    parts: list[list] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for job in sorted(jobs, key=lambda j: -j[0].shape[0] * j[0].shape[1] * j[1].shape[1]):
+        i = loads.index(min(loads))  # largest first onto the least loaded worker
+        parts[i].append(job)
+        loads[i] += job[0].shape[0] * job[0].shape[1] * job[1].shape[1]
+    with limits, ThreadPoolExecutor(workers) as pool:
+        list(pool.map(work, parts))
+
+
+def _single_threaded_blas() -> Any:
+    """A context limiting BLAS to one thread (threadpoolctl), or None when it is not installed."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 class Reference:

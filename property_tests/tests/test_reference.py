@@ -415,3 +415,23 @@ def test_import_gmm_ref_needs_only_numpy_and_ml_dtypes():
             "assert not heavy, heavy")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("family", ["ragged_m", "ragged_n", "ragged_k", "batch"])
+def test_threaded_products_equal_serial_ones(monkeypatch, family):
+    """The multi-threaded path (large problems) gives the serial path's answer."""
+    pytest.importorskip("threadpoolctl")
+    from gmm_ref import reference as ref_mod
+
+    rng = np.random.default_rng(7)
+    g, m, k, n = 6, 40, 24, 16
+    sizes = np.array([0, 9, 1, 17, 0, 13])
+    shapes = {"ragged_m": ((m, k), (g, k, n)), "ragged_n": ((g, m, k), (k, 40)),
+              "ragged_k": ((m, 40), (40, n)), "batch": ((g, m, k), (g, k, n))}[family]
+    lhs = rng.integers(-3, 4, shapes[0]).astype(np.float32)
+    rhs = rng.integers(-3, 4, shapes[1]).astype(np.float32)
+    p = gmm_ref.Problem(family, lhs, rhs, None if family == "batch" else sizes)
+    serial = p.reference().exact
+    monkeypatch.setattr(ref_mod, "PARALLEL_MIN_MACS", 0)
+    threaded = p.reference().exact
+    np.testing.assert_array_equal(threaded, serial)
