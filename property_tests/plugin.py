@@ -26,7 +26,7 @@ def register_profiles() -> None:
     if _PROFILES_REGISTERED:
         return
     common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("ci", derandomize=True, max_examples=25, **common)
+    settings.register_profile("ci", derandomize=True, max_examples=50, **common)
     settings.register_profile("dev", max_examples=15, **common)
     settings.register_profile("thorough", max_examples=400, **common)
     _PROFILES_REGISTERED = True
