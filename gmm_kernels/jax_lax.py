@@ -121,6 +121,7 @@ class _JaxBase(KernelAdapter):
     @property
     def known_issues(self) -> dict[str, str]:  # type: ignore[override]
         return xla_nan_leak_issues()
+
     def available(self) -> str | None:
         return missing_module("jax")
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from gmm_ref import Numerics
 
 from gmm_kernels.base import KernelAdapter, dtype_name, missing_module
 from gmm_kernels.jax_lax import XLA_F32

@@ -44,7 +44,6 @@ import contextlib
 import dataclasses
 import fnmatch
 import hashlib
-import importlib
 import io
 import json
 import os

@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import io
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
