@@ -91,12 +91,22 @@ class KernelAdapter:
         args, kwargs = problem.arguments()
         return self.call(*args, **kwargs)
 
+    def differentiable_fn(self) -> Any:
+        """The kernel as a function of its convention's (jax or torch) arguments that
+        ``jax.vjp`` / torch autograd can differentiate, or None."""
+        return None
+
     def vjp(self, problem: Any, cotangent: Any) -> dict[str, np.ndarray]:
         """Reverse-mode gradients of ``run(problem)`` for ``cotangent``:
         ``{"lhs", "rhs"}`` (and ``"existing_out"`` when the problem has one), stored
         like the inputs; compare with ``gmm_ref.gradients``. Raises NotImplementedError
         where the kernel (or this adapter) has no gradient."""
-        raise NotImplementedError(f"{self.name}: no reverse-mode gradient in this adapter")
+        fn = self.differentiable_fn()
+        if fn is None:
+            raise NotImplementedError(f"{self.name}: no reverse-mode gradient in this adapter")
+        from gmm_kernels.user import FunctionAdapter
+
+        return FunctionAdapter(fn, self.convention, name=self.name).vjp(problem, cotangent)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ({self.convention})>"

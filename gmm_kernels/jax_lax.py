@@ -191,6 +191,11 @@ class JaxRaggedDotGeneral(_JaxBase):
             return "ragged_dot_general has no packed layout"
         return None
 
+    def differentiable_fn(self) -> Any:
+        from jax import lax
+
+        return lax.ragged_dot_general  # jax differentiates mode 1 only; modes 2 and 3 decline
+
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, ragged_dot_dimension_numbers: Any,
              precision: Any = None, preferred_element_type: Any = None) -> np.ndarray:
         if precision is not None:

@@ -89,6 +89,12 @@ class TokamaxRaggedDot(KernelAdapter):
     def numerics_for(self, problem: Any) -> Numerics:
         return jax_numerics(problem)
 
+    def differentiable_fn(self) -> Any:
+        import tokamax
+
+        _absl_flags_parsed()
+        return functools.partial(tokamax.ragged_dot, implementation=self.implementation)
+
     def supports(self, problem: Any) -> str | None:
         reason = super().supports(problem)
         if reason:
