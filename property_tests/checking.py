@@ -57,6 +57,8 @@ MODES: dict[str, Mode] = {
              {"values": "poisoned"}),
         Mode("all_empty", "every group empty: the output is all tail / all zero blocks",
              {"values": "integers", "all_empty": True}),
+        Mode("many_groups", "9 to 64 groups: more groups than tiles, indices past small fixed tables",
+             {"values": "exact", "min_groups": 9, "max_groups": 64}),
         Mode("sharded", "group_offset / num_local_groups without an existing output",
              {"values": "integers", "sharding": True}, needs_sharding=True),
         Mode("sharded_existing", "sharded groups writing into an existing output",
@@ -85,7 +87,13 @@ def mode_strategy(adapter: Any, mode: Mode, family: str | None = None) -> st.Sea
 
     kwargs = dict(mode.options)
     tiling = getattr(adapter, "tiling", None)
-    kwargs.update(adapter_constraints(adapter))
+    declared = adapter_constraints(adapter)
+    # group counts: the mode's range narrowed to what the kernel takes; other options: the kernel's
+    lo = max(kwargs.get("min_groups", 1), declared.pop("min_groups", 1))
+    hi = min(kwargs.get("max_groups", 8), declared.pop("max_groups", 1 << 30))
+    if lo > hi:
+        raise Unsupported(f"{adapter.name} takes at most {hi} groups; the {mode.name} mode needs {lo}")
+    kwargs.update(declared, min_groups=lo, max_groups=hi)
     if tiling is not None:
         kwargs["tiling"] = tiling
     if family is not None:

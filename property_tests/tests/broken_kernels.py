@@ -127,6 +127,16 @@ def ragged_dot_output_dtype_ignored(lhs, rhs, group_sizes, precision=None, prefe
     return np.asarray(out).astype(lhs.dtype)
 
 
+def ragged_dot_group_table_of_eight(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Per-group weight pointers live in a table of 8 slots: group g uses slot g % 8."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    gs, starts, ends = _ends(group_sizes)
+    out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32)
+    for g in range(gs.size):
+        out[starts[g]:ends[g]] = _mm32(lhs[starts[g]:ends[g]], rhs[g % 8])
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
 def ragged_dot_int8_accumulator(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
     """int8 inputs accumulate in int8 (wrapping) before widening to the int32 output."""
     lhs = _np(lhs)
@@ -222,6 +232,7 @@ BROKEN = {
         ragged_dot_nan_leak_masking,
         ragged_dot_output_dtype_ignored,
         ragged_dot_int8_accumulator,
+        ragged_dot_group_table_of_eight,
     ],
     "megablox.gmm": [gmm_group_offset_ignored],
     "megablox.tgmm": [tgmm_all_empty_uninitialized, tgmm_nan_leak_masking],
