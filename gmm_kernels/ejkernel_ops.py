@@ -27,7 +27,7 @@ from gmm_ref import Numerics
 
 from gmm_kernels.base import KernelAdapter, missing_module
 from gmm_kernels.convert import jax_x64, uses_64bit
-from gmm_kernels.jax_lax import XLA_F32, jax_numerics, xla_nan_leak_issues
+from gmm_kernels.jax_lax import XLA_F32, jax_numerics, on_accelerator, xla_nan_leak_issues
 from gmm_kernels.megablox import _common_reasons, _group_offset
 
 __all__ = ["EjkernelGroupedMatmul"]
@@ -86,7 +86,7 @@ class EjkernelGroupedMatmul(KernelAdapter):
     def numerics_for(self, problem: Any) -> Numerics:
         if self.implementation == "xla":
             return jax_numerics(problem)
-        return XLA_F32
+        return on_accelerator(XLA_F32, problem)
 
     @property
     def numerics(self) -> Numerics:  # type: ignore[override]

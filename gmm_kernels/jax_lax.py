@@ -53,11 +53,24 @@ def jax_numerics(problem: Any) -> Numerics:
     2**-130 times 2**10 gives 0, not 2**-120.
     """
     base = Numerics.default_for(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
-    return dataclasses.replace(base, flush_subnormals=True)
+    return on_accelerator(dataclasses.replace(base, flush_subnormals=True), problem)
 
 
 #: what XLA-compiled kernels (Pallas interpret included) declare for float32 accumulation
 XLA_F32 = Numerics(multiply=None, accumulate=np.float32, flush_subnormals=True)
+
+
+def on_accelerator(numerics: Numerics, problem: Any) -> Numerics:
+    """``numerics`` as jax's DEFAULT precision makes them on the backend in use: on TPU float32
+    operands pass through bfloat16, on recent GPUs through TF32 (declared as bfloat16, whose
+    shorter significand gives a sound, slightly looser bound). CPU multiplies them exactly."""
+    if numerics.multiply is not None or np.issubdtype(problem.lhs.dtype, np.integer):
+        return numerics
+    import jax
+
+    if jax.default_backend() == "cpu":
+        return numerics
+    return dataclasses.replace(numerics, multiply="bfloat16")
 
 
 def lax_dimension_numbers(dn: Any) -> Any:

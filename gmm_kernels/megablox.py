@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from gmm_ref import Numerics
+
 
 from gmm_kernels.base import KernelAdapter, dtype_name, missing_module
-from gmm_kernels.jax_lax import XLA_F32
+from gmm_kernels.jax_lax import XLA_F32, on_accelerator
 
 __all__ = ["MegabloxGmm", "MegabloxTgmm", "gmm_grads", "gmm_vjp", "backend_module", "ops_module"]
 
@@ -78,6 +80,9 @@ class MegabloxGmm(KernelAdapter):
     name = "megablox.gmm"
     convention = "megablox.gmm"
     numerics = XLA_F32
+
+    def numerics_for(self, problem: Any) -> Numerics:
+        return on_accelerator(self.numerics, problem)
     #: input of :meth:`vjp` -> upstream bug in its gradient (see property_tests/tests/test_gradients.py)
     known_gradient_issues = {
         "existing_out": (
@@ -137,6 +142,9 @@ class MegabloxTgmm(KernelAdapter):
     name = "megablox.tgmm"
     convention = "megablox.tgmm"
     numerics = XLA_F32
+
+    def numerics_for(self, problem: Any) -> Numerics:
+        return on_accelerator(self.numerics, problem)
 
     available = MegabloxGmm.available
 

@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from gmm_ref import Numerics
+
 from gmm_kernels.base import KernelAdapter, dtype_name, missing_module
-from gmm_kernels.jax_lax import XLA_F32
+from gmm_kernels.jax_lax import XLA_F32, on_accelerator
 
 __all__ = ["MosaicGpuRaggedDot", "pick_block"]
 
@@ -61,6 +63,9 @@ class MosaicGpuRaggedDot(KernelAdapter):
     name = "jax.ragged_dot_mgpu"
     convention = "ragged_dot"
     numerics = XLA_F32  # interpreted on XLA CPU, which flushes subnormals; on Hopper see the closing note
+
+    def numerics_for(self, problem: Any) -> Numerics:
+        return on_accelerator(self.numerics, problem)
 
     @property
     def max_examples(self) -> int | None:  # type: ignore[override]

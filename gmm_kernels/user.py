@@ -71,15 +71,16 @@ class FunctionAdapter(KernelAdapter):
 
     def numerics_for(self, problem: Any) -> Numerics:
         """The declared numerics, else the lenient default for an unknown kernel: exact
-        products (bfloat16 passes on TPU, whose DEFAULT precision multiplies float32 in it),
+        products (bfloat16 passes on TPU and GPU, where jax's DEFAULT precision multiplies float32
+        in bfloat16 or TF32),
         the widest accumulator involved, subnormals possibly flushed (as XLA, GPUs and TPUs
         do). Declare ``numerics=`` to be held to more."""
         if self._explicit_numerics:
             return self.numerics
         base = Numerics.default_for(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
         multiply = base.multiply
-        if self.convention != "torch.grouped_mm" and _jax_backend() == "tpu" and not _is_int(problem):
-            multiply = "bfloat16"
+        if self.convention != "torch.grouped_mm" and _jax_backend() not in (None, "cpu") and not _is_int(problem):
+            multiply = "bfloat16"  # DEFAULT precision: bfloat16 passes on TPU, TF32 on GPU (bounded by it)
         return dataclasses.replace(base, multiply=multiply, flush_subnormals=not _is_int(problem))
 
     def vjp(self, problem: Any, cotangent: Any) -> dict[str, np.ndarray]:
