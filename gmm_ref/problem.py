@@ -341,3 +341,7 @@ class Problem:
 
     def __repr__(self) -> str:
         return f"Problem({self.describe()})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """One line in Hypothesis' falsifying examples (the reproducer carries the data)."""
+        printer.text(repr(self))
