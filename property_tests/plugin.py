@@ -33,6 +33,9 @@ def register_profiles() -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    # registered here, the earliest hook, so that Hypothesis' own plugin can load
+    # --hypothesis-profile=ci|dev|thorough in its pytest_configure
+    register_profiles()
     group = parser.getgroup("gmm-harness", "grouped GEMM kernel checks")
     group.addoption(
         "--gmm-kernel", action="append", default=[], metavar="NAME|pkg.module:fn",
