@@ -107,8 +107,15 @@ def adapter_constraints(adapter: Any) -> dict[str, Any]:
     return dict(fn()) if callable(fn) else {}
 
 
-def _settings(max_examples: int | None) -> settings:
-    base = settings()
+def _profile(name: str) -> settings:
+    from property_tests.plugin import register_profiles
+
+    register_profiles()  # outside pytest too (idempotent)
+    return settings.get_profile(name)
+
+
+def _settings(max_examples: int | None, profile: str | None = None) -> settings:
+    base = _profile(profile) if profile else settings()
     return settings(
         base,
         max_examples=max_examples if max_examples is not None else base.max_examples,
@@ -122,8 +129,10 @@ class Unsupported(Exception):
 
 
 def check_mode(adapter: Any, mode: Mode | str, *, family: str | None = None,
-               max_examples: int | None = None) -> int:
+               max_examples: int | None = None, profile: str | None = None) -> int:
     """Run one mode's property on ``adapter``; raise Mismatch on failure. Returns examples checked.
+
+    ``profile`` names a registered Hypothesis profile to run under (default: the one loaded).
 
     Raises :class:`Unsupported` if the convention cannot express the mode or
     the adapter declines every problem drawn.
@@ -137,10 +146,11 @@ def check_mode(adapter: Any, mode: Mode | str, *, family: str | None = None,
     declined: list[str] = []
     cap = getattr(adapter, "max_examples", None)  # slow kernels (e.g. interpreted GPU) cap their examples
     if cap is not None:
-        max_examples = min(cap, max_examples if max_examples is not None else settings().max_examples)
+        default = (_profile(profile) if profile else settings()).max_examples
+        max_examples = min(cap, max_examples if max_examples is not None else default)
 
     @given(problem=mode_strategy(adapter, mode, family))
-    @_settings(max_examples)
+    @_settings(max_examples, profile)
     def prop(problem: gmm_ref.Problem) -> None:
         reason = adapter.supports(problem)
         if reason is not None:
@@ -207,6 +217,7 @@ def check_kernel(
     modes: Iterable[str] | None = None,
     numerics: gmm_ref.Numerics | None = None,
     name: str | None = None,
+    profile: str | None = None,
 ) -> dict[str, str]:
     """Check a kernel function (or a built-in adapter) in every mode its convention allows.
 
@@ -214,7 +225,8 @@ def check_kernel(
     jax conventions, torch tensors for ``torch.grouped_mm``) and may return a
     jax array, torch tensor or NumPy array. Raises :class:`gmm_ref.Mismatch`
     (an AssertionError) for the first failing mode, after shrinking; returns
-    ``{mode: "pass" | "unsupported: reason"}`` otherwise.
+    ``{mode: "pass" | "unsupported: reason"}`` otherwise. ``profile`` names a
+    registered Hypothesis profile (``"ci"``, ``"dev"``, ``"thorough"``) to run under.
     """
     __tracebackhide__ = True
     from gmm_kernels import KernelAdapter, wrap
@@ -236,7 +248,7 @@ def check_kernel(
         if m not in MODES:
             raise ValueError(f"modes: unknown mode {m!r}; expected some of {sorted(MODES)}")
         try:
-            check_mode(adapter, m, max_examples=max_examples)
+            check_mode(adapter, m, max_examples=max_examples, profile=profile)
             results[m] = "pass"
         except Unsupported as exc:
             results[m] = f"unsupported: {exc}"
