@@ -42,7 +42,6 @@ class Mode:
     doc: str
     options: dict[str, Any] = field(default_factory=dict)
     needs_sharding: bool = False
-    needs_existing: bool = False
 
 
 MODES: dict[str, Mode] = {
@@ -63,7 +62,7 @@ MODES: dict[str, Mode] = {
              {"values": "integers", "sharding": True}, needs_sharding=True),
         Mode("sharded_existing", "sharded groups writing into an existing output",
              {"values": "integers", "sharding": True, "existing_out": True},
-             needs_sharding=True, needs_existing=True),
+             needs_sharding=True),
         Mode("grad", "reverse-mode gradients w.r.t. lhs, rhs and existing_out, against gmm_ref.gradients",
              {"values": "normal", "dtypes": ("float32", "bfloat16")}),
         Mode("out_dtype", "every output dtype the convention takes, exact shape and dtype",
