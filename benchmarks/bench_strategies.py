@@ -67,7 +67,7 @@ def check_rate(n: int) -> tuple[float, float, int, int]:
     @settings(_ci_profile(), max_examples=n, database=None)
     @given(strategy)
     def prop(p):
-        args, kwargs = p.arguments()
+        args, kwargs = gmm_ref.arguments(p)
         gmm_ref.assert_matches_reference(np.asarray(fn(*args, **kwargs)), p)
         checked[0] += 1
 

@@ -1,26 +1,40 @@
-"""The adapter interface: one object per real grouped-GEMM kernel.
+"""The adapter template: one object per real grouped-GEMM kernel.
 
-An adapter takes a kernel's *convention arguments* (NumPy arrays and Python
-values in the order and names of the kernel's public API, as
-``gmm_ref.Problem.arguments()`` produces them), runs the kernel and returns a
-NumPy array (bfloat16 as ``ml_dtypes.bfloat16``). It also says whether the
-kernel can run on this machine (:meth:`KernelAdapter.available`), whether it
-can take a given problem (:meth:`KernelAdapter.supports`), and what arithmetic
-it does (:attr:`KernelAdapter.numerics`).
+The base class does everything adapters share, from declarations:
 
+- :meth:`~KernelAdapter.available`: the modules in ``requires`` are installed,
+  then the subclass's :meth:`~KernelAdapter._unavailable`;
+- :meth:`~KernelAdapter.supports`: the convention's refusal
+  (``gmm_ref.conventions``), the dtype declarations (``input_dtypes``,
+  ``output_dtypes``, ``equal_input_dtypes``, ``output_is_input``), then the
+  subclass's :meth:`~KernelAdapter._refusal`;
+- :meth:`~KernelAdapter.numerics_for`: exact products into the widest
+  accumulator involved, flushed subnormals where ``flush_subnormals``, and jax's
+  DEFAULT precision on GPU/TPU where ``default_precision``;
+- :meth:`~KernelAdapter.run`: the problem as its convention's arguments, the
+  kernel's output as NumPy; :meth:`~KernelAdapter.vjp` through
+  :meth:`~KernelAdapter.differentiable_fn`.
+
+A subclass states only what is its own: ``name``, ``convention``, how to call
+the kernel (:meth:`~KernelAdapter.call`), a tiling or interpret mode, extra
+refusals, and ``known_issues`` (mode -> the upstream bug, with its repro).
 Nothing here imports jax or torch; subclasses import them lazily.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from typing import Any, ClassVar
 
 import numpy as np
 
-from gmm_ref import Numerics
+from gmm_ref import Numerics, Problem, conventions
+from gmm_ref.dtypes import as_numpy
 
-__all__ = ["KernelAdapter", "missing_module", "dtype_name"]
+from gmm_kernels import autodiff
+
+__all__ = ["KernelAdapter", "dtype_name", "missing_module", "on_accelerator"]
 
 
 def missing_module(*modules: str) -> str | None:
@@ -40,73 +54,138 @@ def dtype_name(dt: Any) -> str:
     return str(np.dtype(dt))
 
 
-class KernelAdapter:
-    """Base class of the built-in adapters.
+def on_accelerator(numerics: Numerics, problem: Problem) -> Numerics:
+    """``numerics`` as jax's DEFAULT precision makes them on the backend in use: on TPU float32
+    operands pass through bfloat16, on recent GPUs through TF32 (declared as bfloat16, whose
+    shorter significand gives a sound, slightly looser bound). CPU multiplies them exactly.
+    Never imports jax: a process that has not imported it runs no jax kernel."""
+    import sys
 
-    Class attributes (override in subclasses): ``name``, ``convention``,
-    ``numerics`` (for float32 / bfloat16 inputs; see :meth:`numerics_for`),
-    ``deterministic``, ``known_issues`` (mode name, a key of
-    ``property_tests.checking.MODES``, -> the upstream bug that makes the
-    kernel fail that mode, verified on this machine) and ``max_examples``
-    (a per-mode example budget for slow kernels; None: the profile's).
-    """
+    if numerics.multiply is not None or np.issubdtype(problem.lhs.dtype, np.integer):
+        return numerics
+    jax = sys.modules.get("jax")
+    try:
+        backend = jax.default_backend() if jax is not None else "cpu"
+    except Exception:  # noqa: BLE001 - no backend at all
+        backend = "cpu"
+    if backend == "cpu":
+        return numerics
+    return dataclasses.replace(numerics, multiply="bfloat16")
+
+
+class KernelAdapter:
+    """Base class of every adapter (see the module docstring for what it does)."""
 
     name: ClassVar[str] = "abstract"
     convention: ClassVar[str] = ""
-    numerics: ClassVar[Numerics] = Numerics(multiply=None, accumulate=np.float32)
+    #: modules that must be installed for the kernel to run here
+    requires: ClassVar[tuple[str, ...]] = ()
+    #: input dtypes the kernel takes (None: whatever its convention takes)
+    input_dtypes: ClassVar[tuple[str, ...] | None] = None
+    #: output dtypes the kernel returns (None: whatever its convention takes)
+    output_dtypes: ClassVar[tuple[str, ...] | None] = None
+    equal_input_dtypes: ClassVar[bool] = False
+    output_is_input: ClassVar[bool] = False
+    #: subnormal inputs, products, partial sums and outputs may be flushed to zero (XLA does)
+    flush_subnormals: ClassVar[bool] = False
+    #: float32 products follow jax's DEFAULT precision (bfloat16 passes on TPU, TF32 on GPU)
+    default_precision: ClassVar[bool] = False
     deterministic: ClassVar[bool] = True
-    known_issues: ClassVar[dict[str, str]] = {}
+    #: a per-mode example budget for slow kernels (None: the profile's)
     max_examples: ClassVar[int | None] = None
+    #: mode -> the upstream bug that makes the kernel fail that mode (strict xfail, "known bug" cell)
+    known_issues: ClassVar[dict[str, str]] = {}
+    #: input ("lhs", "rhs", "existing_out") -> the upstream bug in its gradient
+    known_gradient_issues: ClassVar[dict[str, str]] = {}
+    tiling: tuple[int, int, int] | None = None
 
     # ------------------------------------------------------------- capability
+    @property
+    def spec(self) -> conventions.Convention:
+        """The :class:`gmm_ref.conventions.Convention` this kernel is called in."""
+        return conventions.get(self.convention)
+
     def available(self) -> str | None:
         """None when the kernel can run here, else the reason it cannot."""
-        return None
+        return missing_module(*self.requires) or self._unavailable()
 
-    def supports(self, problem: Any) -> str | None:
+    def supports(self, problem: Problem) -> str | None:
         """None when the kernel can take ``problem``, else the reason it cannot."""
         if problem.convention not in (None, self.convention):
             return f"{self.name} takes the {self.convention!r} convention, not {problem.convention!r}"
+        return (self.spec.refusal(problem)
+                or self.dtype_refusal(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
+                or self._refusal(problem))
+
+    def dtype_refusal(self, lhs: Any, rhs: Any, out: Any) -> str | None:
+        """Why the kernel does not take these input and output dtypes, else None."""
+        names = {"lhs": dtype_name(lhs), "rhs": dtype_name(rhs), "out": dtype_name(out)}
+        if self.input_dtypes is not None:
+            for operand in ("lhs", "rhs"):
+                if names[operand] not in self.input_dtypes:
+                    return f"{self.name} takes inputs of {' / '.join(self.input_dtypes)}, not {operand} {names[operand]}"
+        if self.equal_input_dtypes and names["lhs"] != names["rhs"]:
+            return f"{self.name} needs equal input dtypes, got {names['lhs']} x {names['rhs']}"
+        if self.output_is_input and names["out"] != names["lhs"]:
+            return f"{self.name} returns its input dtype {names['lhs']}, not {names['out']}"
+        if self.output_dtypes is not None and names["out"] not in self.output_dtypes:
+            return f"{self.name} returns {' / '.join(self.output_dtypes)}, not {names['out']}"
         return None
 
-    def numerics_for(self, problem: Any) -> Numerics:
-        """The arithmetic used for ``problem`` (float64 inputs widen the accumulator)."""
-        return self.numerics
+    def numerics_for(self, problem: Problem) -> Numerics:
+        """The arithmetic the kernel does for ``problem`` (bounds are derived from it)."""
+        base = Numerics.default_for(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
+        numerics = dataclasses.replace(base, flush_subnormals=self.flush_subnormals)
+        return on_accelerator(numerics, problem) if self.default_precision else numerics
 
     def strategy_options(self) -> dict[str, Any]:
-        """Keyword options for ``property_tests.strategies.problems`` that encode hard
-        constraints of this kernel beyond its convention (dtypes, shapes, tiling, group
-        counts), so strategies draw only problems it takes instead of filtering."""
+        """Options for ``property_tests.strategies.problems`` so that strategies draw only
+        problems the kernel takes: its dtype pairs among the convention's, plus
+        :meth:`_strategy_options` (shapes, group counts, ...)."""
+        opts = dict(self._strategy_options())
+        pairs = self.spec.dtype_pairs
+        mine = tuple(pr for pr in pairs if self.dtype_refusal(pr[0], pr[0], pr[1]) is None)
+        if len(mine) < len(pairs):
+            opts.setdefault("dtypes", mine)
+        return opts
+
+    # ------------------------------------------------------------------ hooks
+    def _unavailable(self) -> str | None:
+        return None
+
+    def _refusal(self, problem: Problem) -> str | None:
+        return None
+
+    def _strategy_options(self) -> dict[str, Any]:
         return {}
 
-    # ------------------------------------------------------------------ running
-    def call(self, *args: Any, **kwargs: Any) -> np.ndarray:
-        """Run the kernel on convention arguments; return NumPy."""
+    # ---------------------------------------------------------------- running
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the kernel on its convention's arguments (NumPy); return its output."""
         raise NotImplementedError
 
-    def run(self, problem: Any) -> np.ndarray:
-        """Run the kernel on ``problem`` in this adapter's convention."""
-        if problem.convention != self.convention:
-            problem = problem.replace(convention=self.convention)
-        args, kwargs = problem.arguments()
-        return self.call(*args, **kwargs)
+    def run(self, problem: Problem) -> np.ndarray:
+        """Run the kernel on ``problem`` in this adapter's convention; the output as NumPy."""
+        args, kwargs = self.spec.arguments(self._own(problem))
+        return as_numpy(self.call(*args, **kwargs), name=f"output of {self.name}")
 
     def differentiable_fn(self) -> Any:
         """The kernel as a function of its convention's (jax or torch) arguments that
         ``jax.vjp`` / torch autograd can differentiate, or None."""
         return None
 
-    def vjp(self, problem: Any, cotangent: Any) -> dict[str, np.ndarray]:
-        """Reverse-mode gradients of ``run(problem)`` for ``cotangent``:
-        ``{"lhs", "rhs"}`` (and ``"existing_out"`` when the problem has one), stored
-        like the inputs; compare with ``gmm_ref.gradients``. Raises NotImplementedError
-        where the kernel (or this adapter) has no gradient."""
+    def vjp(self, problem: Problem, cotangent: Any) -> dict[str, np.ndarray]:
+        """Reverse-mode gradients of ``run(problem)`` for ``cotangent``: ``{"lhs", "rhs"}``
+        (and ``"existing_out"`` when the problem has one), stored like the inputs; compare
+        with ``gmm_ref.gradients``. NotImplementedError where there is no gradient."""
         fn = self.differentiable_fn()
         if fn is None:
             raise NotImplementedError(f"{self.name}: no reverse-mode gradient in this adapter")
-        from gmm_kernels.user import FunctionAdapter
+        args, kwargs = self.spec.arguments(self._own(problem))
+        return autodiff.vjp(fn, self.spec, args, kwargs, cotangent, name=self.name)
 
-        return FunctionAdapter(fn, self.convention, name=self.name).vjp(problem, cotangent)
+    def _own(self, problem: Problem) -> Problem:
+        return problem if problem.convention == self.convention else problem.replace(convention=self.convention)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ({self.convention})>"

@@ -1,18 +1,34 @@
 """NumPy <-> jax / torch conversion, exact for bfloat16 (no float32 round trip).
 
-Imports jax and torch only inside the functions that need them.
+:func:`to_framework` turns a convention's NumPy arguments into what a kernel
+of that framework receives: arrays become jax arrays or torch tensors (torch
+keeps the strides), dtypes become torch dtypes, gmm_ref's
+``RaggedDotDimensionNumbers`` become jax's. Imports jax and torch only inside
+the functions that need them.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from gmm_ref.compare import as_numpy
+from gmm_ref import RaggedDotDimensionNumbers
+from gmm_ref.dtypes import as_numpy
 
-__all__ = ["to_numpy", "to_jax", "to_torch", "torch_dtype", "uses_64bit", "jax_x64"]
+__all__ = [
+    "jax_group_offset",
+    "jax_x64",
+    "lax_dimension_numbers",
+    "to_framework",
+    "to_jax",
+    "to_numpy",
+    "to_torch",
+    "torch_dtype",
+    "uses_64bit",
+]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -57,6 +73,57 @@ def to_jax(x: Any) -> Any:
     return x
 
 
+def lax_dimension_numbers(dn: Any) -> Any:
+    """A ``gmm_ref.RaggedDotDimensionNumbers`` (or any 3-field tuple) as the lax type."""
+    from jax import lax
+
+    if isinstance(dn, lax.RaggedDotDimensionNumbers):
+        return dn
+    (lc, rc), (lb, rb) = dn[0]
+
+    def ints(xs: Any) -> tuple[int, ...]:
+        return tuple(int(x) for x in xs)
+
+    return lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=((ints(lc), ints(rc)), (ints(lb), ints(rb))),
+        lhs_ragged_dimensions=ints(dn[1]),
+        rhs_group_dimensions=ints(dn[2]),
+    )
+
+
+def jax_group_offset(go: Any) -> Any:
+    """A group offset as megablox-style kernels need it: a ()-shaped int32 jax array (or None).
+
+    megablox ``gmm`` raises for any other shape, and ``tgmm`` fails inside its
+    index maps for a (1,)-shaped one.
+    """
+    import jax.numpy as jnp
+
+    if go is None:
+        return None
+    return jnp.asarray(np.asarray(go, np.int32).reshape(()))
+
+
+def _to_jax_value(v: Any) -> Any:
+    if isinstance(v, RaggedDotDimensionNumbers):
+        return lax_dimension_numbers(v)
+    return to_jax(v)
+
+
+def _to_torch_value(v: Any) -> Any:
+    if isinstance(v, np.dtype):
+        return torch_dtype(v)
+    if isinstance(v, np.ndarray):
+        return to_torch(v)
+    return v
+
+
+def to_framework(framework: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A convention's NumPy arguments as a ``framework`` ("jax" or "torch") kernel receives them."""
+    convert = {"jax": _to_jax_value, "torch": _to_torch_value}[framework]
+    return tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()}
+
+
 def uses_64bit(*values: Any) -> bool:
     """Whether any array or dtype among ``values`` is 64-bit (needs jax x64)."""
     for v in values:
@@ -75,8 +142,6 @@ def uses_64bit(*values: Any) -> bool:
 
 def jax_x64(enable: bool) -> Any:
     """A context enabling jax 64-bit types when ``enable`` (else a no-op)."""
-    import contextlib
-
     if not enable:
         return contextlib.nullcontext()
     import jax

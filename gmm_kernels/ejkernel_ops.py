@@ -23,12 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from gmm_ref import Numerics
+from gmm_ref import Problem
 
-from gmm_kernels.base import KernelAdapter, missing_module
-from gmm_kernels.convert import jax_x64, uses_64bit
-from gmm_kernels.jax_lax import XLA_F32, jax_numerics, on_accelerator, xla_nan_leak_issues
-from gmm_kernels.megablox import _common_reasons, _group_offset
+from gmm_kernels.base import KernelAdapter
+from gmm_kernels.convert import jax_group_offset, jax_x64, uses_64bit
+from gmm_kernels.known_issues import xla_nan_leak_issues
 
 __all__ = ["EjkernelGroupedMatmul"]
 
@@ -51,11 +50,19 @@ class EjkernelGroupedMatmul(KernelAdapter):
     """ejkernel grouped matmul in the ``megablox.gmm`` convention."""
 
     convention = "megablox.gmm"
+    requires = ("jax", "ejkernel")
+    flush_subnormals = True
+    default_precision = True
 
     def __init__(self, implementation: str = "xla") -> None:
         if implementation not in _KERNELS:
             raise ValueError(f"implementation: expected one of {sorted(_KERNELS)}, got {implementation!r}")
         self.implementation = implementation
+        if implementation != "xla":  # megablox gmm copies: megablox's dtype rules
+            self.input_dtypes = ("float32", "bfloat16")  # type: ignore[misc]
+            self.output_dtypes = ("float32", "bfloat16", "float16")  # type: ignore[misc]
+        else:
+            self.input_dtypes = ("float64", "float32", "bfloat16", "float16")  # type: ignore[misc]  # jaxtyping Float
 
     @property
     def known_issues(self) -> dict[str, str]:  # type: ignore[override]
@@ -67,10 +74,7 @@ class EjkernelGroupedMatmul(KernelAdapter):
     def name(self) -> str:  # type: ignore[override]
         return f"ejkernel.grouped_matmul[{self.implementation}]"
 
-    def available(self) -> str | None:
-        reason = missing_module("jax", "ejkernel")
-        if reason:
-            return reason
+    def _unavailable(self) -> str | None:
         if self.implementation.startswith("pallas_v"):
             import jax
 
@@ -83,33 +87,16 @@ class EjkernelGroupedMatmul(KernelAdapter):
             return f"cannot import ejkernel {self.implementation}: {type(e).__name__}: {e}"
         return None
 
-    def numerics_for(self, problem: Any) -> Numerics:
-        if self.implementation == "xla":
-            return jax_numerics(problem)
-        return on_accelerator(XLA_F32, problem)
-
-    @property
-    def numerics(self) -> Numerics:  # type: ignore[override]
-        return XLA_F32
-
-    def supports(self, problem: Any) -> str | None:
-        reason = super().supports(problem)
-        if reason:
-            return reason
-        if problem.family != "ragged_m" or problem.lhs_transposed or problem.batch_ndim:
-            return "ejkernel grouped_matmul is ragged M only, lhs [M, K]"
+    def _refusal(self, problem: Problem) -> str | None:
         if self.implementation == "xla":
             if problem.group_offset != 0 or problem.num_local_groups != problem.num_groups:
                 return "ejkernel XLA grouped_matmul fails with group_offset (TypeError: unhashable jax array)"
             if problem.existing_out is not None:
                 return ("ejkernel XLA grouped_matmul adds existing_out (out = result + existing_out); "
                         "the megablox convention overwrites")
-            if str(problem.lhs.dtype) == "int8":
-                return "ejkernel grouped_matmul takes float inputs (jaxtyping Float)"
-            return None
         if self.implementation == "pallas_v2" and problem.existing_out is not None:
             return "ejkernel grouped_matmulv2 raises NotImplementedError for existing_out"
-        return _common_reasons(problem, self.name, problem.m)
+        return None
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
              tiling: Any = (128, 128, 128), group_offset: Any = None, existing_out: Any = None,
@@ -120,7 +107,7 @@ class EjkernelGroupedMatmul(KernelAdapter):
         with jax_x64(uses_64bit(lhs, rhs, ped)):
             kw: dict[str, Any] = dict(
                 preferred_element_type=ped, tiling=tuple(int(t) for t in tiling),
-                group_offset=_group_offset(group_offset),
+                group_offset=jax_group_offset(group_offset),
                 existing_out=None if existing_out is None else jnp.asarray(existing_out),
                 transpose_rhs=bool(transpose_rhs),
             )

@@ -21,14 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from gmm_ref import Numerics
+from gmm_ref import Problem
 
-from gmm_kernels.base import KernelAdapter, dtype_name, missing_module
-from gmm_kernels.jax_lax import XLA_F32, on_accelerator
+from gmm_kernels.base import KernelAdapter
 
 __all__ = ["MosaicGpuRaggedDot", "pick_block"]
 
-_DTYPES = ("float32", "bfloat16", "float16")
 _BLOCKS = (64, 32, 16, 8)
 
 
@@ -62,26 +60,24 @@ class MosaicGpuRaggedDot(KernelAdapter):
 
     name = "jax.ragged_dot_mgpu"
     convention = "ragged_dot"
-    numerics = XLA_F32  # interpreted on XLA CPU, which flushes subnormals; on Hopper see the closing note
-
-    def numerics_for(self, problem: Any) -> Numerics:
-        return on_accelerator(self.numerics, problem)
+    requires = ("jax",)
+    input_dtypes = ("float32", "bfloat16", "float16")
+    equal_input_dtypes = True
+    output_is_input = True
+    flush_subnormals = True  # interpreted on XLA CPU, which flushes subnormals
+    default_precision = True
 
     @property
     def max_examples(self) -> int | None:  # type: ignore[override]
         return None if _native() else 3  # interpreted: 0.1-2 s per call, 1-2 s per compile
 
-    def strategy_options(self) -> dict[str, Any]:
-        """Equal input and output dtypes, M/K/N multiples of 8 (no partial blocks), G >= 2
-        (G = 1 kills the interpreted process), and no tail: rows past sum(group_sizes) are
-        never written, where the ragged_dot convention zeroes them."""
-        return {"dtypes": ("float32", "bfloat16", "float16"), "shapes": ((32, 32, 32), (64, 16, 32)),
-                "min_groups": 2, "max_groups": 4, "allow_tail": False}
+    def _strategy_options(self) -> dict[str, Any]:
+        """M/K/N multiples of 8 (no partial blocks), G >= 2 (G = 1 kills the interpreted
+        process), and no tail: rows past sum(group_sizes) are never written, where the
+        ragged_dot convention zeroes them."""
+        return {"shapes": ((32, 32, 32), (64, 16, 32)), "min_groups": 2, "max_groups": 4, "allow_tail": False}
 
-    def available(self) -> str | None:
-        reason = missing_module("jax")
-        if reason:
-            return reason
+    def _unavailable(self) -> str | None:
         try:
             import jax.experimental.pallas.ops.gpu.ragged_dot_mgpu  # noqa: F401
             if not _native():
@@ -90,27 +86,13 @@ class MosaicGpuRaggedDot(KernelAdapter):
             return f"no Hopper GPU and no Mosaic GPU interpret mode: {type(e).__name__}: {e}"
         return None
 
-    def supports(self, problem: Any) -> str | None:
-        reason = super().supports(problem)
-        if reason:
-            return reason
-        if problem.family != "ragged_m" or problem.batch_ndim or problem.lhs_transposed or problem.rhs_transposed:
-            return "ragged_dot_mgpu is ragged M only, lhs [M, K], rhs [G, K, N]"
-        if problem.group_offset != 0 or problem.num_local_groups != problem.num_groups:
-            return "ragged_dot_mgpu has no group_offset"
-        if problem.existing_out is not None:
-            return "ragged_dot_mgpu takes no existing output"
+    def _refusal(self, problem: Problem) -> str | None:
         if problem.group_sizes is not None and int(problem.group_sizes.sum(axis=-1).min()) < problem.m:
             return ("ragged_dot_mgpu never writes rows past sum(group_sizes) (NaN under the interpreter; "
-                    "DESIGN.md: tail undefined on Mosaic GPU), where the ragged_dot convention zeroes them")
+                    "the tail is undefined on Mosaic GPU), where the ragged_dot convention zeroes them")
         if problem.num_groups == 1 and not _native():
             return ("ragged_dot_mgpu (interpreted) with G=1 kills the process: SIGFPE in XLA CPU "
                     "compilation (stablehlo constant folding divides by zero)")
-        lt, rt = dtype_name(problem.lhs.dtype), dtype_name(problem.rhs.dtype)
-        if lt != rt or lt not in _DTYPES:
-            return f"ragged_dot_mgpu needs equal float32/bfloat16/float16 inputs, got {lt} x {rt}"
-        if dtype_name(problem.out_dtype) != lt:
-            return f"ragged_dot_mgpu returns the input dtype {lt}, not {problem.out_dtype}"
         for ax, ext in (("M", problem.m), ("N", problem.n), ("K", problem.k)):
             if pick_block(ext) is None:
                 return f"ragged_dot_mgpu (interpreted) needs {ax}={ext} divisible by 8 (no partial blocks)"

@@ -15,11 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from gmm_ref import Numerics
-
-from gmm_kernels.base import KernelAdapter, missing_module
+from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import jax_x64, uses_64bit
-from gmm_kernels.jax_lax import jax_numerics, xla_nan_leak_issues
+from gmm_kernels.known_issues import xla_nan_leak_issues
 
 __all__ = ["TokamaxRaggedDot"]
 
@@ -60,8 +58,13 @@ class TokamaxRaggedDot(KernelAdapter):
     """``tokamax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=..., implementation=...)``."""
 
     convention = "ragged_dot"
+    requires = ("jax", "tokamax")
+    flush_subnormals = True
+    default_precision = True
 
     def __init__(self, implementation: str = "xla") -> None:
+        if implementation not in ("xla", *_NEEDS):
+            raise ValueError(f"implementation: expected one of {('xla', *_NEEDS)}, got {implementation!r}")
         self.implementation = implementation
 
     @property
@@ -74,20 +77,15 @@ class TokamaxRaggedDot(KernelAdapter):
     def name(self) -> str:  # type: ignore[override]
         return f"tokamax.ragged_dot[{self.implementation}]"
 
-    def available(self) -> str | None:
-        reason = missing_module("jax", "tokamax")
-        if reason or self.implementation == "xla":
-            return reason
+    def _unavailable(self) -> str | None:
+        if self.implementation == "xla":
+            return None
         import jax
 
-        platform = jax.default_backend()
-        if platform == "cpu":
+        if jax.default_backend() == "cpu":
             return (f"tokamax {self.implementation!r} needs {_NEEDS[self.implementation]}; on CPU "
                     "it raises NotImplementedError('Not supported on cpu') and has no interpret mode")
         return None
-
-    def numerics_for(self, problem: Any) -> Numerics:
-        return jax_numerics(problem)
 
     def differentiable_fn(self) -> Any:
         import tokamax
@@ -95,16 +93,7 @@ class TokamaxRaggedDot(KernelAdapter):
         _absl_flags_parsed()
         return functools.partial(tokamax.ragged_dot, implementation=self.implementation)
 
-    def supports(self, problem: Any) -> str | None:
-        reason = super().supports(problem)
-        if reason:
-            return reason
-        if problem.family != "ragged_m" or problem.batch_ndim:
-            return "tokamax ragged_dot (this adapter) is ragged M only"
-        if problem.group_offset != 0 or problem.num_local_groups != problem.num_groups:
-            return "tokamax ragged_dot refuses group_offset (NotImplementedError)"
-        if problem.existing_out is not None:
-            return "tokamax ragged_dot takes no existing output"
+    def _refusal(self, problem: Any) -> str | None:
         if self.implementation == "mosaic" and min(problem.m, problem.k, problem.n) < 128:
             return "tokamax Mosaic TPU needs every non-group dimension >= 128"
         return None

@@ -7,11 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from gmm_ref import Numerics
-
-from gmm_kernels.base import KernelAdapter, missing_module
+from gmm_kernels.base import KernelAdapter
 
 __all__ = ["TransformerEngineGroupedGemm"]
 
@@ -21,21 +17,17 @@ class TransformerEngineGroupedGemm(KernelAdapter):
 
     name = "te.grouped_gemm"
     convention = "te.grouped_gemm"
-    numerics = Numerics(multiply=None, accumulate=np.float32)
+    requires = ("transformer_engine",)
 
-    def available(self) -> str | None:
-        reason = missing_module("transformer_engine")
-        if reason:
-            return reason
+    def _unavailable(self) -> str | None:
         import jax
 
         if jax.default_backend() != "gpu":
             return "transformer_engine grouped_gemm needs a CUDA GPU"
         return "the te.grouped_gemm adapter is not implemented yet"
 
-    def supports(self, problem: Any) -> str | None:
-        reason = super().supports(problem)
-        return reason or (self.available() if self.available() else None)
+    def _refusal(self, problem: Any) -> str | None:
+        return self.available()
 
-    def call(self, *args: Any, **kwargs: Any) -> np.ndarray:
+    def call(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"{self.name} cannot run here: {self.available()}")

@@ -1,36 +1,31 @@
 """gmm_ref: an exact NumPy reference for grouped GEMM over every ragged-axis combination.
 
-Start with :class:`Problem` (the model), :meth:`Problem.reference` (exact
-values, defined-mask, bound) and :func:`assert_matches_reference`; or call a
+Start with :class:`Problem` (the model), :func:`reference` (exact values,
+defined-mask, bound) and :func:`assert_matches_reference`; or call a
 convention front-end with a kernel's own arguments (:func:`ragged_dot`,
 :func:`ragged_dot_general`, :func:`gmm`, :func:`tgmm`, :func:`grouped_mm`,
-:func:`te_grouped_gemm`). Needs only NumPy and ml_dtypes.
+:func:`te_grouped_gemm`); :func:`arguments` turns a problem into its
+convention's arguments. Needs only NumPy and ml_dtypes. The semantics are in
+the repository's docs/ (semantics.md, conventions.md, numerics.md).
 """
 
-from gmm_ref.compare import Mismatch, assert_matches_reference, check
-from gmm_ref.conventions import (
-    CONVENTIONS,
-    RaggedDotDimensionNumbers,
-    arguments,
-    expressible,
-    gmm,
-    grouped_mm,
-    problem_from_arguments,
-    ragged_dot,
-    ragged_dot_general,
-    te_grouped_gemm,
-    tgmm,
-)
-from gmm_ref.dtypes import round_to, unit_roundoff
+from gmm_ref import conventions
+from gmm_ref.compare import Comparison, Mismatch, assert_matches_reference, check
+from gmm_ref.conventions import arguments, problem_from_arguments
+from gmm_ref.conventions.megablox import gmm, tgmm
+from gmm_ref.conventions.ragged_dot import RaggedDotDimensionNumbers, ragged_dot, ragged_dot_general
+from gmm_ref.conventions.te import te_grouped_gemm
+from gmm_ref.conventions.torch_grouped import grouped_mm
+from gmm_ref.dtypes import as_numpy, round_to, unit_roundoff
+from gmm_ref.exact import Reference, reference
 from gmm_ref.gradients import Gradients, gradients
 from gmm_ref.numerics import Numerics
-from gmm_ref.problem import FAMILIES, Problem
-from gmm_ref.reference import Reference, compute
+from gmm_ref.problem import FAMILIES, Problem, as_tiling
 from gmm_ref.repro import reproducer
 
 __all__ = [
-    "CONVENTIONS",
     "FAMILIES",
+    "Comparison",
     "Gradients",
     "Mismatch",
     "Numerics",
@@ -38,16 +33,18 @@ __all__ = [
     "RaggedDotDimensionNumbers",
     "Reference",
     "arguments",
+    "as_numpy",
+    "as_tiling",
     "assert_matches_reference",
     "check",
-    "compute",
-    "expressible",
+    "conventions",
     "gmm",
     "gradients",
     "grouped_mm",
     "problem_from_arguments",
     "ragged_dot",
     "ragged_dot_general",
+    "reference",
     "reproducer",
     "round_to",
     "te_grouped_gemm",

@@ -1,9 +1,9 @@
 """Compare a kernel's output with the reference and say exactly where it is wrong.
 
 Checks run in numpy.testing's order: shape and dtype (exactly), then NaN/Inf
-positions, then values against the per-element bound; only elements the
-problem defines are compared. A failure names the wrong groups, draws a
-group x tile map, and carries a reproducer.
+positions, then values against the per-element bound (docs/numerics.md); only
+elements the problem defines are compared. A failure names the wrong groups,
+draws a group x tile map, and carries a reproducer.
 """
 
 from __future__ import annotations
@@ -14,65 +14,101 @@ from typing import Any
 import numpy as np
 
 from gmm_ref import dtypes as _dt
+from gmm_ref.exact import Reference, reference
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import Problem
-from gmm_ref.reference import Reference
+from gmm_ref.repro import reproducer
 
-__all__ = ["Mismatch", "assert_matches_reference", "check"]
+__all__ = ["Comparison", "Mismatch", "assert_matches_reference", "check", "group_of", "group_span", "groups_of"]
 
 DEFAULT_TILE = (128, 128, 128)
 MAX_LISTED = 8
+BOUND_CRITERION = "|actual - exact| <= bound (docs/numerics.md)"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What :func:`check` found. ``ok``; on failure ``kind`` ("shape", "nonfinite" or
+    "values"), the report ``message``, the wrong ``groups`` (-1: the tail) with
+    ``group_counts``, ``mismatched`` of ``defined`` elements, the ``first`` wrong
+    indices, the largest absolute error and error over bound among them, and
+    ``bad``, the mask of wrong elements."""
+
+    ok: bool
+    kind: str = ""
+    message: str = ""
+    groups: tuple[int, ...] = ()
+    group_counts: dict[int, int] = field(default_factory=dict)
+    mismatched: int = 0
+    defined: int = 0
+    first: tuple[tuple[int, ...], ...] = ()
+    max_abs_error: float | None = None
+    max_error_over_bound: float | None = None
+    bad: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 class Mismatch(AssertionError):
-    """A kernel output disagrees with the reference; ``groups`` lists the wrong groups."""
+    """A kernel output disagrees with the reference; ``comparison`` says where."""
 
-    def __init__(self, message: str, *, groups: tuple[int, ...] = (), kind: str = "values"):
+    def __init__(self, message: str, *, comparison: Comparison | None = None, kind: str | None = None):
         super().__init__(message)
-        self.groups = groups
-        self.kind = kind
+        self.comparison = comparison or Comparison(False, kind or "values", message)
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        return self.comparison.groups
+
+    @property
+    def kind(self) -> str:
+        return self.comparison.kind
 
 
-@dataclass
-class Outcome:
-    """The result of :func:`check`: ``ok``, and on failure the message and wrong groups."""
-
-    ok: bool
-    message: str = ""
-    groups: tuple[int, ...] = ()
-    kind: str = ""
-    bad: np.ndarray | None = field(default=None, repr=False)
-
-
-def as_numpy(actual: Any) -> np.ndarray:
-    """A kernel's output (NumPy, jax array, torch tensor on any device) as NumPy, bfloat16 bit-exact."""
-    if isinstance(actual, np.ndarray):
-        return actual
-    if type(actual).__module__.startswith("torch"):
-        import ml_dtypes
-        import torch
-
-        t = actual.detach().cpu()
-        if t.dtype == torch.bfloat16:
-            return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return t.numpy()
-    try:
-        return np.asarray(actual)
-    except Exception as exc:  # pragma: no cover - defensive
-        raise TypeError(f"actual: cannot convert {type(actual).__name__} to a NumPy array") from exc
+# ------------------------------------------------------------------------ groups
+def groups_of(p: Problem, idx: np.ndarray) -> np.ndarray:
+    """The group of each output index (rows of ``idx``); -1 for the tail past every group."""
+    nb = len(p.batch_shape)
+    if p.family in ("ragged_k", "batch"):
+        return p.group_offset + idx[:, 0].astype(np.int64)
+    pos = idx[:, nb] if p.family == "ragged_m" else idx[:, nb + 1]
+    out = np.empty(len(idx), np.int64)
+    batch = [tuple(r) for r in idx[:, :nb]] if p.group_sizes.ndim > 1 else None
+    for bi in ({()} if batch is None else set(batch)):
+        sel = slice(None) if batch is None else np.array([b == bi for b in batch], bool)
+        off = p.offsets_at(bi)
+        g = np.searchsorted(off, pos[sel], side="right") - 1
+        out[sel] = np.where(pos[sel] >= off[-1], -1, g)
+    return out
 
 
 def group_of(p: Problem, index: tuple[int, ...]) -> int:
     """The group an output element belongs to (-1: tail, past every group)."""
+    return int(groups_of(p, np.asarray([index], np.int64))[0])
+
+
+def group_span(p: Problem, g: int, index: tuple[int, ...]) -> str:
+    """``group g (rows [a, b), size s)``: the group of output ``index`` and its ragged range."""
+    if g < 0:
+        return "tail (past sum(group_sizes))"
+    if p.group_sizes is None or p.family == "batch":
+        return f"group {g}"
     nb = len(p.batch_shape)
-    if p.family in ("ragged_k", "batch"):
-        return p.group_offset + int(index[0])
-    bi = tuple(index[:nb])
-    pos = index[nb] if p.family == "ragged_m" else index[nb + 1]
+    lead = 1 if p.family == "ragged_k" else 0
+    bi = tuple(index[lead:lead + nb]) if p.group_sizes.ndim > 1 else ()
     off = p.offsets_at(bi)
-    if pos >= off[-1]:
-        return -1
-    return int(np.searchsorted(off, pos, side="right") - 1)
+    axis = {"ragged_m": "rows", "ragged_n": "columns", "ragged_k": "K range"}[p.family]
+    where = f" at batch index {list(bi)}" if bi else ""
+    return f"group {g} ({axis} [{off[g]}, {off[g + 1]}){where}, size {off[g + 1] - off[g]})"
+
+
+def _group_summary(p: Problem, idx: np.ndarray) -> tuple[str, dict[int, int]]:
+    groups = groups_of(p, idx)
+    found, first, counts = np.unique(groups, return_index=True, return_counts=True)
+    by_group = {int(g): int(c) for g, c in zip(found, counts)}
+    lines = [f"  {group_span(p, int(g), tuple(int(v) for v in idx[i]))}: {int(c)} wrong"
+             for g, i, c in list(zip(found, first, counts))[:MAX_LISTED]]
+    if len(found) > MAX_LISTED:
+        lines.append(f"  ... and {len(found) - MAX_LISTED} more groups")
+    return "\n".join(lines), by_group
 
 
 def _tile_map(p: Problem, bad: np.ndarray, mask: np.ndarray) -> str:
@@ -99,39 +135,6 @@ def _tile_map(p: Problem, bad: np.ndarray, mask: np.ndarray) -> str:
     return "\n".join(lines)
 
 
-def _batch_index(p: Problem, index: tuple[int, ...]) -> tuple[int, ...]:
-    nb = len(p.batch_shape)
-    lead = 1 if p.family in ("ragged_k", "batch") else 0
-    return tuple(index[lead:lead + nb])
-
-
-def _group_summary(p: Problem, bad_idx: np.ndarray, n_bad_total: int) -> tuple[str, tuple[int, ...]]:
-    counts: dict[int, int] = {}
-    first: dict[int, tuple[int, ...]] = {}
-    for idx in bad_idx:
-        t = tuple(int(v) for v in idx)
-        g = group_of(p, t)
-        counts[g] = counts.get(g, 0) + 1
-        first.setdefault(g, t)
-    groups = tuple(sorted(counts))
-    lines = []
-    for g in groups[:MAX_LISTED]:
-        name = "tail (past sum(group_sizes))" if g < 0 else f"group {g}"
-        extra = ""
-        if g >= 0 and p.group_sizes is not None and p.family != "batch":
-            bi = _batch_index(p, first[g])
-            off = p.offsets_at(bi)
-            axis = {"ragged_m": "rows", "ragged_n": "columns", "ragged_k": "K range"}[p.family]
-            where = f" at batch index {list(bi)}" if p.group_sizes.ndim > 1 else ""
-            extra = f" ({axis} [{off[g]}, {off[g + 1]}){where}, size {off[g + 1] - off[g]})"
-        lines.append(f"  {name}{extra}: {counts[g]} wrong")
-    if len(groups) > MAX_LISTED:
-        lines.append(f"  ... and {len(groups) - MAX_LISTED} more groups")
-    if len(bad_idx) < n_bad_total:
-        lines.append(f"  (groups counted over the first {len(bad_idx)} of {n_bad_total} wrong elements)")
-    return "\n".join(lines), groups
-
-
 def _fmt_val(x: Any) -> str:
     kind = np.asarray(x).dtype
     if np.issubdtype(kind, np.integer):
@@ -139,124 +142,128 @@ def _fmt_val(x: Any) -> str:
     return repr(float(x)) if np.issubdtype(kind, np.floating) or isinstance(x, float) else repr(x)
 
 
-def check(
-    actual: Any,
-    problem_or_expected: Problem | Reference,
-    *,
-    numerics: Numerics | None = None,
-    kernel: str | None = None,
-) -> Outcome:
-    """Compare without raising; see :func:`assert_matches_reference`."""
-    if isinstance(problem_or_expected, Reference):
-        ref = problem_or_expected
-    elif isinstance(problem_or_expected, Problem):
-        ref = problem_or_expected.reference()
-    else:
-        raise TypeError(
-            "problem_or_expected: expected a gmm_ref.Problem or gmm_ref.Reference, "
-            f"got {type(problem_or_expected).__name__}"
-        )
+# --------------------------------------------------------------------- criteria
+def _integer_errors(act: np.ndarray, ref: Reference) -> tuple[np.ndarray, np.ndarray, str, str]:
     p = ref.problem
-    act = as_numpy(actual)
-    who = f"kernel {kernel}" if kernel else "kernel"
-    head = f"{who} vs gmm_ref on {p.describe()}"
+    a64 = act.astype(np.int64)
+    bad = ref.mask & (a64 != ref.exact.astype(p.out_dtype).astype(np.int64))
+    return bad, np.zeros(ref.exact.shape), "values", "exact equality (integer output)"
+
+
+def _float_errors(act: np.ndarray, ref: Reference, numerics: Numerics | None
+                  ) -> tuple[np.ndarray, np.ndarray, str, str]:
+    """(wrong elements, bound, kind, criterion): NaN/Inf positions first, then values."""
+    p, mask, exact = ref.problem, ref.mask, ref.exact
+    bound = ref.bound(numerics)
+    with np.errstate(invalid="ignore", over="ignore"):  # signalling NaNs in undefined elements are fine
+        a64 = act.astype(np.float64)
+        e_nan, a_nan = np.isnan(exact), np.isnan(a64)
+        e_inf, a_inf = np.isinf(exact), np.isinf(a64)
+        expected_special = e_nan | e_inf
+        # a finite exact value may round past the output's overflow threshold: to an
+        # infinity of its sign, or to NaN in formats without infinities (float8_e4m3fn)
+        fmt = _dt.float_format(p.out_dtype)
+        may_overflow = ~expected_special & (np.abs(exact) + bound >= fmt.overflow_threshold)
+        if fmt.has_inf:
+            overflow_ok = may_overflow & a_inf & (np.sign(a64) == np.sign(exact))
+        else:
+            overflow_ok = may_overflow & a_nan
+        bad_special = mask & ~overflow_ok & (
+            (e_nan != a_nan) | (e_inf & (~a_inf | (np.sign(a64) != np.sign(exact))))
+            | (~expected_special & a_inf)
+        )
+        if bad_special.any():
+            return bad_special, bound, "nonfinite", "NaN/Inf at the same positions as the reference"
+        err = np.abs(a64 - exact)
+        bad_value = mask & ~expected_special & ~a_nan & ~a_inf & ~(err <= bound)
+    exact_mode = not bound[mask].any()
+    return bad_value, bound, "values", ("bit-for-bit equality (exact mode)" if exact_mode else BOUND_CRITERION)
+
+
+def _error_stats(act: np.ndarray, exact: np.ndarray, bound: np.ndarray, bad: np.ndarray
+                 ) -> tuple[list[str], float, float | None]:
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        errs = np.abs(act.astype(np.float64) - exact)[bad]
+        ratio = errs / np.where(bound[bad] > 0, bound[bad], np.nan)
+    max_err = float(np.nanmax(errs))
+    lines = [f"Max absolute difference among violations: {max_err:.6g}"]
+    if np.isfinite(ratio).any():
+        max_ratio = float(np.nanmax(ratio))
+        lines.append(f"Max |error| / bound: {max_ratio:.6g}")
+        return lines, max_err, max_ratio
+    lines.append("Bound is 0 here: the exact result is representable, so it must match bit for bit")
+    return lines, max_err, None
+
+
+# ----------------------------------------------------------------------- public
+def _as_reference(problem_or_expected: Problem | Reference) -> Reference:
+    if isinstance(problem_or_expected, Reference):
+        return problem_or_expected
+    if isinstance(problem_or_expected, Problem):
+        return reference(problem_or_expected)
+    raise TypeError(
+        "problem_or_expected: expected a gmm_ref.Problem or gmm_ref.Reference, "
+        f"got {type(problem_or_expected).__name__}"
+    )
+
+
+def check(actual: Any, problem_or_expected: Problem | Reference, *, numerics: Numerics | None = None,
+          kernel: str | None = None) -> Comparison:
+    """Compare without raising; see :func:`assert_matches_reference`."""
+    ref = _as_reference(problem_or_expected)
+    p = ref.problem
+    act = _dt.as_numpy(actual)
+    head = f"{'kernel ' + kernel if kernel else 'kernel'} vs gmm_ref on {p.describe()}"
     want_shape = ref.exact.shape  # p.out_shape, or more when a convention appends unwritten slots
     if act.shape != want_shape or act.dtype != p.out_dtype:
-        msg = (f"{head}\nshape/dtype mismatch: ACTUAL {act.shape} {act.dtype}, "
-               f"DESIRED {want_shape} {p.out_dtype}")
-        return Outcome(False, msg, (), "shape")
-    mask = ref.mask
-    exact = ref.exact
-    is_int = _dt.is_integer(p.out_dtype)
-    with np.errstate(invalid="ignore"):  # signalling NaNs in undefined elements are fine
-        a64 = act.astype(np.int64 if is_int else np.float64)
-    if is_int:
-        bound = np.zeros(want_shape)
-        bad = mask & (a64 != exact.astype(p.out_dtype).astype(np.int64))
-        criterion = "exact equality (integer output)"
-        kind = "values"
+        msg = f"{head}\nshape/dtype mismatch: ACTUAL {act.shape} {act.dtype}, DESIRED {want_shape} {p.out_dtype}"
+        return Comparison(False, "shape", msg)
+    if _dt.is_integer(p.out_dtype):
+        bad, bound, kind, criterion = _integer_errors(act, ref)
     else:
-        bound = ref.bound(numerics)
-        with np.errstate(invalid="ignore", over="ignore"):
-            e_nan, a_nan = np.isnan(exact), np.isnan(a64)
-            e_inf, a_inf = np.isinf(exact), np.isinf(a64)
-            expected_special = e_nan | e_inf
-            # a finite exact value may round past the output's overflow threshold: to an
-            # infinity of its sign, or to NaN in formats without infinities (float8_e4m3fn)
-            fmt = _dt.float_format(p.out_dtype)
-            may_overflow = ~expected_special & (np.abs(exact) + bound >= fmt.overflow_threshold)
-            if fmt.has_inf:
-                overflow_ok = may_overflow & a_inf & (np.sign(a64) == np.sign(exact))
-            else:
-                overflow_ok = may_overflow & a_nan
-            bad_special = mask & ~overflow_ok & (
-                (e_nan != a_nan) | (e_inf & (~a_inf | (np.sign(a64) != np.sign(exact))))
-                | (~expected_special & a_inf)
-            )
-            err = np.abs(a64 - exact)
-            bad_value = mask & ~expected_special & ~a_nan & ~a_inf & ~(err <= bound)
-        if bad_special.any():
-            bad, kind = bad_special, "nonfinite"
-            criterion = "NaN/Inf at the same positions as the reference"
-        else:
-            bad, kind = bad_value, "values"
-            criterion = ("bit-for-bit equality (exact mode)" if not bound[mask].any()
-                         else "|actual - exact| <= bound (DESIGN.md section 2)")
+        bad, bound, kind, criterion = _float_errors(act, ref, numerics)
     n_bad = int(bad.sum())
     if n_bad == 0:
-        return Outcome(True)
-    n_def = int(mask.sum())
+        return Comparison(True)
+    return _failure(act, ref, bad, bound, kind, [head, f"Not equal under {criterion}"])
+
+
+def _failure(act: np.ndarray, ref: Reference, bad: np.ndarray, bound: np.ndarray, kind: str,
+             lines: list[str]) -> Comparison:
+    p, exact = ref.problem, ref.exact
+    n_bad, n_def = int(bad.sum()), int(ref.mask.sum())
     idx = np.argwhere(bad)
-    lines = [
-        head,
-        f"Not equal under {criterion}",
-        f"Mismatched elements: {n_bad} / {n_def} defined ({100.0 * n_bad / max(n_def, 1):.3g}%)",
-    ]
-    lines.append("First mismatches (index: ACTUAL vs DESIRED [exact], bound, group):")
+    lines += [f"Mismatched elements: {n_bad} / {n_def} defined ({100.0 * n_bad / max(n_def, 1):.3g}%)",
+              "First mismatches (index: ACTUAL vs DESIRED [exact], bound, group):"]
+    first = tuple(tuple(int(v) for v in ix) for ix in idx[:MAX_LISTED])
     desired = ref.values
-    for ix in idx[:MAX_LISTED]:
-        t = tuple(int(v) for v in ix)
-        lines.append(
-            f"  {list(t)}: {_fmt_val(act[t])} vs {_fmt_val(desired[t])} [{_fmt_val(exact[t])}], "
-            f"bound {bound[t]:.3g}, group {group_of(p, t)}"
-        )
-    if kind == "values" and not is_int:
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            errs = np.abs(a64 - exact)[bad]
-            ratio = errs / np.where(bound[bad] > 0, bound[bad], np.nan)
-        lines.append(f"Max absolute difference among violations: {np.nanmax(errs):.6g}")
-        if np.isfinite(ratio).any():
-            lines.append(f"Max |error| / bound: {np.nanmax(ratio):.6g}")
-        else:
-            lines.append("Bound is 0 here: the exact result is representable, so it must match bit for bit")
-    summary, groups = _group_summary(p, idx[:10000], n_bad)
-    lines.append("Wrong groups:")
-    lines.append(summary)
-    tm = _tile_map(p, bad, mask)
-    if tm:
-        lines.append(tm)
-    return Outcome(False, "\n".join(lines), groups, kind, bad)
+    for t in first:
+        lines.append(f"  {list(t)}: {_fmt_val(act[t])} vs {_fmt_val(desired[t])} [{_fmt_val(exact[t])}], "
+                     f"bound {bound[t]:.3g}, group {group_of(p, t)}")
+    max_err = max_ratio = None
+    if kind == "values" and not _dt.is_integer(p.out_dtype):
+        stats, max_err, max_ratio = _error_stats(act, exact, bound, bad)
+        lines += stats
+    summary, counts = _group_summary(p, idx)
+    lines += ["Wrong groups:", summary]
+    tiles = _tile_map(p, bad, ref.mask)
+    if tiles:
+        lines.append(tiles)
+    return Comparison(False, kind, "\n".join(lines), tuple(sorted(counts)), counts, n_bad, n_def, first,
+                      max_err, max_ratio, bad)
 
 
-def assert_matches_reference(
-    actual: Any,
-    problem_or_expected: Problem | Reference,
-    *,
-    numerics: Numerics | None = None,
-    kernel: str | None = None,
-) -> None:
+def assert_matches_reference(actual: Any, problem_or_expected: Problem | Reference, *,
+                             numerics: Numerics | None = None, kernel: str | None = None) -> None:
     """Raise :class:`Mismatch` unless ``actual`` agrees with the reference.
 
     ``numerics`` is what the kernel declares (default: exact products and an
     accumulator as wide as float32 or the widest dtype involved).
     """
     __tracebackhide__ = True
-    out = check(actual, problem_or_expected, numerics=numerics, kernel=kernel)
+    ref = _as_reference(problem_or_expected)
+    out = check(actual, ref, numerics=numerics, kernel=kernel)
     if not out.ok:
-        p = (problem_or_expected.problem if isinstance(problem_or_expected, Reference)
-             else problem_or_expected)
-        exc = Mismatch(out.message, groups=out.groups, kind=out.kind)
-        from gmm_ref.repro import reproducer
-
-        exc.add_note("Reproduce with:\n" + reproducer(p))
+        exc = Mismatch(out.message, comparison=out)
+        exc.add_note("Reproduce with:\n" + reproducer(ref.problem))
         raise exc

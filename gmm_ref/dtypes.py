@@ -15,10 +15,11 @@ import ml_dtypes
 import numpy as np
 
 __all__ = [
-    "FloatFormat",
     "INPUT_DTYPES",
     "OUTPUT_DTYPES",
+    "FloatFormat",
     "as_dtype",
+    "as_numpy",
     "float_format",
     "is_integer",
     "round_to",
@@ -99,6 +100,27 @@ def as_dtype(value: Any, *, name: str = "dtype") -> np.dtype:
     if dtype not in OUTPUT_DTYPES and dtype not in INPUT_DTYPES:
         raise TypeError(f"{name}: unsupported dtype {dtype}; expected one of {sorted(_NAMES)}")
     return dtype
+
+
+def as_numpy(value: Any, *, name: str = "actual") -> np.ndarray:
+    """An array-like (NumPy, jax array, torch tensor on any device) as NumPy, bfloat16 bit-exact.
+
+    torch is imported only for torch tensors; a torch bfloat16 tensor travels as
+    its int16 bits, since NumPy has no bfloat16 of its own.
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    if type(value).__module__.startswith("torch"):
+        import torch
+
+        t = value.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.numpy()
+    try:
+        return np.asarray(value)
+    except Exception as exc:
+        raise TypeError(f"{name}: cannot convert {type(value).__name__} to a NumPy array") from exc
 
 
 def is_integer(dtype: np.dtype) -> bool:

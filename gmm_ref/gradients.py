@@ -5,7 +5,7 @@ grouped GEMMs on the cotangent ``dout``: for ragged M, ``dlhs_g = dout_g @
 rhs_g^T`` (ragged M again) and ``drhs_g = lhs_g^T @ dout_g`` (ragged K over
 the same sizes). :func:`gradients` builds, for a forward :class:`Problem`
 and a cotangent, one :class:`Problem` per input whose reference *is* that
-gradient, so :meth:`Problem.reference`, the bounds, :func:`gmm_ref.check` and
+gradient, so :func:`gmm_ref.reference`, the bounds, :func:`gmm_ref.check` and
 :func:`gmm_ref.assert_matches_reference` (with the group / tile report) apply
 unchanged::
 
@@ -45,7 +45,7 @@ class Gradients:
     """The gradient problems of one forward problem and cotangent.
 
     ``lhs``, ``rhs`` and ``existing_out`` are :class:`Problem` s whose
-    ``reference()`` is the gradient w.r.t. that input, stored like the input
+    reference is the gradient w.r.t. that input, stored like the input
     (same shape and layout; dtype: the input's). ``existing_out`` is None when
     the forward problem has none.
     """
@@ -81,11 +81,32 @@ def gradients(problem: Problem, cotangent: Any, *, tail: str | None = None,
     p = problem
     if not isinstance(p, Problem):
         raise TypeError(f"problem: expected a gmm_ref.Problem, got {type(p).__name__}")
+    dout = _cotangent(p, cotangent)
+    tail = p.tail if tail is None else tail
+    foreign = p.foreign if foreign is None else foreign
+    common = dict(
+        batch_ndim=p.batch_ndim, tiling=p.tiling, group_offset=p.group_offset,
+        num_local_groups=p.num_local_groups,
+    )
+    if p.family == "batch":
+        common = dict(batch_ndim=p.batch_ndim, tiling=p.tiling)
+    policies = dict(tail=tail, foreign=foreign, empty="zero")
+    gs = p.group_sizes
+    dl, dr = _specs(p, dout)
+    d_lhs = _problem(dl, gs, p.lhs.dtype, common, policies)
+    d_rhs = _problem(dr, gs, p.rhs.dtype, common, policies)
+    d_ex = None if p.existing_out is None else _existing_gradient(p, dout)
+    for want, got, name in ((p.lhs, d_lhs, "lhs"), (p.rhs, d_rhs, "rhs")):
+        if got.out_shape != want.shape:  # pragma: no cover - a bug in the tables above
+            raise AssertionError(f"gradient of {name}: shape {got.out_shape}, expected {want.shape}")
+    return Gradients(p, dout, d_lhs, d_rhs, d_ex)
+
+
+def _cotangent(p: Problem, cotangent: Any) -> np.ndarray:
+    """``cotangent`` as NumPy, checked against the output's shape and dtype."""
     dout = cotangent
     if not isinstance(dout, np.ndarray):
-        from gmm_ref.compare import as_numpy
-
-        dout = as_numpy(dout)
+        dout = _dt.as_numpy(dout, name="cotangent")
     if dout.shape != p.out_shape or dout.dtype != p.out_dtype:
         raise ValueError(
             f"cotangent: expected shape {p.out_shape} and dtype {p.out_dtype} (the output's), "
@@ -97,17 +118,12 @@ def gradients(problem: Problem, cotangent: Any, *, tail: str | None = None,
         raise TypeError(f"cotangent: dtype {dout.dtype} cannot be a grouped GEMM input")
     if p.packed:
         raise NotImplementedError("gradients: packed layouts are not supported")
-    tail = p.tail if tail is None else tail
-    foreign = p.foreign if foreign is None else foreign
-    common = dict(
-        batch_ndim=p.batch_ndim, tiling=p.tiling, group_offset=p.group_offset,
-        num_local_groups=p.num_local_groups,
-    )
-    if p.family == "batch":
-        common = dict(batch_ndim=p.batch_ndim, tiling=p.tiling)
-    policies = dict(tail=tail, foreign=foreign, empty="zero")
+    return dout
+
+
+def _specs(p: Problem, dout: np.ndarray) -> tuple[tuple, tuple]:
+    """dlhs and drhs of ``p`` as (family, lhs buffer, rhs buffer, lhs_transposed, rhs_transposed)."""
     lt, rt = p.lhs_transposed, p.rhs_transposed
-    gs = p.group_sizes
     fam = p.family
     # For each family: dlhs and drhs as (family, lhs buffer, rhs buffer, lhs_transposed, rhs_transposed).
     # An operand's "transposed" flag flips when the gradient reads it transposed.
@@ -136,13 +152,7 @@ def gradients(problem: Problem, cotangent: Any, *, tail: str | None = None,
     else:  # batch
         dl = (("batch", dout, p.rhs, False, not rt) if not lt else ("batch", p.rhs, dout, rt, True))
         dr = (("batch", p.lhs, dout, not lt, False) if not rt else ("batch", dout, p.lhs, True, lt))
-    d_lhs = _problem(dl, gs, p.lhs.dtype, common, policies)
-    d_rhs = _problem(dr, gs, p.rhs.dtype, common, policies)
-    d_ex = None if p.existing_out is None else _existing_gradient(p, dout)
-    for want, got, name in ((p.lhs, d_lhs, "lhs"), (p.rhs, d_rhs, "rhs")):
-        if got.out_shape != want.shape:  # pragma: no cover - a bug in the tables above
-            raise AssertionError(f"gradient of {name}: shape {got.out_shape}, expected {want.shape}")
-    return Gradients(p, dout, d_lhs, d_rhs, d_ex)
+    return dl, dr
 
 
 def _problem(spec: tuple, gs: Any, out_dtype: Any, common: dict, policies: dict) -> Problem:

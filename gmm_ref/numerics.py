@@ -1,6 +1,6 @@
 """What a kernel declares about its arithmetic, and the error bound it earns.
 
-For every defined output element (DESIGN.md section 2)::
+For every defined output element (docs/numerics.md)::
 
     bound = (2*u_in + gamma(K_ij, u_acc) + gamma(K_ij + 1, u_ref)) * (|A||B|)_ij
             + u_out * |C_ij| + tiny_out
@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from gmm_ref import dtypes as _dt
+from gmm_ref.layouts import blocks
+from gmm_ref.problem import Problem
 
-__all__ = ["Numerics", "gamma"]
+__all__ = ["Numerics", "error_bound", "gamma", "min_normal"]
 
 U_REF = 2.0 ** -53
 
@@ -107,3 +109,79 @@ def min_normal(dtype: Any) -> float:
     """The smallest positive normal number of a float dtype (0 for integers)."""
     dtype = np.dtype(dtype)
     return 0.0 if _dt.is_integer(dtype) else 2.0 ** _dt.float_format(dtype).emin
+
+
+def error_bound(p: Problem, exact: np.ndarray, numerics: Numerics) -> np.ndarray:
+    """Per-element bound on ``|kernel - exact|`` for a kernel with ``numerics`` (docs/numerics.md).
+
+    ``exact`` is the problem's exact result (float64 or int64, the output's shape).
+    """
+    if not isinstance(numerics, Numerics):
+        raise TypeError(f"numerics: expected gmm_ref.Numerics, got {type(numerics).__name__}")
+    out = np.zeros(p.out_shape, np.float64)
+    if _dt.is_integer(p.out_dtype):
+        return out  # integer arithmetic is exact (modulo wrap-around)
+    accumulate = p.existing_out is not None and p.existing_policy == "accumulate"
+    for blk in blocks(p):
+        if blk.k == 0 and not accumulate:
+            continue
+        existing = p.existing_out[blk.out_index] if accumulate else None
+        out[blk.out_index] = _block_bound(p, blk.a, blk.b, existing, exact[blk.out_index], blk.k, numerics)
+    return out
+
+
+def _block_bound(p: Problem, a_in: np.ndarray, b_in: np.ndarray, existing: np.ndarray | None,
+                 exact: np.ndarray, k: int, numerics: Numerics) -> np.ndarray:
+    """The bound of one group's output block ``a_in @ b_in`` (+ ``existing`` when accumulated)."""
+    fmt = _dt.float_format(p.out_dtype)
+    u_in = numerics.u_in(p.lhs.dtype, p.rhs.dtype)
+    in_lim, sum_lim = numerics.exact_limits((p.lhs.dtype, p.rhs.dtype), p.out_dtype)
+    acc = numerics.accumulate
+    tiny_acc = 0.0 if _dt.is_integer(acc) else _dt.float_format(acc).tiny
+    a = np.abs(a_in.astype(np.float64))
+    b = np.abs(b_in.astype(np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        ab = a @ b
+    operands = [a, b]
+    if existing is not None:
+        ex = np.abs(existing.astype(np.float64))
+        ab = ab + ex
+        operands.append(ex)
+        k += 1
+    with np.errstate(invalid="ignore", over="ignore"):
+        # inputs rounded to the multiply precision (twice u_in plus its square), then
+        # k roundings in the accumulator (Higham's gamma_k covers products and sums),
+        # products underflowing in it (k * its tiny), the reference's own float64
+        # sums, and the one rounding to the output dtype of a value that far off.
+        rel = (1 + u_in) ** 2 * (1 + gamma(k, numerics.u_acc)) - 1 + gamma(k + 1, U_REF)
+        err = rel * ab + k * tiny_acc
+        if numerics.flush_subnormals:
+            err = err + _flush_error(a_in, b_in, a, b, k, numerics)
+        bnd = err + fmt.unit_roundoff * (np.abs(exact) + err) + fmt.tiny
+        if numerics.flush_subnormals:
+            bnd = bnd + min_normal(p.out_dtype)  # an output below it may become 0
+    if all(_integer_valued(x, in_lim) for x in operands):
+        bnd = np.where(ab <= sum_lim, 0.0, bnd)
+    return bnd
+
+
+def _flush_error(a_in: np.ndarray, b_in: np.ndarray, a: np.ndarray, b: np.ndarray, k: int,
+                 numerics: Numerics) -> np.ndarray:
+    """Error a flush-to-zero kernel may add: flushed subnormal inputs, plus every product
+    or partial sum below the accumulator's smallest normal."""
+    def below(x: np.ndarray, dtype: Any) -> np.ndarray:
+        lim = min_normal(dtype)
+        if numerics.multiply is not None:
+            lim = max(lim, min_normal(numerics.multiply))
+        return np.where(x < lim, x, 0.0)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        flushed = below(a, a_in.dtype) @ b + a @ below(b, b_in.dtype)
+    return flushed + (k + 1) * min_normal(numerics.accumulate)
+
+
+def _integer_valued(x: np.ndarray, limit: float) -> bool:
+    if x.size == 0:
+        return True
+    with np.errstate(invalid="ignore"):
+        return bool(np.all(np.isfinite(x)) and np.all(x == np.rint(x)) and np.max(x) <= limit)

@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from gmm_ref import dtypes as _dt
 
-if TYPE_CHECKING:
-    from gmm_ref.reference import Reference
-
-__all__ = ["FAMILIES", "Problem"]
+__all__ = ["FAMILIES", "Problem", "as_tiling"]
 
 FAMILIES = ("ragged_m", "ragged_n", "ragged_k", "batch")
 TAIL_POLICIES = ("zero", "undefined")
@@ -54,6 +51,70 @@ def _as_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
     if arr.size != 1 or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"{name}: expected an integer, got {value!r}")
     return int(arr.reshape(()))
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)  # validation normalises fields of the frozen dataclass
+
+
+def _output_dtype(lhs: np.dtype, rhs: np.dtype, out_dtype: Any) -> np.dtype:
+    """The output dtype: given, or int32 for integer inputs, else the inputs' common type."""
+    if out_dtype is not None:
+        out = _dt.as_dtype(out_dtype, name="out_dtype")
+    elif _dt.is_integer(lhs):
+        out = np.dtype(np.int32)
+    else:
+        try:
+            out = np.promote_types(lhs, rhs)
+        except TypeError:  # e.g. float8_e4m3fn with float8_e5m2
+            raise TypeError(
+                f"out_dtype: required, since lhs dtype {lhs} and rhs dtype {rhs} have no common type"
+            ) from None
+    if out not in _dt.OUTPUT_DTYPES:
+        raise TypeError(
+            f"out_dtype: unsupported output dtype {out}; expected one of {[str(d) for d in _dt.OUTPUT_DTYPES]}"
+        )
+    if _dt.is_integer(out) != _dt.is_integer(lhs):
+        raise TypeError(
+            f"out_dtype: {out} does not fit inputs of dtype {lhs} "
+            "(integer inputs give int32, float inputs a float dtype)"
+        )
+    return out
+
+
+def _shard(g: int, group_offset: Any, num_local_groups: Any) -> tuple[int, int]:
+    """Validated ``(group_offset, num_local_groups)`` of G groups."""
+    off = _as_int("group_offset", group_offset)
+    if not 0 <= off <= g:
+        raise ValueError(f"group_offset: expected 0 <= group_offset <= G={g}, got {off}")
+    nl = _as_int("num_local_groups", num_local_groups, allow_none=True)
+    if nl is None:
+        nl = g - off
+    if nl < 0 or off + nl > g:
+        raise ValueError(
+            f"num_local_groups: expected 0 <= num_local_groups <= G - group_offset = {g - off}, got {nl}"
+        )
+    return off, nl
+
+
+def as_tiling(value: Any, *, name: str = "tiling") -> tuple[int, int, int]:
+    """``(tm, tk, tn)`` from three positive ints or a ``"TM,TK,TN"`` string; ValueError naming ``name``."""
+    expected = f"{name}: expected three positive ints (tm, tk, tn)"
+    parts: Any = value
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",")]
+        try:
+            parts = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"{expected} such as 128,128,128, got {value!r}") from None
+    try:
+        t = tuple(parts)
+    except TypeError:
+        raise ValueError(f"{expected}, got {value!r}") from None
+    if len(t) != 3 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                              and v > 0 for v in t):
+        raise ValueError(f"{expected}, got {value!r}")
+    return (int(t[0]), int(t[1]), int(t[2]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,12 +150,23 @@ class Problem:
 
     # ---------------------------------------------------------------- validation
     def __post_init__(self) -> None:
-        set_ = object.__setattr__
         _choice("family", self.family, FAMILIES)
         _choice("tail", self.tail, TAIL_POLICIES)
         _choice("foreign", self.foreign, TAIL_POLICIES)
         _choice("empty", self.empty, EMPTY_POLICIES)
         _choice("existing_policy", self.existing_policy, EXISTING_POLICIES)
+        self._check_operands()
+        _set(self, "out_dtype", _output_dtype(self.lhs.dtype, self.rhs.dtype, self.out_dtype))
+        self._check_shapes()
+        if self.family == "batch":
+            self._check_batch_groups()
+        else:
+            self._check_groups()
+        self._check_existing()
+        if self.tiling is not None:
+            _set(self, "tiling", as_tiling(self.tiling))
+
+    def _check_operands(self) -> None:
         for name in ("lhs", "rhs"):
             arr = getattr(self, name)
             if not isinstance(arr, np.ndarray):
@@ -115,59 +187,18 @@ class Problem:
         nb = _as_int("batch_ndim", self.batch_ndim)
         if nb < 0:
             raise ValueError(f"batch_ndim: expected >= 0, got {nb}")
-        set_(self, "batch_ndim", nb)
-        if self.out_dtype is None:
-            if _dt.is_integer(self.lhs.dtype):
-                out = np.dtype(np.int32)
-            else:
-                try:
-                    out = np.promote_types(self.lhs.dtype, self.rhs.dtype)
-                except TypeError:  # e.g. float8_e4m3fn with float8_e5m2
-                    raise TypeError(
-                        f"out_dtype: required, since lhs dtype {self.lhs.dtype} and rhs dtype "
-                        f"{self.rhs.dtype} have no common type"
-                    ) from None
-        else:
-            out = _dt.as_dtype(self.out_dtype, name="out_dtype")
-        if out not in _dt.OUTPUT_DTYPES:
-            raise TypeError(
-                f"out_dtype: unsupported output dtype {out}; expected one of "
-                f"{[str(d) for d in _dt.OUTPUT_DTYPES]}"
-            )
-        if _dt.is_integer(out) != _dt.is_integer(self.lhs.dtype):
-            raise TypeError(
-                f"out_dtype: {out} does not fit inputs of dtype {self.lhs.dtype} "
-                "(integer inputs give int32, float inputs a float dtype)"
-            )
-        set_(self, "out_dtype", out)
-        self._check_shapes()
-        if self.existing_out is not None:
-            ex = self.existing_out
-            if not isinstance(ex, np.ndarray):
-                raise TypeError(f"existing_out: expected a numpy.ndarray, got {type(ex).__name__}")
-            if ex.shape != self.out_shape or ex.dtype != self.out_dtype:
-                raise ValueError(
-                    f"existing_out: expected shape {self.out_shape} and dtype {self.out_dtype}, "
-                    f"got shape {ex.shape} and dtype {ex.dtype}"
-                )
-        if self.tiling is not None:
-            t = tuple(self.tiling)
-            if len(t) != 3 or not all(isinstance(v, (int, np.integer)) and v > 0 for v in t):
-                raise ValueError(f"tiling: expected three positive ints (tm, tk, tn), got {self.tiling!r}")
-            set_(self, "tiling", tuple(int(v) for v in t))
+        _set(self, "batch_ndim", nb)
 
     def _check_shapes(self) -> None:
-        set_ = object.__setattr__
         fam, nb = self.family, self.batch_ndim
         lhs, rhs = self.lhs, self.rhs
         grouped_lhs = fam in ("ragged_n", "batch")
         grouped_rhs = fam in ("ragged_m", "batch")
-        want_l = nb + 2 + grouped_lhs
-        want_r = nb + 2 + grouped_rhs
-        if lhs.ndim != want_l:
-            raise ValueError(f"lhs: expected {want_l} dims for family {fam!r} with batch_ndim={nb}, got shape {lhs.shape}")
-        if rhs.ndim != want_r:
-            raise ValueError(f"rhs: expected {want_r} dims for family {fam!r} with batch_ndim={nb}, got shape {rhs.shape}")
+        for name, arr, want in (("lhs", lhs, nb + 2 + grouped_lhs), ("rhs", rhs, nb + 2 + grouped_rhs)):
+            if arr.ndim != want:
+                raise ValueError(
+                    f"{name}: expected {want} dims for family {fam!r} with batch_ndim={nb}, got shape {arr.shape}"
+                )
         lb = lhs.shape[grouped_lhs:grouped_lhs + nb]
         rb = rhs.shape[grouped_rhs:grouped_rhs + nb]
         if lb != rb:
@@ -177,68 +208,75 @@ class Problem:
         (m, k), (k2, n) = l2, r2
         if k != k2:
             raise ValueError(f"lhs/rhs: contracting extents differ: lhs has K={k}, rhs has K={k2}")
-        if self.packed and not any(self._ragged_last(op) for op in ("lhs", "rhs")):
+        if self.packed and not any(self.ragged_last(op) for op in ("lhs", "rhs")):
             raise ValueError("packed: True, but no operand of this problem is ragged along its last axis")
-        set_(self, "_mkn", (m, k, n))
-        set_(self, "_batch_shape", tuple(lb))
-        # groups
-        if fam == "batch":
-            g = lhs.shape[0]
-            if rhs.shape[0] != g:
-                raise ValueError(f"rhs: expected {g} groups on axis 0 (as lhs), got {rhs.shape[0]}")
-            if self.group_offset != 0 or self.num_local_groups not in (None, g):
-                raise ValueError("group_offset/num_local_groups: the batch family has no sharding")
-            set_(self, "group_sizes", None)
-            set_(self, "group_offset", 0)
-            set_(self, "num_local_groups", g)
-            set_(self, "_G", g)
-            return
+        _set(self, "_mkn", (m, k, n))
+        _set(self, "_batch_shape", tuple(lb))
+
+    def _check_batch_groups(self) -> None:
+        g = self.lhs.shape[0]
+        if self.rhs.shape[0] != g:
+            raise ValueError(f"rhs: expected {g} groups on axis 0 (as lhs), got {self.rhs.shape[0]}")
+        if self.group_offset != 0 or self.num_local_groups not in (None, g):
+            raise ValueError("group_offset/num_local_groups: the batch family has no sharding")
+        _set(self, "group_sizes", None)
+        _set(self, "group_offset", 0)
+        _set(self, "num_local_groups", g)
+        _set(self, "_G", g)
+
+    def _check_groups(self) -> None:
+        fam = self.family
         gs = self.group_sizes
         if gs is None:
             raise ValueError(f"group_sizes: required for family {fam!r}")
         gs = np.asarray(gs)
         if gs.ndim == 0 or not (np.issubdtype(gs.dtype, np.integer)):
-            raise TypeError(f"group_sizes: expected an integer array of shape [G] or [b..., G], got dtype {gs.dtype} shape {gs.shape}")
+            raise TypeError(
+                f"group_sizes: expected an integer array of shape [G] or [b..., G], got dtype {gs.dtype} "
+                f"shape {gs.shape}"
+            )
         if gs.ndim != 1 and gs.shape[:-1] != self._batch_shape:
-            want = "[G]" if not self._batch_shape else f"[G] or {list(self._batch_shape) + ['G']}"
+            want = "[G]" if not self._batch_shape else f"[G] or {[*self._batch_shape, 'G']}"
             raise ValueError(f"group_sizes: expected shape {want}, got {gs.shape}")
         if np.any(gs < 0):
             raise ValueError(f"group_sizes: must be non-negative, got {gs.tolist()}")
-        g = gs.shape[-1]
-        extent = {"ragged_m": m, "ragged_n": n, "ragged_k": k}[fam]
+        extent = self.ragged_extent
+        axis = fam[-1].upper()
         if np.any(gs > extent):  # checked first: a sum of huge sizes could wrap around
-            raise ValueError(
-                f"group_sizes: size {int(np.max(gs))} exceeds the ragged extent {extent} ({fam[-1].upper()})"
-            )
+            raise ValueError(f"group_sizes: size {int(np.max(gs))} exceeds the ragged extent {extent} ({axis})")
         totals = gs.astype(np.int64).sum(axis=-1)
         if np.any(totals > extent):
-            raise ValueError(
-                f"group_sizes: sum {int(np.max(totals))} exceeds the ragged extent "
-                f"{extent} ({fam[-1].upper()})"
-            )
-        off = _as_int("group_offset", self.group_offset)
-        if not 0 <= off <= g:
-            raise ValueError(f"group_offset: expected 0 <= group_offset <= G={g}, got {off}")
-        nl = _as_int("num_local_groups", self.num_local_groups, allow_none=True)
-        if nl is None:
-            nl = g - off
-        if nl < 0 or off + nl > g:
-            raise ValueError(
-                f"num_local_groups: expected 0 <= num_local_groups <= G - group_offset = {g - off}, got {nl}"
-            )
-        set_(self, "group_offset", off)
-        set_(self, "num_local_groups", nl)
-        set_(self, "_G", g)
+            raise ValueError(f"group_sizes: sum {int(np.max(totals))} exceeds the ragged extent {extent} ({axis})")
+        g = gs.shape[-1]
+        off, nl = _shard(g, self.group_offset, self.num_local_groups)
+        _set(self, "group_offset", off)
+        _set(self, "num_local_groups", nl)
+        _set(self, "_G", g)
         gs = np.array(gs, dtype=np.int64)
         gs.setflags(write=False)
-        set_(self, "group_sizes", gs)
-        if fam == "ragged_m" and rhs.shape[0] != nl:
-            raise ValueError(f"rhs: expected {nl} local groups on axis 0 (G={g}, group_offset={off}), got {rhs.shape[0]}")
-        if fam == "ragged_n" and lhs.shape[0] != nl:
-            raise ValueError(f"lhs: expected {nl} local groups on axis 0 (G={g}, group_offset={off}), got {lhs.shape[0]}")
+        _set(self, "group_sizes", gs)
+        grouped = {"ragged_m": ("rhs", self.rhs), "ragged_n": ("lhs", self.lhs)}.get(fam)
+        if grouped is not None and grouped[1].shape[0] != nl:
+            raise ValueError(
+                f"{grouped[0]}: expected {nl} local groups on axis 0 (G={g}, group_offset={off}), "
+                f"got {grouped[1].shape[0]}"
+            )
+
+    def _check_existing(self) -> None:
+        ex = self.existing_out
+        if ex is None:
+            return
+        if not isinstance(ex, np.ndarray):
+            raise TypeError(f"existing_out: expected a numpy.ndarray, got {type(ex).__name__}")
+        if ex.shape != self.out_shape or ex.dtype != self.out_dtype:
+            raise ValueError(
+                f"existing_out: expected shape {self.out_shape} and dtype {self.out_dtype}, "
+                f"got shape {ex.shape} and dtype {ex.dtype}"
+            )
 
     # ----------------------------------------------------------------- derived
-    def _ragged_last(self, operand: str) -> bool:
+    def ragged_last(self, operand: str) -> bool:
+        """Whether ``operand`` ("lhs" or "rhs") is ragged along its stored last (fast) axis."""
         fam = self.family
         if operand == "lhs":
             return (fam == "ragged_m" and self.lhs_transposed) or (fam == "ragged_k" and not self.lhs_transposed)
@@ -299,19 +337,7 @@ class Problem:
         fields.update(changes)
         return Problem(**fields)
 
-    # ------------------------------------------------------------ entry points
-    def reference(self) -> Reference:
-        """The exact result, its rounding, the defined-mask and (lazily) the bound."""
-        from gmm_ref.reference import compute
-
-        return compute(self)
-
-    def arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``(args, kwargs)`` of this problem's convention's public kernel (NumPy arrays)."""
-        from gmm_ref.conventions import arguments
-
-        return arguments(self)
-
+    # --------------------------------------------------------------- printing
     def describe(self) -> str:
         """One line: family, layout, shapes, dtypes, sizes and policies."""
         parts = [self.family]

@@ -42,8 +42,8 @@ def _array_expr(a: np.ndarray) -> str:
 
 def reproducer(p: Problem) -> str:
     """Source of a snippet that rebuilds ``p`` and prints its reference."""
-    lines = ["import base64, zlib", "import numpy as np, ml_dtypes", "from gmm_ref import Problem", "nan, inf = np.nan, np.inf",
-             "problem = Problem("]
+    lines = ["import base64, zlib", "import numpy as np, ml_dtypes", "import gmm_ref", "from gmm_ref import Problem",
+             "nan, inf = np.nan, np.inf", "problem = Problem("]
     for f in dataclasses.fields(p):
         v = getattr(p, f.name)
         default = f.default
@@ -58,7 +58,7 @@ def reproducer(p: Problem) -> str:
             expr = repr(v)
         lines.append(f"    {f.name}={expr},")
     lines.append(")")
-    lines.append("args, kwargs = problem.arguments()  # the kernel's own arguments"
+    lines.append("args, kwargs = gmm_ref.arguments(problem)  # the kernel's own arguments"
                  if p.convention else "")
-    lines.append("ref = problem.reference()  # .values, .mask, .bound(numerics)")
+    lines.append("ref = gmm_ref.reference(problem)  # .values, .mask, .bound(numerics)")
     return "\n".join(line for line in lines if line)

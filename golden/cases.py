@@ -21,7 +21,7 @@ Tags name the edge classes a case covers (``python -m golden list``).
 
 from __future__ import annotations
 
-from property_tests.goldens import Case
+from golden.case import Case
 
 __all__ = ["CASES"]
 

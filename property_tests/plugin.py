@@ -1,7 +1,7 @@
 """The gmm-harness pytest plugin (registered through ``pytest11``).
 
 - Hypothesis profiles ``ci`` (derandomized, no deadline, print_blob), ``dev``
-  and ``thorough``, registered when pytest starts (never at import).
+  and ``thorough`` (``property_tests.profiles``), registered when pytest starts.
 - ``--gmm-kernel`` (repeatable: a built-in adapter name or ``pkg.module:fn``),
   ``--gmm-convention`` and ``--gmm-tiling``: which kernels the kernel checks
   run on. With ``--gmm-kernel`` given, only the kernel checks run.
@@ -15,22 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
-_PROFILES_REGISTERED = False
+from gmm_ref import as_tiling, conventions
+from gmm_kernels import resolve_kernels
 
+from property_tests.profiles import register_profiles
 
-def register_profiles() -> None:
-    """Register the ``ci``, ``dev`` and ``thorough`` Hypothesis profiles (idempotent)."""
-    global _PROFILES_REGISTERED
-    if _PROFILES_REGISTERED:
-        return
-    # derandomize is explicit: under CI=true Hypothesis' defaults (which profiles inherit) derandomize
-    common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("ci", derandomize=True, max_examples=50, **common)
-    settings.register_profile("dev", derandomize=False, max_examples=15, **common)
-    settings.register_profile("thorough", derandomize=False, max_examples=400, **common)
-    _PROFILES_REGISTERED = True
+__all__: list[str] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,8 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--gmm-convention", default=None, metavar="CONV",
-        help="calling convention of the --gmm-kernel import paths "
-             "(ragged_dot, ragged_dot_general, megablox.gmm, megablox.tgmm, torch.grouped_mm, te.grouped_gemm)",
+        help=f"calling convention of the --gmm-kernel import paths ({', '.join(conventions.names())})",
     )
     group.addoption(
         "--gmm-tiling", default=None, metavar="TM,TK,TN",
@@ -58,12 +49,9 @@ def _tiling(config: pytest.Config) -> tuple[int, int, int] | None:
     if raw is None:
         return None
     try:
-        parts = tuple(int(v) for v in raw.split(","))
-    except ValueError:
-        parts = ()
-    if len(parts) != 3 or min(parts) <= 0:
-        raise pytest.UsageError(f"--gmm-tiling: expected three positive ints TM,TK,TN, got {raw!r}")
-    return parts  # type: ignore[return-value]
+        return as_tiling(raw, name="--gmm-tiling")
+    except ValueError as exc:
+        raise pytest.UsageError(f"--gmm-tiling: expected three positive ints TM,TK,TN, got {raw!r}") from exc
 
 
 def selected_kernels(config: pytest.Config) -> list[Any]:
@@ -71,14 +59,10 @@ def selected_kernels(config: pytest.Config) -> list[Any]:
     cached = getattr(config, "_gmm_kernels", None)
     if cached is not None:
         return cached
-    from property_tests.selection import resolve_kernels
-
     try:
-        kernels = resolve_kernels(
-            config.getoption("--gmm-kernel"),
-            convention=config.getoption("--gmm-convention"),
-            tiling=_tiling(config),
-        )
+        kernels = resolve_kernels(config.getoption("--gmm-kernel"), convention=config.getoption("--gmm-convention"),
+                                  tiling=_tiling(config), option="--gmm-kernel",
+                                  convention_option="--gmm-convention")
     except (ValueError, TypeError, ImportError) as exc:
         raise pytest.UsageError(str(exc)) from None
     config._gmm_kernels = kernels  # type: ignore[attr-defined]

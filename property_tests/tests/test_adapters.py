@@ -14,7 +14,7 @@ import gmm_kernels
 import gmm_ref
 from gmm_kernels.base import KernelAdapter, missing_module
 from gmm_kernels.convert import to_jax, to_numpy, to_torch, torch_dtype, uses_64bit
-from property_tests.checking import MODES
+from property_tests.modes import MODES
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 ADAPTERS = gmm_kernels.registry()
@@ -58,18 +58,19 @@ def test_names_are_unique_and_get_finds_them():
 # ---------------------------------------------------------------------- supports
 SUPPORT_CASES = [
     ("jax.ragged_dot", dict(), None),
-    ("jax.ragged_dot", dict(family="ragged_k", sizes=(1, 3)), "ragged M only"),
+    ("jax.ragged_dot", dict(family="ragged_k", sizes=(1, 3)), "expresses the families ('ragged_m',), not 'ragged_k'"),
     ("jax.ragged_dot", dict(convention="megablox.gmm", tail="undefined"), "takes the 'ragged_dot' convention"),
-    ("jax.ragged_dot_general", dict(family="ragged_n", n=8), "no ragged N mode"),
+    ("jax.ragged_dot_general", dict(family="ragged_n", n=8), "not 'ragged_n'"),
     ("megablox.gmm", dict(sizes=(3, 0, 5), tiling=(8, 8, 8)), None),
-    ("megablox.gmm", dict(sizes=(3, 0, 5)), "divisible by tm=128"),
-    ("megablox.gmm", dict(dtype=np.float16), "float32 or bfloat16 inputs, not lhs float16"),
-    ("megablox.gmm", dict(m=12, sizes=(3, 0, 5), tiling=(8, 8, 8)), "divisible by tm=8"),
-    ("megablox.tgmm", dict(family="ragged_m"), "ragged K only"),
+    ("megablox.gmm", dict(sizes=(3, 0, 5)), "needs M=8 to be a multiple of 128 (the tile tm)"),
+    ("megablox.gmm", dict(dtype=np.float16, tiling=(8, 8, 8)), "takes inputs of float32 / bfloat16, not lhs float16"),
+    ("megablox.gmm", dict(m=12, sizes=(3, 0, 5), tiling=(8, 8, 8)), "needs M=12 to be a multiple of 8"),
+    ("megablox.tgmm", dict(family="ragged_m"), "expresses the families ('ragged_k',), not 'ragged_m'"),
     ("torch.grouped_mm", dict(out_dtype=np.float64), "out_dtype must equal the input dtype"),
-    ("torch.grouped_mm", dict(k=6), "not a multiple of 16"),
+    ("torch.grouped_mm", dict(k=6), "needs K=6 to be a multiple of 4 (16 bytes of the input dtype)"),
     ("jax.ragged_dot_mgpu", dict(sizes=(8,), m=8, k=8, n=8), "G=1 kills the process"),
-    ("ejkernel.grouped_matmul[xla]", dict(existing_out=np.zeros((8, 4), np.float32)), "adds existing_out"),
+    ("ejkernel.grouped_matmul[xla]", dict(existing_out=np.zeros((8, 4), np.float32), tiling=(8, 8, 8)),
+     "adds existing_out"),
 ]
 
 

@@ -18,25 +18,31 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import golden.regeneration
 import gmm_ref
-from property_tests import goldens as gd
+from gmm_kernels import Status, resolve_kernel, wrap
+from golden import generator
+from golden.case import Case, build_problem
+from golden.cli import main as golden_main
+from golden.judge import check_goldens
+from golden.regeneration import regenerate
+from golden.store import MANIFEST, GoldenStore, array_sha256
+from golden.verification import verify
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "golden" / "data"
-HAVE_DATA = (DATA / gd.MANIFEST).exists()
+HAVE_DATA = (DATA / MANIFEST).exists()
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason="no golden/data here (not a gmm-harness checkout)")
 
 
-def _corpus() -> list[gd.Case]:
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+def _corpus() -> list[Case]:
     from golden.cases import CASES
 
     return list(CASES)
 
 
 def _manifest_cases() -> dict:
-    return gd.GoldenStore(DATA).manifest()["cases"] if HAVE_DATA else {}
+    return GoldenStore(DATA).manifest()["cases"] if HAVE_DATA else {}
 
 
 # ----------------------------------------------------------------- kernels vs goldens
@@ -55,14 +61,13 @@ LOCAL_KERNEL = "property_tests.tests.test_goldens:_lax_ragged_dot"
 @pytest.mark.kernel
 def test_kernel_matches_goldens(gmm_kernel):
     """Every golden case of the kernel's convention (the plugin selects the kernels)."""
-    results = gd.check_kernel(gmm_kernel, DATA)
+    results = check_goldens(gmm_kernel, DATA)
     if not results:
         pytest.skip(f"no golden case in the {gmm_kernel.convention} convention")
-    fails = [r for r in results if r.status == "fail"]
+    fails = [r for r in results if r.status is Status.FAILED]
     if fails:
-        pytest.fail("\n\n".join(r.detail + ("\n" + r.message if r.message else "") for r in fails),
-                    pytrace=False)
-    if not any(r.status == "pass" for r in results):
+        pytest.fail("\n\n".join(r.detail + "\n" + r.full_report() for r in fails), pytrace=False)
+    if not any(r.status is Status.PASSED for r in results):
         pytest.skip(f"{gmm_kernel.name}: every golden case unsupported: {results[0].detail}")
 
 
@@ -70,15 +75,22 @@ def test_kernel_matches_goldens(gmm_kernel):
 def test_user_function_matches_goldens():
     """The pkg.module:fn path: a user kernel resolved by import path."""
     pytest.importorskip("jax")
-    k = gd.resolve_kernel(LOCAL_KERNEL, convention="ragged_dot")
-    results = gd.check_kernel(k, DATA)
-    assert results and all(r.status == "pass" for r in results), [r.line() for r in results]
+    k = resolve_kernel(LOCAL_KERNEL, convention="ragged_dot")
+    results = check_goldens(k, DATA)
+    assert results and all(r.status is Status.PASSED for r in results), [r.line() for r in results]
+
+
+def _kernel(fn, convention, name=None, version=None):
+    k = wrap(fn, convention, name=name)
+    if version is not None:
+        k.version = version
+    return k
 
 
 # ------------------------------------------------------------------- verification
 @needs_data
 def test_reference_reproduces_the_stored_goldens_bit_for_bit():
-    rc, text = gd.verify(DATA, _corpus())
+    rc, text = verify(DATA, _corpus())
     assert rc == 0, text
     assert "warning" not in text, text
 
@@ -88,7 +100,7 @@ def test_corpus_covers_every_family_convention_and_edge_class():
     corpus = _corpus()
     fams = {c.family for c in corpus}
     assert fams == set(gmm_ref.FAMILIES)
-    assert {c.convention for c in corpus} == set(gmm_ref.CONVENTIONS)
+    assert {c.convention for c in corpus} == set(gmm_ref.conventions.names())
     tags = {t for c in corpus for t in c.tags}
     for t in ("empty_first", "empty_middle", "empty_last", "all_empty", "unaligned", "tail", "sharded",
               "existing", "exact", "poison", "transposed", "packed", "batch_dims"):
@@ -97,29 +109,29 @@ def test_corpus_covers_every_family_convention_and_edge_class():
     size = sum(p.stat().st_size for p in DATA.iterdir())
     assert size < 2_000_000, f"golden/data is {size} bytes"
     for c in corpus:  # the kernel constraints the cases promise to respect
-        p = gd.build_problem(c)
+        p = build_problem(c)
         if c.convention == "megablox.gmm":
             assert c.tiling and p.m % c.tiling[0] == 0, c.name
         if c.convention == "torch.grouped_mm":
-            for arr in (p.lhs, p.rhs, p.reference().values):
+            for arr in (p.lhs, p.rhs, gmm_ref.reference(p).values):
                 assert arr.shape[-1] * arr.dtype.itemsize % 16 == 0, c.name
 
 
-def _small_corpus() -> list[gd.Case]:
+def _small_corpus() -> list[Case]:
     return [
-        gd.Case("a-rd", convention="ragged_dot", family="ragged_m", m=8, k=4, n=4,
+        Case("a-rd", convention="ragged_dot", family="ragged_m", m=8, k=4, n=4,
                 group_sizes=[3, 0, 4], seed=1),
-        gd.Case("b-gmm-bf16", convention="megablox.gmm", family="ragged_m", m=8, k=4, n=4,
+        Case("b-gmm-bf16", convention="megablox.gmm", family="ragged_m", m=8, k=4, n=4,
                 group_sizes=[2, 5], dtype="bfloat16", tiling=(8, 4, 4), seed=2),
-        gd.Case("c-tgmm", convention="megablox.tgmm", family="ragged_k", m=4, k=8, n=4,
-                group_sizes=[0, 6, 2], seed=3),
+        Case("c-tgmm", convention="megablox.tgmm", family="ragged_k", m=4, k=8, n=4,
+                group_sizes=[0, 6, 2], tiling=(8, 4, 4), seed=3),
     ]
 
 
 @pytest.fixture
 def small(tmp_path):
     d = tmp_path / "goldens"
-    rc, text = gd.regenerate(_small_corpus(), d, stream=io.StringIO())
+    rc, text = regenerate(_small_corpus(), d, stream=io.StringIO())
     assert rc == 0, text
     return d
 
@@ -130,7 +142,7 @@ def _snapshot(d: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
 def test_a_corrupted_or_truncated_file_is_detected(small, damage):
-    man = gd.GoldenStore(small).manifest()
+    man = GoldenStore(small).manifest()
     victim = small / man["cases"]["b-gmm-bf16"]["file"]
     data = bytearray(victim.read_bytes())
     if damage == "flip":
@@ -140,38 +152,38 @@ def test_a_corrupted_or_truncated_file_is_detected(small, damage):
         victim.write_bytes(bytes(data[: len(data) // 2]))
     else:
         victim.unlink()
-    rc, text = gd.verify(small, _small_corpus(), stream=io.StringIO())
+    rc, text = verify(small, _small_corpus(), stream=io.StringIO())
     assert rc == 1
     assert "golden verify FAILED" in text and victim.name in text
     assert ("corrupted or truncated" in text) if damage != "delete" else ("missing" in text)
-    (res,) = gd.check_kernel(gd.FunctionKernel(_np_gmm_correct, "megablox.gmm"), small, cases="b-gmm-bf16")
-    assert res.status == "fail" and "golden unusable" in res.detail
+    (res,) = check_goldens(_kernel(_np_gmm_correct, "megablox.gmm"), small, cases="b-gmm-bf16")
+    assert res.status is Status.FAILED and "golden unusable" in res.detail
 
 
 def test_a_corrupted_manifest_is_detected(small):
-    (small / gd.MANIFEST).write_text('{"format": 1, "cases": {')
-    rc, text = gd.verify(small)
+    (small / MANIFEST).write_text('{"format": 1, "cases": {')
+    rc, text = verify(small)
     assert rc == 1 and "unreadable manifest" in text
 
 
 def test_verify_detects_reference_drift(small):
     # a stored golden that the reference no longer reproduces (same hashes, other bits)
-    store = gd.GoldenStore(small)
+    store = GoldenStore(small)
     man = store.manifest()
     g = store.load("a-rd")
     out = g.out.copy()
     out[0, 0] = np.nextafter(out[0, 0], np.float32(np.inf))
-    rc, text = gd.regenerate(_small_corpus(), small, stream=io.StringIO())  # unchanged: a no-op
+    rc, text = regenerate(_small_corpus(), small, stream=io.StringIO())  # unchanged: a no-op
     assert rc == 0 and "up to date" in text
-    data = gd.GoldenStore.encode(out, g.mask)
+    data = GoldenStore.encode(out, g.mask)
     sha = hashlib.sha256(data).hexdigest()
     entry = dict(man["cases"]["a-rd"], file=f"a-rd-{sha[:10]}.npz", file_sha256=sha,
-                 output_sha256=gd.array_sha256(out))
+                 output_sha256=array_sha256(out))
     (small / entry["file"]).write_bytes(data)
     man["cases"]["a-rd"] = entry
     import json
-    (small / gd.MANIFEST).write_text(json.dumps(man))
-    rc, text = gd.verify(small)
+    (small / MANIFEST).write_text(json.dumps(man))
+    rc, text = verify(small)
     assert rc == 1
     assert "a-rd: the reference no longer reproduces its golden bit for bit: 1 element(s) differ" in text
     assert "max 1 ulps" in text and "--update" in text
@@ -196,9 +208,9 @@ def test_an_interrupted_regeneration_loses_nothing(small, monkeypatch, where):
                 raise Interrupted("power cut")
             return real(src, dst)
 
-        monkeypatch.setattr(gd.os, "replace", replace)
+        monkeypatch.setattr(os, "replace", replace)
     else:
-        real_write = gd._atomic_write
+        real_write = golden.regeneration.atomic_write
 
         def write(path, data):
             calls["n"] += 1
@@ -206,19 +218,19 @@ def test_an_interrupted_regeneration_loses_nothing(small, monkeypatch, where):
                 raise Interrupted("killed")
             return real_write(path, data)
 
-        monkeypatch.setattr(gd, "_atomic_write", write)
+        monkeypatch.setattr(golden.regeneration, "atomic_write", write)
     with pytest.raises(Interrupted):
-        gd.regenerate(changed, small, update=True, stream=io.StringIO())
+        regenerate(changed, small, update=True, stream=io.StringIO())
     monkeypatch.undo()
     after = _snapshot(small)
     assert {n: h for n, h in after.items() if n in before} == before  # nothing overwritten
     assert not [n for n in after if n.startswith(".")], "temporary files left behind"
-    rc, text = gd.verify(small, _small_corpus(), stream=io.StringIO())
+    rc, text = verify(small, _small_corpus(), stream=io.StringIO())
     assert rc == 0, text
     # the next run completes, and clears what the interrupted one left
-    rc, text = gd.regenerate(changed, small, update=True, stream=io.StringIO())
+    rc, text = regenerate(changed, small, update=True, stream=io.StringIO())
     assert rc == 0, text
-    rc, text = gd.verify(small, changed, stream=io.StringIO())
+    rc, text = verify(small, changed, stream=io.StringIO())
     assert rc == 0 and "warning" not in text, text
 
 
@@ -226,7 +238,7 @@ def test_changing_a_golden_needs_update(small, capsys):
     before = _snapshot(small)
     changed = _small_corpus()
     changed[1] = dataclasses.replace(changed[1], group_sizes=[3, 5])
-    rc = gd.main(["regenerate", "--dir", str(small)], corpus=changed, prog="python -m golden")
+    rc = golden_main(["regenerate", "--dir", str(small)], corpus=changed, prog="python -m golden")
     err = capsys.readouterr().err
     assert rc == 1
     assert _snapshot(small) == before
@@ -234,23 +246,24 @@ def test_changing_a_golden_needs_update(small, capsys):
     assert f"run: python -m golden regenerate --cases b-gmm-bf16 --update --dir {small}" in err
     row = next(line for line in err.splitlines() if line.startswith("b-gmm-bf16"))
     assert "changed (spec, inputs)" in row and row.rstrip().endswith("yes")
-    rc = gd.main(["regenerate", "--dir", str(small), "--update"], corpus=changed, prog="python -m golden")
+    rc = golden_main(["regenerate", "--dir", str(small), "--update"], corpus=changed, prog="python -m golden")
     assert rc == 0
-    rc, text = gd.verify(small, changed, stream=io.StringIO())
+    rc, text = verify(small, changed, stream=io.StringIO())
     assert rc == 0 and "warning" not in text, text
     assert sum(p.suffix == ".npz" for p in small.iterdir()) == 3
 
 
 def test_new_cases_are_added_without_update(small):
-    more = _small_corpus() + [gd.Case("d-torch", convention="torch.grouped_mm", family="batch", m=4, k=4,
+    more = _small_corpus() + [Case("d-torch", convention="torch.grouped_mm", family="batch", m=4, k=4,
                                       n=4, groups=2, seed=9)]
-    rc, text = gd.regenerate(more, small, stream=io.StringIO())
+    rc, text = regenerate(more, small, stream=io.StringIO())
     assert rc == 0 and "new: 1 case(s): d-torch" in text
 
 
 # ------------------------------------------------------------- kernels and goldens
 def _np_gmm_correct(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None,
                     group_offset=None, existing_out=None, transpose_rhs=False):
+    lhs, rhs, group_sizes = np.asarray(lhs), np.asarray(rhs), np.asarray(group_sizes)  # jax arrays arrive
     ends = np.cumsum(group_sizes)
     out = np.zeros((lhs.shape[0], rhs.shape[-1]), np.float32)
     for g, (s, e) in enumerate(zip(ends - group_sizes, ends)):
@@ -261,6 +274,7 @@ def _np_gmm_correct(lhs, rhs, group_sizes, preferred_element_type=np.float32, ti
 def _np_ragged_dot_off_by_one(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
     """Broken: every group boundary is read one row late (the first row of a group uses the
     previous group's weights)."""
+    lhs, rhs, group_sizes = np.asarray(lhs), np.asarray(rhs), np.asarray(group_sizes)  # jax arrays arrive
     ends = np.cumsum(group_sizes)
     starts = ends - group_sizes
     out = np.zeros((lhs.shape[0], rhs.shape[-1]), np.float64)
@@ -275,66 +289,66 @@ def _np_ragged_dot_off_by_one(lhs, rhs, group_sizes, precision=None, preferred_e
 
 @needs_data
 def test_a_broken_kernel_is_rejected_naming_the_case_and_the_group():
-    broken = gd.FunctionKernel(_np_ragged_dot_off_by_one, "ragged_dot", name="off_by_one")
-    results = {r.case: r for r in gd.check_kernel(broken, DATA)}
+    broken = _kernel(_np_ragged_dot_off_by_one, "ragged_dot", name="off_by_one")
+    results = {r.check: r for r in check_goldens(broken, DATA)}
     r = results["rd-f32-empty-first-middle"]  # sizes [0, 7, 0, 17]
-    assert r.status == "fail"
+    assert r.status is Status.FAILED
     assert r.detail.startswith("case rd-f32-empty-first-middle: 16 / 192 defined elements wrong in "
-                               "group 1 (rows [0, 7)), group 3 (rows [7, 24)); first at [0, 0]: ")
+                               "group 1 (rows [0, 7), size 7), group 3 (rows [7, 24), size 17); first at [0, 0]: ")
     assert "Not equal under |actual - exact| <= bound" in r.detail
-    assert results["rd-f32-g1-tail"].status == "pass"  # one group: no boundary to get wrong
+    assert results["rd-f32-g1-tail"].status is Status.PASSED  # one group: no boundary to get wrong
     # the same through the command line: nonzero, one line per (kernel, case)
-    assert any(x.status == "fail" for x in results.values())
+    assert any(x.status is Status.FAILED for x in results.values())
 
 
 def test_bit_for_bit_when_the_golden_is_the_kernels_own(tmp_path):
     corpus = [c for c in _small_corpus() if c.convention == "megablox.gmm"]
-    k = gd.FunctionKernel(_np_gmm_correct, "megablox.gmm", name="np-gmm", version="1")
-    rc, text = gd.regenerate(corpus, tmp_path, stream=io.StringIO())
+    k = _kernel(_np_gmm_correct, "megablox.gmm", name="np-gmm", version="1")
+    rc, text = regenerate(corpus, tmp_path, stream=io.StringIO())
     assert rc == 0
-    rc, text = gd.regenerate(corpus, tmp_path, kernel=k, stream=io.StringIO())
+    rc, text = regenerate(corpus, tmp_path, kernel=k, stream=io.StringIO())
     assert rc in (0, 1)  # same bits as the reference, or a change that needs --update
-    rc, text = gd.regenerate(corpus, tmp_path, kernel=k, update=True, stream=io.StringIO())
+    rc, text = regenerate(corpus, tmp_path, kernel=k, update=True, stream=io.StringIO())
     assert rc == 0, text
-    assert gd.GoldenStore(tmp_path).manifest()["cases"]["b-gmm-bf16"]["producer"]["name"] == "np-gmm"
-    (res,) = gd.check_kernel(k, tmp_path)
-    assert (res.status, res.mode) == ("pass", "bit-for-bit")
+    assert GoldenStore(tmp_path).manifest()["cases"]["b-gmm-bf16"]["producer"]["name"] == "np-gmm"
+    (res,) = check_goldens(k, tmp_path)
+    assert (res.status, res.criterion) == (Status.PASSED, "bit-for-bit")
 
     def one_ulp_off(*args, **kwargs):
         out = _np_gmm_correct(*args, **kwargs)
         out.view(np.uint16)[1, 2] += 1  # one bfloat16 ulp
         return out
 
-    drifted = gd.FunctionKernel(one_ulp_off, "megablox.gmm", name="np-gmm", version="1")
-    (res,) = gd.check_kernel(drifted, tmp_path)
-    assert res.status == "fail" and res.mode == "bit-for-bit"
-    assert "not bit-for-bit equal to its own golden" in res.detail and "group 0 (rows [0, 2))" in res.detail
-    newer = gd.FunctionKernel(one_ulp_off, "megablox.gmm", name="np-gmm", version="2")
-    (res,) = gd.check_kernel(newer, tmp_path)  # another version: judged within the bound
-    assert res.mode == "bound"
+    drifted = _kernel(one_ulp_off, "megablox.gmm", name="np-gmm", version="1")
+    (res,) = check_goldens(drifted, tmp_path)
+    assert res.status is Status.FAILED and res.criterion == "bit-for-bit"
+    assert "not bit-for-bit equal to its own golden" in res.detail and "group 0 (rows [0, 2), size 2)" in res.detail
+    newer = _kernel(one_ulp_off, "megablox.gmm", name="np-gmm", version="2")
+    (res,) = check_goldens(newer, tmp_path)  # another version: judged within the bound
+    assert res.criterion == "bound"
 
 
 def test_a_kernel_outside_the_bound_is_not_stored(small):
-    broken = gd.FunctionKernel(_np_ragged_dot_off_by_one, "ragged_dot", name="off_by_one")
+    broken = _kernel(_np_ragged_dot_off_by_one, "ragged_dot", name="off_by_one")
     before = _snapshot(small)
-    rc, text = gd.regenerate(_small_corpus(), small, kernel=broken, update=True, stream=io.StringIO())
+    rc, text = regenerate(_small_corpus(), small, kernel=broken, update=True, stream=io.StringIO())
     assert rc == 1 and "a-rd: off_by_one: output outside the gmm_ref bound" in text
-    assert "group 2 (rows [3, 7))" in text
+    assert "group 2 (rows [3, 7), size 4)" in text
     assert _snapshot(small) == before
 
 
 # ----------------------------------------------------------------------- generator
 def test_generator_is_splitmix64_and_pinned():
-    assert int(gd.splitmix64(0, 1)[0]) == 0xE220A8397B1DCDAF  # SplitMix64's first output for seed 0
-    assert gd.array_sha256(gd.values(1, "lhs", (3, 5), "bfloat16")) == \
+    assert int(generator.splitmix64(0, 1)[0]) == 0xE220A8397B1DCDAF  # SplitMix64's first output for seed 0
+    assert array_sha256(generator.values(1, "lhs", (3, 5), "bfloat16")) == \
         "b8ecb72e2863367a3326ee979cf9780e184c9b995a5d2b8450fe38f99ba4fa6d"
-    assert gd.array_sha256(gd.values(7, "rhs", (4, 4), "int8", kind="int", int_range=100)) == \
+    assert array_sha256(generator.values(7, "rhs", (4, 4), "int8", kind="int", int_range=100)) == \
         "63b0666d5c099d3f32d4c79533e0047f57768163bc6986dfd96e750bfd74f8f8"
-    v = gd.values(0, "lhs", (4,), "float32")
+    v = generator.values(0, "lhs", (4,), "float32")
     np.testing.assert_array_equal(v, np.array([0.41165492, 0.9014094, -0.43144464, -0.7695345], np.float32))
     # counter-based: element i does not depend on how many are drawn
-    np.testing.assert_array_equal(gd.values(3, "x", (10,), "float16")[:4], gd.values(3, "x", (4,), "float16"))
-    ints = gd.values(5, "x", (1000,), "float32", kind="int", int_range=3)
+    np.testing.assert_array_equal(generator.values(3, "x", (10,), "float16")[:4], generator.values(3, "x", (4,), "float16"))
+    ints = generator.values(5, "x", (1000,), "float32", kind="int", int_range=3)
     assert set(np.unique(ints).tolist()) == {-3, -2, -1, 0, 1, 2, 3}
 
 
@@ -346,14 +360,14 @@ def test_narrow_dtypes_round_trip_through_npz(tmp_path, dtype):
         np.arange(-64, 64, dtype=dtype).reshape(-1, 8)
     mask = np.ones(out.shape, bool)
     path = tmp_path / "x.npz"
-    path.write_bytes(gd.GoldenStore.encode(out, mask))
+    path.write_bytes(GoldenStore.encode(out, mask))
     with np.load(path, allow_pickle=False) as z:  # plain NumPy reads every member
         assert z["out"].dtype.kind in ("ui" if "float8" in str(np.dtype(dtype)) or
                                        np.dtype(dtype) == ml_dtypes.bfloat16 else np.dtype(dtype).kind)
     entry = {"file": "x.npz", "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-             "output_sha256": gd.array_sha256(out), "mask_sha256": gd.array_sha256(mask),
+             "output_sha256": array_sha256(out), "mask_sha256": array_sha256(mask),
              "spec": _small_corpus()[0].to_json()}
-    g = gd.GoldenStore(tmp_path).load("a-rd", entry)
+    g = GoldenStore(tmp_path).load("a-rd", entry)
     assert g.out.dtype == np.dtype(dtype)
     assert g.out.tobytes() == out.tobytes()
 
@@ -361,12 +375,12 @@ def test_narrow_dtypes_round_trip_through_npz(tmp_path, dtype):
 def test_npz_files_are_deterministic():
     out = np.arange(12, dtype=np.float32).reshape(3, 4)
     mask = out > 3
-    assert gd.GoldenStore.encode(out, mask) == gd.GoldenStore.encode(out.copy(), mask.copy())
+    assert GoldenStore.encode(out, mask) == GoldenStore.encode(out.copy(), mask.copy())
 
 
 @needs_data
-def test_python_m_golden_verify_runs_from_the_repo_root():
-    proc = subprocess.run([sys.executable, "-m", "golden", "verify", "--cases", "rd-*"], cwd=ROOT,
+def test_python_m_golden_verify_runs_from_any_directory(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "golden", "verify", "--cases", "rd-*"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "golden verify ok: 9 case(s)" in proc.stdout
@@ -374,9 +388,9 @@ def test_python_m_golden_verify_runs_from_the_repo_root():
 
 @needs_data
 def test_downstream_entry_point_takes_a_corpus_by_import_path(tmp_path):
-    """``python -m property_tests.goldens --dir PATH --corpus pkg.mod:CASES``, as a downstream repo runs it."""
-    proc = subprocess.run([sys.executable, "-m", "property_tests.goldens", "verify", "--dir", str(DATA),
-                           "--corpus", "golden.cases:CASES", "--cases", "rd-*"], cwd=ROOT,
+    """``python -m golden --dir PATH --corpus pkg.mod:CASES``, as a downstream repo runs it."""
+    proc = subprocess.run([sys.executable, "-m", "golden", "verify", "--dir", str(DATA),
+                           "--corpus", "golden.cases:CASES", "--cases", "rd-*"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "golden verify ok: 9 case(s)" in proc.stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 import gmm_ref
+from gmm_kernels import Status
 from property_tests.checking import check_kernel
 from property_tests.tests.broken_kernels import BROKEN, BROKEN_GRADIENTS, CORRECT
 
@@ -28,9 +29,9 @@ def test_broken_kernel_is_rejected(convention, fn):
 
 @pytest.mark.parametrize("convention", sorted(CORRECT))
 def test_correct_twin_passes(convention):
-    results = check_kernel(CORRECT[convention], convention=convention, profile="ci")
-    assert any(v == "pass" for v in results.values()), results
-    assert all(v == "pass" or v.startswith("unsupported") for v in results.values()), results
+    report = check_kernel(CORRECT[convention], convention=convention, profile="ci")
+    assert any(r.status is Status.PASSED for r in report), report
+    assert all(r.status in (Status.PASSED, Status.UNSUPPORTED) for r in report), report
 
 
 GRAD_CASES = [pytest.param(conv, fn, id=fn.__name__) for conv, fns in BROKEN_GRADIENTS.items() for fn in fns]
@@ -47,5 +48,5 @@ def test_broken_gradient_is_rejected(convention, fn):
 
 def test_forward_of_the_broken_gradient_kernel_passes():
     (fn,) = BROKEN_GRADIENTS["ragged_dot"]
-    results = check_kernel(fn, convention="ragged_dot", modes=["exact", "normal"], profile="ci")
-    assert results == {"exact": "pass", "normal": "pass"}
+    report = check_kernel(fn, convention="ragged_dot", modes=["exact", "normal"], profile="ci")
+    assert [(r.check, r.status) for r in report] == [("exact", Status.PASSED), ("normal", Status.PASSED)]

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from property_tests.checking import MODES, Unsupported, check_mode
+from gmm_kernels import Status
+from property_tests.checking import check_mode
+from property_tests.modes import MODES
 
 
 @pytest.mark.kernel
@@ -19,12 +21,13 @@ def test_kernel_matches_reference(gmm_kernel, mode, request):
     why = gmm_kernel.available()
     if why is not None:
         pytest.skip(f"{gmm_kernel.name} unavailable: {why}")
-    known = (getattr(gmm_kernel, "known_issues", None) or {}).get(mode)
+    known = gmm_kernel.known_issues.get(mode)
     if known:
         request.applymarker(pytest.mark.xfail(strict=True, reason=f"known upstream bug: {known}"))
-    try:
-        check_mode(gmm_kernel, mode)
-    except Unsupported as exc:
+    result = check_mode(gmm_kernel, mode)
+    if result.status is Status.UNSUPPORTED:
         if known:
-            pytest.fail(f"{gmm_kernel.name} / {mode}: declared known issue, but the mode is unsupported: {exc}")
-        pytest.skip(f"{gmm_kernel.name} / {mode}: {exc}")
+            pytest.fail(f"{gmm_kernel.name} / {mode}: declared known issue, but the mode is unsupported: "
+                        f"{result.detail}")
+        pytest.skip(f"{gmm_kernel.name} / {mode}: {result.detail}")
+    result.raise_for_status()

@@ -1,11 +1,11 @@
 """The float64 (int64) reference: one exact block product per group, one rounding.
 
-``compute(problem)`` returns a :class:`Reference` holding
+``reference(problem)`` returns a :class:`Reference` holding
 
 - ``exact``: the result in float64 (int64 for integer inputs), before rounding;
 - ``values``: ``exact`` rounded once to the output dtype;
 - ``mask``: which elements the problem's policies define (only those are compared);
-- ``bound(numerics)``: the per-element error bound of DESIGN.md section 2.
+- ``bound(numerics)``: the per-element error bound (docs/numerics.md).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import numpy as np
 
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
-from gmm_ref.numerics import U_REF, Numerics, gamma, min_normal
+from gmm_ref.numerics import Numerics, error_bound
 from gmm_ref.problem import Problem
 
-__all__ = ["Reference", "compute"]
+__all__ = ["Reference", "reference"]
 
 
 def _wide(p: Problem) -> type:
@@ -90,8 +90,10 @@ def _product(a: np.ndarray, b: np.ndarray, target: np.ndarray, accumulate: bool,
             np.matmul(wa, wb, out=target[r0:r1])
 
 
-def compute(p: Problem) -> Reference:
+def reference(p: Problem) -> Reference:
     """The reference of ``p``: exact values (float64/int64), defined-mask; rounding and bound lazily."""
+    if not isinstance(p, Problem):
+        raise TypeError(f"problem: expected a gmm_ref.Problem, got {type(p).__name__}")
     wide = _wide(p)
     exact = np.zeros(p.out_shape, wide)
     mask = np.ones(p.out_shape, bool)
@@ -162,7 +164,8 @@ def _single_threaded_blas() -> Any:
 
 
 class Reference:
-    """The reference result of one problem."""
+    """The reference result of one problem: ``exact`` (float64/int64), ``mask``, and lazily
+    ``values`` (rounded once to the output dtype) and ``bound(numerics)``."""
 
     def __init__(self, problem: Problem, exact: np.ndarray, mask: np.ndarray):
         self.problem = problem
@@ -179,69 +182,6 @@ class Reference:
         return Numerics.default_for(p.lhs.dtype, p.rhs.dtype, p.out_dtype)
 
     def bound(self, numerics: Numerics | None = None) -> np.ndarray:
-        """Per-element bound on ``|kernel - exact|`` for a kernel with these numerics."""
-        p = self.problem
-        numerics = numerics or self.default_numerics()
-        if not isinstance(numerics, Numerics):
-            raise TypeError(f"numerics: expected gmm_ref.Numerics, got {type(numerics).__name__}")
-        out = np.zeros(p.out_shape, np.float64)
-        if _dt.is_integer(p.out_dtype):
-            return out  # integer arithmetic is exact (modulo wrap-around)
-        fmt = _dt.float_format(p.out_dtype)
-        u_in = numerics.u_in(p.lhs.dtype, p.rhs.dtype)
-        u_acc = numerics.u_acc
-        in_lim, sum_lim = numerics.exact_limits((p.lhs.dtype, p.rhs.dtype), p.out_dtype)
-        tiny_acc = _dt.float_format(numerics.accumulate).tiny if not _dt.is_integer(numerics.accumulate) else 0.0
-        accumulate = p.existing_out is not None and p.existing_policy == "accumulate"
-        for blk in blocks(p):
-            if blk.k == 0 and not accumulate:
-                continue
-            a = np.abs(blk.a.astype(np.float64))
-            b = np.abs(blk.b.astype(np.float64))
-            with np.errstate(invalid="ignore", over="ignore"):
-                ab = a @ b
-            k = blk.k
-            operands = [a, b]
-            if accumulate:
-                ex = np.abs(p.existing_out[blk.out_index].astype(np.float64))
-                ab = ab + ex
-                operands.append(ex)
-                k += 1
-            with np.errstate(invalid="ignore", over="ignore"):
-                # inputs rounded to the multiply precision (twice u_in plus its square), then
-                # k roundings in the accumulator (Higham's gamma_k covers products and sums),
-                # products underflowing in it (k * its tiny), the reference's own float64
-                # sums, and the one rounding to the output dtype of a value that far off.
-                rel = (1 + u_in) ** 2 * (1 + gamma(k, u_acc)) - 1 + gamma(k + 1, U_REF)
-                err = rel * ab + k * tiny_acc
-                if numerics.flush_subnormals:
-                    err = err + _flush_error(blk.a, blk.b, a, b, k, numerics)
-                bnd = err + fmt.unit_roundoff * (np.abs(self.exact[blk.out_index]) + err) + fmt.tiny
-                if numerics.flush_subnormals:
-                    bnd = bnd + min_normal(p.out_dtype)  # an output below it may become 0
-            if all(_integer_valued(x, in_lim) for x in operands):
-                bnd = np.where(ab <= sum_lim, 0.0, bnd)
-            out[blk.out_index] = bnd
-        return out
-
-
-def _flush_error(a_in: np.ndarray, b_in: np.ndarray, a: np.ndarray, b: np.ndarray, k: int,
-                 numerics: Numerics) -> np.ndarray:
-    """Error a flush-to-zero kernel may add: flushed subnormal inputs, plus every product
-    or partial sum below the accumulator's smallest normal."""
-    def below(x: np.ndarray, dtype: Any) -> np.ndarray:
-        lim = min_normal(dtype)
-        if numerics.multiply is not None:
-            lim = max(lim, min_normal(numerics.multiply))
-        return np.where(x < lim, x, 0.0)
-
-    with np.errstate(invalid="ignore", over="ignore"):
-        flushed = below(a, a_in.dtype) @ b + a @ below(b, b_in.dtype)
-    return flushed + (k + 1) * min_normal(numerics.accumulate)
-
-
-def _integer_valued(x: np.ndarray, limit: float) -> bool:
-    if x.size == 0:
-        return True
-    with np.errstate(invalid="ignore"):
-        return bool(np.all(np.isfinite(x)) and np.all(x == np.rint(x)) and np.max(x) <= limit)
+        """Per-element bound on ``|kernel - exact|`` for a kernel with these numerics
+        (default: exact products, an accumulator as wide as float32 or the widest dtype)."""
+        return error_bound(self.problem, self.exact, numerics or self.default_numerics())

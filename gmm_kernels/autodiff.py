@@ -1,0 +1,73 @@
+"""Reverse-mode gradients of a kernel function, with jax.vjp or torch autograd (by its convention).
+
+The kernel function takes its convention's arguments in its framework; the
+gradients are taken w.r.t. the two operands (the first two positional
+arguments) and, where the convention has one, the existing output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gmm_ref.conventions import Convention
+from gmm_ref.dtypes import as_numpy
+
+from gmm_kernels.convert import jax_x64, to_framework, to_torch, uses_64bit
+
+__all__ = ["vjp"]
+
+
+def vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs: dict, cotangent: Any, *,
+        name: str) -> dict[str, np.ndarray]:
+    """``{"lhs", "rhs"[, "existing_out"]}``: gradients of ``fn(*args, **kwargs)`` for ``cotangent``.
+
+    ``args``/``kwargs`` are the convention's NumPy arguments. NotImplementedError
+    where ``fn`` has no gradient in its framework.
+    """
+    if convention.framework == "torch":
+        return _torch_vjp(fn, args, kwargs, cotangent, name)
+    return _jax_vjp(fn, convention, args, kwargs, cotangent, name)
+
+
+def _jax_vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs: dict, cotangent: Any,
+             name: str) -> dict[str, np.ndarray]:
+    import jax
+    import jax.numpy as jnp
+
+    with jax_x64(uses_64bit(*args, *kwargs.values())):
+        a, kw = to_framework("jax", args, kwargs)
+        existing = kw.pop(convention.existing_argument, None) if convention.existing_argument else None
+        names = ["lhs", "rhs"] + (["existing_out"] if existing is not None else [])
+
+        def f(lhs: Any, rhs: Any, *ex: Any) -> Any:
+            extra = {convention.existing_argument: ex[0]} if ex else {}
+            return fn(lhs, rhs, *a[2:], **kw, **extra)
+
+        primals = (a[0], a[1]) + ((existing,) if existing is not None else ())
+        try:
+            out, pullback = jax.vjp(f, *primals)
+            cts = pullback(jnp.asarray(np.asarray(cotangent)).astype(out.dtype))
+        except (NotImplementedError, jax.errors.TracerArrayConversionError,
+                jax.errors.ConcretizationTypeError) as exc:  # not differentiable with jax
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise NotImplementedError(f"{name}: no jax gradient: {first}") from None
+        return {n: as_numpy(c) for n, c in zip(names, cts)}
+
+
+def _torch_vjp(fn: Callable[..., Any], args: tuple, kwargs: dict, cotangent: Any, name: str
+               ) -> dict[str, np.ndarray]:
+    a, kw = to_framework("torch", args, kwargs)
+    lhs, rhs = (t.detach().clone().requires_grad_(True) for t in a[:2])
+    out = fn(lhs, rhs, *a[2:], **kw)
+    if not getattr(out, "requires_grad", False):
+        raise NotImplementedError(f"{name}: its output carries no autograd graph")
+    try:
+        out.backward(to_torch(np.ascontiguousarray(cotangent)).to(out.dtype))
+    except (RuntimeError, NotImplementedError) as exc:
+        if "derivative" in str(exc) or "not implemented" in str(exc).lower():
+            raise NotImplementedError(f"{name}: no gradient: {exc}") from None
+        raise
+    return {"lhs": as_numpy(lhs.grad), "rhs": as_numpy(rhs.grad)}

@@ -1,0 +1,73 @@
+"""The built-in kernel adapters, plus those other packages register.
+
+Other packages add adapters through the ``gmm_harness.kernels`` entry-point
+group: each entry point names a :class:`~gmm_kernels.base.KernelAdapter`
+subclass or instance. Every call returns fresh instances, so callers may set
+``tiling`` on theirs.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from gmm_kernels.base import KernelAdapter
+from gmm_kernels.ejkernel_ops import EjkernelGroupedMatmul
+from gmm_kernels.jax_lax import JaxRaggedDot, JaxRaggedDotGeneral
+from gmm_kernels.megablox import MegabloxGmm, MegabloxTgmm
+from gmm_kernels.mosaic_gpu import MosaicGpuRaggedDot
+from gmm_kernels.tokamax_ops import TokamaxRaggedDot
+from gmm_kernels.torch_grouped import TorchGroupedMM
+from gmm_kernels.transformer_engine import TransformerEngineGroupedGemm
+
+__all__ = ["ENTRY_POINT_GROUP", "get", "names", "registry"]
+
+ENTRY_POINT_GROUP = "gmm_harness.kernels"
+
+
+def _builtin() -> list[KernelAdapter]:
+    return [
+        JaxRaggedDot(),
+        JaxRaggedDotGeneral(),
+        MegabloxGmm(),
+        MegabloxTgmm(),
+        TorchGroupedMM(),
+        TokamaxRaggedDot("xla"),
+        TokamaxRaggedDot("mosaic"),
+        TokamaxRaggedDot("triton"),
+        EjkernelGroupedMatmul("xla"),
+        EjkernelGroupedMatmul("pallas"),
+        EjkernelGroupedMatmul("pallas_v2"),
+        EjkernelGroupedMatmul("pallas_v3"),
+        MosaicGpuRaggedDot(),
+        TransformerEngineGroupedGemm(),
+    ]
+
+
+def _entry_points() -> list[KernelAdapter]:
+    found = []
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        obj = ep.load()
+        adapter = obj() if isinstance(obj, type) and issubclass(obj, KernelAdapter) else obj
+        if not isinstance(adapter, KernelAdapter):
+            raise TypeError(f"entry point {ep.name!r} ({ep.value}) in {ENTRY_POINT_GROUP}: expected a "
+                            f"KernelAdapter subclass or instance, got {type(obj).__name__}")
+        found.append(adapter)
+    return found
+
+
+def registry() -> list[KernelAdapter]:
+    """Every known adapter, available here or not (check ``available()``)."""
+    return _builtin() + _entry_points()
+
+
+def names() -> list[str]:
+    """The names of the known adapters."""
+    return [a.name for a in registry()]
+
+
+def get(name: str) -> KernelAdapter:
+    """The adapter called ``name`` (KeyError listing the names otherwise)."""
+    for a in registry():
+        if a.name == name:
+            return a
+    raise KeyError(f"no kernel adapter {name!r}; known: {names()}")

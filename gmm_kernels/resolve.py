@@ -1,0 +1,93 @@
+"""One resolver for kernel specs: a built-in name, ``pkg.module:attr``, a function or an adapter.
+
+Used by the pytest plugin (``--gmm-kernel``), the main job (``--kernel``), the
+goldens (``--kernel``) and ``check_kernel``. A function is wrapped for its
+convention (:func:`gmm_kernels.user.wrap`); an import path may also name an
+adapter instance or class.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gmm_ref import Numerics, as_tiling, conventions
+
+from gmm_kernels.base import KernelAdapter
+from gmm_kernels.registry import registry
+from gmm_kernels.user import wrap
+
+__all__ = ["load_object", "resolve_kernel", "resolve_kernels"]
+
+
+def load_object(spec: str, *, option: str = "--kernel") -> Any:
+    """Import ``pkg.module:attr.path`` and return the object (errors name ``option``)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{option}: expected pkg.module:fn, got {spec!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(f"{option} {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"{option} {spec!r}: {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def _adapter(obj: Any) -> KernelAdapter | None:
+    if isinstance(obj, KernelAdapter):
+        return copy.copy(obj)
+    if isinstance(obj, type) and issubclass(obj, KernelAdapter):
+        return obj()
+    return None
+
+
+def _from_callable(fn: Callable[..., Any], convention: str | None, name: str | None, numerics: Numerics | None,
+                   option: str, convention_option: str, spec: str) -> KernelAdapter:
+    if not callable(fn):
+        raise TypeError(f"{option} {spec!r}: expected a function or a KernelAdapter, got {type(fn).__name__}")
+    if convention is None:
+        raise ValueError(f"{convention_option}: required with {option} {spec!r}; expected one of "
+                         f"{conventions.names()}")
+    return wrap(fn, convention, name=name, numerics=numerics)
+
+
+def resolve_kernel(spec: Any, *, convention: str | None = None, tiling: Any = None, numerics: Numerics | None = None,
+                   name: str | None = None, option: str = "--kernel", convention_option: str = "--convention"
+                   ) -> KernelAdapter:
+    """The adapter ``spec`` names; ``tiling`` (three ints or ``"TM,TK,TN"``) is set on it.
+
+    ``convention``, ``numerics`` and ``name`` apply to plain functions. Errors are
+    ValueError / TypeError / ImportError naming ``option`` / ``convention_option``.
+    """
+    adapter = _adapter(spec)
+    if adapter is None and isinstance(spec, str):
+        if ":" in spec:
+            obj = load_object(spec, option=option)
+            adapter = _adapter(obj) or _from_callable(obj, convention, name or spec, numerics, option,
+                                                      convention_option, spec)
+        else:
+            builtin = {a.name: a for a in registry()}
+            if spec not in builtin:
+                raise ValueError(f"{option}: {spec!r} is neither a built-in adapter ({sorted(builtin)}) "
+                                 "nor an import path pkg.module:fn")
+            adapter = builtin[spec]
+    elif adapter is None:
+        adapter = _from_callable(spec, convention, name, numerics, option, convention_option, repr(spec))
+    if tiling is not None:
+        adapter.tiling = as_tiling(tiling, name=option.replace("kernel", "tiling"))
+    return adapter
+
+
+def resolve_kernels(specs: Sequence[Any], *, convention: str | None = None, tiling: Any = None,
+                    option: str = "--kernel", convention_option: str = "--convention") -> list[KernelAdapter]:
+    """Adapters for ``specs``; every known adapter when ``specs`` is empty."""
+    if not specs:
+        return registry()
+    return [resolve_kernel(s, convention=convention, tiling=tiling, option=option,
+                           convention_option=convention_option) for s in specs]

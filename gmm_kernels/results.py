@@ -1,0 +1,116 @@
+"""What checking a kernel found: one :class:`Result` per (kernel, check), gathered in a :class:`Report`.
+
+A *check* is a property mode (``exact``, ``normal``, ... see
+``property_tests.modes``) run on one family, or one golden case. The same
+result type serves ``check_kernel``, the pytest plugin, the main job's table
+and the goldens.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Report", "Result", "Status"]
+
+
+class Status(enum.Enum):
+    """The verdict of one check; the value is how the main job's table shows it."""
+
+    PASSED = "pass"
+    FAILED = "FAIL"
+    UNSUPPORTED = "n/a"
+    KNOWN_BUG = "known bug"
+
+
+@dataclass(frozen=True)
+class Result:
+    """One check of one kernel.
+
+    ``detail`` is the reason (unsupported), the upstream bug (known bug) or the
+    one-line cause (failed); ``error`` the exception the check raised (a
+    ``gmm_ref.Mismatch`` carrying its report, reproducer and ``comparison``, or
+    whatever the kernel raised); ``examples`` how many examples (or golden
+    cases) were checked.
+    """
+
+    kernel: str
+    check: str
+    status: Status
+    family: str | None = None
+    examples: int = 0
+    detail: str = ""
+    error: BaseException | None = field(default=None, repr=False, compare=False)
+    seconds: float = 0.0
+    #: how values were judged: "bit-for-bit", "bound", "shape" (when known)
+    criterion: str = ""
+
+    @property
+    def comparison(self) -> Any:
+        """The structured mismatch (``gmm_ref.Comparison``) of a failure, if it was a mismatch."""
+        return getattr(self.error, "comparison", None)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing failed: passed, unsupported, or a known upstream bug still caught."""
+        return self.status is not Status.FAILED
+
+    def cell(self) -> str:
+        """The main job's table cell: ``pass (n)``, ``FAIL: cause``, ``n/a: reason``, ``known bug: ...``."""
+        if self.status is Status.PASSED:
+            return f"pass ({self.examples})"
+        return f"{self.status.value}: {self.detail}"
+
+    def line(self) -> str:
+        """One line: ``PASS kernel :: check [family] (criterion): detail``."""
+        fam = f" [{self.family}]" if self.family else ""
+        crit = f" ({self.criterion})" if self.criterion and self.status is Status.PASSED else ""
+        return f"{self.status.name:<11} {self.kernel} :: {self.check}{fam}{crit}" + (f": {self.detail}" if self.detail else "")
+
+    def full_report(self) -> str:
+        """The whole failure report with its notes (the reproducer), or the cell text."""
+        if self.error is None:
+            return self.cell()
+        notes = "\n".join(getattr(self.error, "__notes__", []))
+        text = str(self.error) if isinstance(self.error, AssertionError) else f"{type(self.error).__name__}: {self.error}"
+        return text + ("\n" + notes if notes else "")
+
+    def raise_for_status(self) -> None:
+        """Re-raise the failure (and a still-caught known bug), else return."""
+        __tracebackhide__ = True
+        if self.status in (Status.FAILED, Status.KNOWN_BUG) and self.error is not None:
+            raise self.error
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every check of one kernel, in order."""
+
+    kernel: str
+    results: tuple[Result, ...]
+
+    def __iter__(self) -> Iterator[Result]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def failures(self) -> tuple[Result, ...]:
+        return tuple(r for r in self.results if r.status is Status.FAILED)
+
+    def by_check(self) -> dict[str, Result]:
+        """``{check: result}`` (the last result of each check when several families ran)."""
+        return {r.check: r for r in self.results}
+
+    def count(self, status: Status) -> int:
+        return sum(r.status is status for r in self.results)
+
+    def summary(self) -> str:
+        return ", ".join(f"{self.count(s)} {s.name.lower().replace('_', ' ')}" for s in Status)

@@ -1,0 +1,73 @@
+"""The convention registry: every calling convention the harness knows, looked up by name.
+
+Built in: ``ragged_dot``, ``ragged_dot_general`` (jax.lax), ``megablox.gmm``,
+``megablox.tgmm``, ``torch.grouped_mm`` and ``te.grouped_gemm``, one module each.
+Other packages add conventions through the ``gmm_harness.conventions``
+entry-point group (each entry point names a :class:`Convention` instance).
+
+>>> from gmm_ref import conventions
+>>> conventions.get("megablox.gmm").families
+('ragged_m',)
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import metadata
+from typing import Any
+
+from gmm_ref.conventions.base import Convention
+from gmm_ref.conventions.megablox import GMM, TGMM
+from gmm_ref.conventions.ragged_dot import RAGGED_DOT, RAGGED_DOT_GENERAL
+from gmm_ref.conventions.te import TE_GROUPED_GEMM
+from gmm_ref.conventions.torch_grouped import GROUPED_MM
+from gmm_ref.problem import Problem
+
+__all__ = ["ENTRY_POINT_GROUP", "Convention", "arguments", "get", "names", "problem_from_arguments", "registry"]
+
+ENTRY_POINT_GROUP = "gmm_harness.conventions"
+BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEMM)
+
+
+@functools.cache
+def registry() -> dict[str, Convention]:
+    """Every known convention by name: the built-ins, then those of installed entry points."""
+    found = {c.name: c for c in BUILTIN}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        conv = ep.load()
+        if not isinstance(conv, Convention):
+            raise TypeError(f"entry point {ep.name!r} ({ep.value}) in {ENTRY_POINT_GROUP}: expected a "
+                            f"gmm_ref.conventions.Convention, got {type(conv).__name__}")
+        if conv.name in found and found[conv.name] is not conv:
+            raise ValueError(f"entry point {ep.name!r}: convention {conv.name!r} is already registered")
+        found[conv.name] = conv
+    return found
+
+
+def names() -> tuple[str, ...]:
+    """The names of every known convention."""
+    return tuple(registry())
+
+
+def get(name: Any) -> Convention:
+    """The convention called ``name`` (a Convention passes through); ValueError naming the known ones."""
+    if isinstance(name, Convention):
+        return name
+    conv = registry().get(name) if isinstance(name, str) else None
+    if conv is None:
+        raise ValueError(f"convention: expected one of {names()}, got {name!r}")
+    return conv
+
+
+def arguments(p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` of ``p.convention``'s kernel for ``p`` (NumPy arrays)."""
+    if not isinstance(p, Problem):
+        raise TypeError(f"problem: expected a gmm_ref.Problem, got {type(p).__name__}")
+    if p.convention is None:
+        raise ValueError("convention: this problem names no convention; set Problem(convention=...)")
+    return get(p.convention).arguments(p)
+
+
+def problem_from_arguments(convention: str, *args: Any, **kwargs: Any) -> Problem:
+    """The problem a convention's kernel call describes (inverse of :func:`arguments`)."""
+    return get(convention).parse(*args, **kwargs)

@@ -1,0 +1,283 @@
+"""The convention template: one frozen object holds every fact of one kernel calling convention.
+
+A :class:`Convention` states what a real kernel's API expresses (families,
+layouts, batch dims, sharding, existing output), what it promises about the
+elements it does not compute (tail, foreign rows, empty groups), its shape
+constraints, the dtypes strategies draw for it and the framework its callers
+use. The template turns those facts into :meth:`Convention.refusal` (why a
+problem cannot be expressed) and :meth:`Convention.arguments` (a problem as
+the kernel's own arguments). A subclass supplies only what is its own:
+:meth:`~Convention.parse` (the kernel's signature, arguments -> problem),
+:meth:`~Convention._arguments` (problem -> arguments) and, where a fact does
+not fit a field, :meth:`~Convention._refusal`.
+
+docs/conventions.md has the contract of each convention; docs/architecture.md
+the recipe for adding one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gmm_ref import dtypes as _dt
+from gmm_ref.exact import Reference, reference
+from gmm_ref.problem import FAMILIES, Problem
+
+__all__ = [
+    "PLAIN",
+    "TRANSPOSES",
+    "Convention",
+    "Layout",
+    "front_end",
+    "packed_layouts",
+    "ragged_last",
+]
+
+#: ``(lhs_transposed, rhs_transposed, packed)``
+Layout = tuple[bool, bool, bool]
+PLAIN: tuple[Layout, ...] = ((False, False, False),)
+TRANSPOSES: tuple[Layout, ...] = tuple((lt, rt, False) for lt in (False, True) for rt in (False, True))
+
+
+def ragged_last(family: str, lhs_transposed: bool, rhs_transposed: bool) -> bool:
+    """Whether some operand of this family and layout is ragged along its stored last axis."""
+    return {
+        "ragged_m": lhs_transposed,
+        "ragged_n": not rhs_transposed,
+        "ragged_k": (not lhs_transposed) or rhs_transposed,
+        "batch": False,
+    }[family]
+
+
+def packed_layouts(family: str) -> tuple[Layout, ...]:
+    """Every transposition, with an operand ragged along its last axis stored packed (TE's storage)."""
+    return tuple((lt, rt, ragged_last(family, lt, rt))
+                 for lt, rt in ((False, False), (False, True), (True, False), (True, True)))
+
+
+def _dtype_pairs(pairs: Any) -> tuple[tuple[np.dtype, np.dtype], ...]:
+    return tuple((_dt.as_dtype(i, name="dtype_pairs"), _dt.as_dtype(o, name="dtype_pairs")) for i, o in pairs)
+
+
+@dataclass(frozen=True, eq=False)
+class Convention:
+    """The facts of one calling convention (see the module docstring).
+
+    ``layouts`` holds ``(family, layouts)`` pairs; ``multiple_of`` holds
+    ``(axis, requirement)`` pairs, ``axis`` one of ``"m"``, ``"k"``, ``"n"`` or
+    ``"ragged"``, ``requirement`` an int, ``"tm"``/``"tk"``/``"tn"`` (that tile
+    of the tiling) or ``"16B"`` (16 bytes of the input dtype).
+    ``existing_policy`` is None when the convention takes no existing output;
+    ``sharding`` says whether it takes ``group_offset`` / a subset of local groups.
+    """
+
+    name: str
+    framework: str
+    families: tuple[str, ...]
+    layouts: tuple[tuple[str, tuple[Layout, ...]], ...]
+    dtype_pairs: tuple[tuple[Any, Any], ...]
+    tail: str = "zero"
+    foreign: str = "zero"
+    empty: str = "zero"
+    existing_policy: str | None = None
+    existing_argument: str | None = None
+    sharding: bool = False
+    max_batch_dims: int = 0
+    full_sums: bool = False
+    out_dtype_is_input: bool = False
+    multiple_of: tuple[tuple[str, Any], ...] = ()
+    default_tiling: tuple[int, int, int] | None = None
+    default_families: tuple[str, ...] | None = None
+    summary: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype_pairs", _dtype_pairs(self.dtype_pairs))
+        bad = [f for f in self.families if f not in FAMILIES]
+        if bad or not self.families:
+            raise ValueError(f"families: expected some of {FAMILIES}, got {self.families!r}")
+        if {f for f, _ in self.layouts} != set(self.families):
+            raise ValueError(f"layouts: expected one entry per family of {self.families}")
+        if self.framework not in ("jax", "torch"):
+            raise ValueError(f"framework: expected 'jax' or 'torch', got {self.framework!r}")
+
+    def __repr__(self) -> str:
+        return f"<Convention {self.name}>"
+
+    # ------------------------------------------------------------------ facts
+    def layouts_of(self, family: str) -> tuple[Layout, ...]:
+        """The layouts this convention expresses for ``family`` (empty if none)."""
+        return dict(self.layouts).get(family, ())
+
+    def policies(self, family: str) -> dict[str, str]:
+        """The tail / foreign / empty / existing-output policies of this convention's kernels."""
+        return {"tail": "zero" if family == "batch" else self.tail, "foreign": self.foreign,
+                "empty": self.empty, "existing_policy": self.existing_policy or "overwrite"}
+
+    def axis_multiple(self, axis: str, family: str, tiling: tuple[int, int, int] | None, in_dtype: Any) -> int:
+        """What the extent of ``axis`` ("m", "k" or "n") must be a multiple of."""
+        ragged = {"ragged_m": "m", "ragged_n": "n", "ragged_k": "k"}.get(family)
+        tiling = tiling or self.default_tiling or (1, 1, 1)
+        mult = 1
+        for name, req in self.multiple_of:
+            if name == axis or (name == "ragged" and axis == ragged):
+                if req == "16B":
+                    v = max(1, 16 // int(np.dtype(in_dtype).itemsize))
+                elif isinstance(req, str):
+                    v = int(tiling["mkn".index(req[1])])
+                else:
+                    v = int(req)
+                mult = mult * v // math.gcd(mult, v)
+        return mult
+
+    # --------------------------------------------------------------- template
+    def refusal(self, p: Problem) -> str | None:
+        """None if this convention can express ``p`` with its policies, else the reason."""
+        for rule in (self._shape_refusal, self._sharding_refusal, self._policy_refusal, self._refusal):
+            reason = rule(p)
+            if reason:
+                return reason
+        return None
+
+    def arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``(args, kwargs)`` of this convention's kernel for ``p`` (NumPy arrays)."""
+        reason = self.refusal(p)
+        if reason:
+            raise ValueError(f"convention: {self.name!r} cannot express this problem: {reason}")
+        return self._arguments(p)
+
+    def parse(self, *args: Any, **kwargs: Any) -> Problem:
+        """The problem a call of this convention's kernel describes (its own signature)."""
+        raise NotImplementedError
+
+    def reference(self, *args: Any, **kwargs: Any) -> Reference:
+        """The reference of a call with these arguments."""
+        return reference(self.parse(*args, **kwargs))
+
+    # ------------------------------------------------------------------ hooks
+    def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        raise NotImplementedError
+
+    def _refusal(self, p: Problem) -> str | None:
+        """A refusal no field states (subclasses)."""
+        return None
+
+    # ------------------------------------------------------------ shared rules
+    def _shape_refusal(self, p: Problem) -> str | None:
+        if p.family not in self.families:
+            return f"{self.name} expresses the families {self.families}, not {p.family!r}"
+        if p.batch_ndim > self.max_batch_dims:
+            most = "no batch dims" if not self.max_batch_dims else f"at most {self.max_batch_dims} batch dims"
+            return f"{self.name} takes {most}, got batch_ndim={p.batch_ndim}"
+        layout = (p.lhs_transposed, p.rhs_transposed, p.packed)
+        if layout not in self.layouts_of(p.family):
+            return (f"{self.name} takes the {p.family} layouts (lhs_transposed, rhs_transposed, packed) "
+                    f"{list(self.layouts_of(p.family))}, not {layout}")
+        for i, axis in enumerate("mkn"):
+            mult = self.axis_multiple(axis, p.family, p.tiling, p.lhs.dtype)
+            extent = (p.m, p.k, p.n)[i]
+            if extent % mult:
+                return f"{self.name} needs {axis.upper()}={extent} to be a multiple of {mult}{self._why(axis, p)}"
+        return None
+
+    def _why(self, axis: str, p: Problem) -> str:
+        for name, req in self.multiple_of:
+            ragged = {"ragged_m": "m", "ragged_n": "n", "ragged_k": "k"}.get(p.family)
+            if name == axis or (name == "ragged" and axis == ragged):
+                return " (16 bytes of the input dtype)" if req == "16B" else f" (the tile {req})"
+        return ""
+
+    def _sharding_refusal(self, p: Problem) -> str | None:
+        sharded = p.group_offset != 0 or p.num_local_groups != p.num_groups
+        if sharded and not self.sharding:
+            return f"{self.name} has no group_offset / sharded groups"
+        return None
+
+    def _policy_refusal(self, p: Problem) -> str | None:
+        if p.existing_out is not None:
+            if self.existing_policy is None:
+                return f"{self.name} takes no existing output"
+            if p.existing_policy != self.existing_policy:
+                verb = "overwrites" if self.existing_policy == "overwrite" else "accumulates into"
+                return f"{self.name} {verb} existing_out"
+        if (p.family in ("ragged_m", "ragged_n") and p.existing_out is None and self.tail == "undefined"
+                and p.tail == "zero" and has_tail(p)):
+            return f"{self.name} never writes the rows/columns past sum(group_sizes) (needs tail='undefined')"
+        if p.family == "ragged_k" and p.empty not in (self.empty, "undefined"):
+            return f"{self.name} gives empty groups {self.empty!r} output blocks, not {p.empty!r}"
+        if self.full_sums and has_tail(p):
+            return f"{self.name} needs sum(group_sizes) equal to the ragged extent"
+        if self.out_dtype_is_input and (p.out_dtype != p.lhs.dtype or p.lhs.dtype != p.rhs.dtype):
+            return (f"{self.name}: out_dtype must equal the input dtype, got {p.lhs.dtype} x {p.rhs.dtype} "
+                    f"-> {p.out_dtype}")
+        return None
+
+
+def has_tail(p: Problem) -> bool:
+    """Whether some ragged output rows/columns lie past ``sum(group_sizes)``."""
+    return p.group_sizes is not None and bool(np.any(p.group_sizes.sum(axis=-1) < p.ragged_extent))
+
+
+def front_end(conv: Convention, name: str) -> Callable[..., Any]:
+    """The public reference front-end of ``conv``: its kernel's signature plus ``with_reference``.
+
+    Returns the reference values in the output dtype, or with
+    ``with_reference=True`` the :class:`~gmm_ref.Reference` (values, mask, bound).
+    """
+    sig = inspect.signature(conv.parse)
+    params = [*sig.parameters.values(),
+              inspect.Parameter("with_reference", inspect.Parameter.KEYWORD_ONLY, default=False)]
+
+    def call(*args: Any, with_reference: bool = False, **kwargs: Any) -> Any:
+        if not isinstance(with_reference, bool):
+            raise TypeError(f"with_reference: expected a bool, got {with_reference!r}")
+        ref = conv.reference(*args, **kwargs)
+        return ref if with_reference else ref.values
+
+    call.__signature__ = sig.replace(parameters=params, return_annotation=Any)  # type: ignore[attr-defined]
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = conv.parse.__doc__
+    call.__module__ = type(conv).__module__
+    return call
+
+
+# ------------------------------------------------------------- argument checks
+def as_array(name: str, x: Any) -> np.ndarray:
+    """An argument as NumPy (NumPy, jax, torch, lists), TypeError naming ``name`` otherwise."""
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith(("jax", "jaxlib", "torch")):
+        return _dt.as_numpy(x, name=name)
+    if isinstance(x, (list, tuple)):
+        return np.asarray(x)
+    raise TypeError(f"{name}: expected an array, got {type(x).__name__}")
+
+
+def as_sizes(name: str, x: Any, *, ndim1: bool = True) -> np.ndarray:
+    """Group sizes (or offsets): an integer array, 1-D unless ``ndim1=False``."""
+    gs = as_array(name, x)
+    if not np.issubdtype(gs.dtype, np.integer):
+        raise TypeError(f"{name}: expected an integer array, got dtype {gs.dtype}")
+    if ndim1 and gs.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array of G sizes, got shape {gs.shape}")
+    return gs
+
+
+def expect_ndim(name: str, x: np.ndarray, want: int | tuple[int, ...]) -> None:
+    want_t = (want,) if isinstance(want, int) else want
+    if x.ndim not in want_t:
+        raise ValueError(f"{name}: expected {' or '.join(map(str, want_t))} dims, got shape {x.shape}")
+
+
+def optional_dtype(name: str, value: Any) -> np.dtype | None:
+    return None if value is None else _dt.as_dtype(value, name=name)
+
+
+def sizes32(p: Problem) -> np.ndarray | None:
+    """The problem's group sizes as int32 (None for the batch family)."""
+    return None if p.group_sizes is None else p.group_sizes.astype(np.int32)

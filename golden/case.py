@@ -1,0 +1,228 @@
+"""Golden cases: a small JSON-able spec per case, and the problem it describes.
+
+A *case* (:class:`Case`) names a convention, family, extents, group sizes,
+layouts, dtypes and a seed. Its inputs are recomputed from the spec, bit for
+bit on any machine, by :func:`golden.generator.values`, so a golden file need
+hold only the outputs. The convention's facts (``gmm_ref.conventions``) fix
+the tail, foreign and empty-group policies, so a golden says exactly what that
+API promises. docs/goldens.md documents the format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import gmm_ref
+from gmm_ref import conventions
+from gmm_ref import dtypes as _dt
+from gmm_ref.layouts import blocks
+
+from golden.generator import values
+
+__all__ = ["Case", "GoldenError", "build_problem", "inputs_of", "select"]
+
+
+class GoldenError(Exception):
+    """A golden set is corrupt, inconsistent or would change without ``--update``."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One golden case: everything needed to rebuild its problem (JSON-able).
+
+    ``m``, ``k``, ``n`` are the logical extents (the ragged one includes any
+    padded tail); ``group_sizes`` is ``[G]`` or ``[b..., G]`` (None for the
+    ``batch`` family, which takes ``groups``). ``existing`` asks for an
+    existing output (its policy is the convention's). The convention's own
+    front-end (``gmm_ref.problem_from_arguments``) fixes the tail, foreign and
+    empty-group policies, so a golden says exactly what that API promises.
+    """
+
+    name: str
+    convention: str
+    family: str
+    m: int
+    k: int
+    n: int
+    group_sizes: Any = None
+    groups: int | None = None
+    batch_shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+    out_dtype: str | None = None
+    lhs_transposed: bool = False
+    rhs_transposed: bool = False
+    packed: bool = False
+    existing: bool = False
+    group_offset: int = 0
+    num_local_groups: int | None = None
+    tiling: tuple[int, int, int] | None = None
+    kind: str = "uniform"
+    int_range: int = 3
+    poison: bool = False
+    seed: int = 0
+    tags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        ok = set("abcdefghijklmnopqrstuvwxyz0123456789._-")
+        if not self.name or set(self.name) - ok:
+            raise ValueError(f"name: expected lowercase letters, digits, '.', '_' or '-', got {self.name!r}")
+        gs = self.group_sizes
+        if gs is not None:
+            object.__setattr__(self, "group_sizes", np.asarray(gs, dtype=np.int64).tolist())
+        object.__setattr__(self, "batch_shape", tuple(int(b) for b in self.batch_shape))
+        object.__setattr__(self, "tags", tuple(self.tags))
+        if self.tiling is not None:
+            object.__setattr__(self, "tiling", tuple(int(t) for t in self.tiling))
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["batch_shape"] = list(self.batch_shape)
+        d["tags"] = list(self.tags)
+        if self.tiling is not None:
+            d["tiling"] = list(self.tiling)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Case:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise GoldenError(f"case spec: unknown fields {sorted(unknown)}")
+        d = dict(d)
+        d["batch_shape"] = tuple(d.get("batch_shape", ()))
+        d["tags"] = tuple(d.get("tags", ()))
+        if d.get("tiling") is not None:
+            d["tiling"] = tuple(d["tiling"])
+        return cls(**d)
+
+    @property
+    def spec_key(self) -> str:
+        """Canonical JSON of the spec (what a golden is keyed on)."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+
+def _shapes(c: Case, local: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    b, m, k, n = c.batch_shape, c.m, c.k, c.n
+    lt = (k, m) if c.lhs_transposed else (m, k)
+    rt = (n, k) if c.rhs_transposed else (k, n)
+    if c.family == "ragged_m":
+        return (*b, *lt), (local, *b, *rt)
+    if c.family == "ragged_n":
+        return (local, *b, *lt), (*b, *rt)
+    if c.family == "ragged_k":
+        return (*b, *lt), (*b, *rt)
+    if c.family == "batch":
+        g = int(c.groups or 0)
+        return (g, *b, *lt), (g, *b, *rt)
+    raise ValueError(f"family: expected one of {gmm_ref.FAMILIES}, got {c.family!r}")
+
+
+def _touched(p: gmm_ref.Problem, which: str) -> np.ndarray:
+    """Which elements of operand ``which`` some group of ``p`` reads."""
+    arr = getattr(p, which)
+    index = np.arange(arr.size, dtype=np.float64).reshape(arr.shape)
+    probe = p.replace(**{which: index}, existing_out=None, out_dtype=None)
+    seen = np.zeros(arr.size, bool)
+    for blk in blocks(probe):
+        seen[(blk.a if which == "lhs" else blk.b).astype(np.int64).ravel()] = True
+    return seen.reshape(arr.shape)
+
+
+def build_problem(case: Case) -> gmm_ref.Problem:
+    """The problem a case describes, with its convention's policies, in the case's own layout.
+
+    The convention's gmm_ref front-end, fed ``gmm_ref.arguments(problem)``,
+    must describe the same output (shape, dtype, tail / foreign / empty-group
+    policies); a ValueError says where they part.
+    """
+    try:
+        convention = conventions.get(case.convention)
+    except ValueError as exc:
+        raise ValueError(f"case {case.name}: {exc}") from None
+    local = case.num_local_groups
+    if case.family != "batch":
+        gs = np.asarray(case.group_sizes, dtype=np.int64)
+        if local is None:
+            local = gs.shape[-1] - case.group_offset
+    else:
+        gs = None
+        local = int(case.groups or 0)
+    lshape, rshape = _shapes(case, local)
+    dt = _dt.as_dtype(case.dtype, name="dtype")
+    kw = {"kind": case.kind, "int_range": case.int_range}
+    lhs = values(case.seed, "lhs", lshape, dt, **kw)
+    rhs = values(case.seed, "rhs", rshape, dt, **kw)
+    p = gmm_ref.Problem(
+        case.family, lhs, rhs, gs, lhs_transposed=case.lhs_transposed,
+        rhs_transposed=case.rhs_transposed, packed=case.packed, batch_ndim=len(case.batch_shape),
+        out_dtype=case.out_dtype, group_offset=case.group_offset, num_local_groups=local,
+        convention=case.convention, tiling=case.tiling, **convention.policies(case.family),
+    )
+    if case.poison:
+        if _dt.is_integer(dt):
+            raise ValueError(f"case {case.name}: poison needs float inputs")
+        for which in ("lhs", "rhs"):
+            arr = getattr(p, which).copy()
+            arr[~_touched(p, which)] = np.nan
+            p = p.replace(**{which: arr})
+    if case.existing:
+        p = p.replace(existing_out=values(case.seed, "existing_out", p.out_shape, p.out_dtype, **kw))
+    reason = convention.refusal(p)
+    if reason:
+        raise ValueError(f"case {case.name}: {reason}")
+    args, kwargs = gmm_ref.arguments(p)
+    front = gmm_ref.problem_from_arguments(case.convention, *args, **kwargs)
+    mine, theirs = _promise(p), _promise(front)
+    if mine != theirs:
+        raise ValueError(f"case {case.name}: the gmm_ref {case.convention} front-end describes "
+                         f"{theirs}, the case {mine}")
+    return p
+
+
+def _promise(p: gmm_ref.Problem) -> dict[str, Any]:
+    """What a problem says about its output (layouts aside)."""
+    d = {"family": p.family, "out_shape": p.out_shape, "out_dtype": str(p.out_dtype),
+         "existing": p.existing_out is not None}
+    if p.family in ("ragged_m", "ragged_n") and p.existing_out is None:
+        d["tail"] = p.tail
+        if p.num_local_groups != p.num_groups:
+            d["foreign"] = p.foreign
+    if p.family == "ragged_k":
+        d["empty"] = p.empty
+    if p.existing_out is not None:
+        d["existing_policy"] = p.existing_policy
+    return d
+
+
+def inputs_of(p: gmm_ref.Problem) -> dict[str, np.ndarray]:
+    """The arrays a problem is made of (what :func:`inputs_sha256` hashes)."""
+    d = {"lhs": p.lhs, "rhs": p.rhs}
+    if p.group_sizes is not None:
+        d["group_sizes"] = p.group_sizes
+    if p.existing_out is not None:
+        d["existing_out"] = p.existing_out
+    return d
+
+
+def split_patterns(cases: str | Sequence[str] | None) -> list[str] | None:
+    """``--cases`` as a list of glob patterns (a comma-separated string or a sequence)."""
+    if cases is None:
+        return None
+    if isinstance(cases, str):
+        return [c for c in cases.split(",") if c]
+    return list(cases)
+
+
+def select(names: Iterable[str], cases: str | Sequence[str] | None) -> list[str]:
+    """The names matching any of the ``cases`` glob patterns (all when None)."""
+    patterns = split_patterns(cases)
+    if not patterns:
+        return list(names)
+    return [n for n in names if any(fnmatch.fnmatchcase(n, pat) for pat in patterns)]

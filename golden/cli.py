@@ -1,0 +1,165 @@
+"""``python -m golden``: regenerate, verify, check and list goldens, from any working directory.
+
+Without ``--dir`` it works on this project's own goldens (``golden/data``,
+installed with the package) and corpus (``golden.cases``). With ``--dir PATH``
+it serves any golden directory, a downstream repository's own included; its
+corpus comes from ``--corpus pkg.module:CASES`` (or a manifest), else from the
+directory's manifest. docs/goldens.md documents the case format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import gmm_ref
+from gmm_kernels import load_object, resolve_kernel
+
+from golden.case import Case, GoldenError, select
+from golden.cases import CASES
+from golden.judge import check_goldens
+from golden.regeneration import regenerate
+from golden.store import GoldenStore
+from golden.verification import verify
+
+__all__ = ["default_directory", "load_corpus", "main", "summary"]
+
+PROG = "python -m golden"
+
+
+def default_directory() -> Path:
+    """This project's golden data (``GMM_GOLDEN_DIR`` overrides), wherever the package is installed."""
+    env = os.environ.get("GMM_GOLDEN_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent / "data"
+
+
+def load_corpus(spec: str) -> list[Case]:
+    """Cases from ``pkg.module:NAME`` (a list of Case or their JSON, or a function returning one),
+    a ``manifest.json`` or a golden directory."""
+    if spec.endswith(".json") or os.path.isdir(spec):
+        path = Path(spec)
+        man = GoldenStore(path).manifest() if path.is_dir() else json.loads(path.read_text())
+        return [Case.from_json(e["spec"]) for e in man["cases"].values()]
+    obj = load_object(spec, option="--corpus")
+    obj = obj() if callable(obj) else obj
+    return [c if isinstance(c, Case) else Case.from_json(c) for c in obj]
+
+
+def summary(corpus: Sequence[Case]) -> str:
+    """Counts of cases per convention, family, dtype and tag."""
+    def count(key: Callable[[Case], Iterable[str]]) -> str:
+        cnt: Counter[str] = Counter()
+        for c in corpus:
+            cnt.update(key(c))
+        return ", ".join(f"{k} {v}" for k, v in sorted(cnt.items()))
+
+    return "\n".join([
+        f"{len(corpus)} cases",
+        "conventions: " + count(lambda c: [c.convention]),
+        "families:    " + count(lambda c: [c.family]),
+        "dtypes:      " + count(lambda c: [c.dtype]),
+        "edge tags:   " + count(lambda c: c.tags),
+    ])
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description="Golden outputs for grouped-GEMM kernels.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--dir", default=None, help="golden directory (default: this project's golden data)")
+        sp.add_argument("--cases", default=None, help="comma-separated glob(s) of case names")
+        sp.add_argument("--corpus", default=None,
+                        help="'pkg.mod:CASES' or a manifest.json/directory whose specs to use")
+
+    def kernel_opts(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--kernel", default=None,
+                        help="a built-in kernel name (gmm_kernels.registry()) or 'pkg.module:function'")
+        sp.add_argument("--convention", default=None, choices=gmm_ref.conventions.names(),
+                        help="the calling convention of a 'pkg.module:function' kernel")
+        sp.add_argument("--multiply", default=None, help="declared multiply dtype of a function kernel")
+        sp.add_argument("--accumulate", default="float32", help="declared accumulator of a function kernel")
+        sp.add_argument("--kernel-version", default=None,
+                        help="version recorded for the kernel (goldens match bit for bit only on the same one)")
+
+    sp = sub.add_parser("regenerate", help="recompute goldens (reference, or --kernel)")
+    common(sp)
+    kernel_opts(sp)
+    sp.add_argument("--update", action="store_true", help="allow changing existing goldens")
+    sp.add_argument("--store-inputs", action="store_true", help="also store the (recomputable) inputs")
+    common(sub.add_parser("verify", help="hashes, manifest consistency, reference reproduces its goldens"))
+    sp = sub.add_parser("check", help="kernels against the goldens of their convention")
+    common(sp)
+    kernel_opts(sp)
+    common(sub.add_parser("list", help="the corpus' cases"))
+    return ap
+
+
+def _kernel(args: argparse.Namespace) -> Any:
+    if not args.kernel:
+        return None
+    numerics = None
+    if ":" in args.kernel:
+        numerics = gmm_ref.Numerics(multiply=args.multiply, accumulate=args.accumulate)
+    kernel = resolve_kernel(args.kernel, convention=args.convention, numerics=numerics)
+    if args.kernel_version:
+        kernel.version = args.kernel_version
+    return kernel
+
+
+def _check(args: argparse.Namespace, directory: Path) -> tuple[int, str]:
+    import gmm_kernels
+
+    kernel = _kernel(args)
+    kernels = [kernel] if kernel is not None else gmm_kernels.registry()
+    results = [r for k in kernels for r in check_goldens(k, directory, cases=args.cases)]
+    text = "\n".join(r.line() for r in results) or "no kernel has goldens of its convention here"
+    counts = {s: sum(r.status is s for r in results) for s in gmm_kernels.Status}
+    text += "\n" + ", ".join(f"{v} {s.name.lower().replace('_', ' ')}" for s, v in counts.items())
+    return (1 if counts[gmm_kernels.Status.FAILED] else 0), text
+
+
+def _run(args: argparse.Namespace, corpus: list[Case] | None, directory: Path, where: str, prog: str
+         ) -> tuple[int, str]:
+    if args.cmd == "list":
+        cor = corpus if corpus is not None else load_corpus(str(directory))
+        chosen = [c for c in cor if c.name in set(select([c.name for c in cor], args.cases))]
+        lines = [f"{c.name:<44} {c.convention:<18} {c.family:<9} {c.dtype:<9} {' '.join(c.tags)}" for c in chosen]
+        print(summary(chosen), file=sys.stderr)
+        return 0, "\n".join(lines)
+    if args.cmd == "regenerate":
+        return regenerate(corpus, directory, kernel=_kernel(args), convention=args.convention, cases=args.cases,
+                          update=args.update, store_inputs=args.store_inputs, command=prog, where=where)
+    if args.cmd == "verify":
+        return verify(directory, corpus, cases=args.cases, command=prog, where=where)
+    return _check(args, directory)
+
+
+def main(argv: Sequence[str] | None = None, *, corpus: Sequence[Case] | None = None,
+         default_dir: str | os.PathLike[str] | None = None, prog: str = PROG) -> int:
+    """The golden command line. ``corpus`` / ``default_dir`` replace the defaults (this project's
+    corpus and golden data when no ``--dir`` is given; the directory's own manifest with one)."""
+    args = _parser(prog).parse_args(argv)
+    where = (f" --dir {args.dir}" if args.dir else "") + (f" --corpus {args.corpus}" if args.corpus else "")
+    directory = Path(args.dir or default_dir or default_directory())
+    try:
+        if args.corpus:
+            cor = load_corpus(args.corpus)
+        elif corpus is not None:
+            cor = list(corpus)
+        elif args.dir or default_dir:
+            cor = None
+        else:
+            cor = list(CASES)
+        rc, text = _run(args, cor, directory, where, prog)
+    except (GoldenError, ValueError, TypeError, ImportError, AttributeError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    print(text, file=sys.stdout if rc == 0 else sys.stderr)
+    return rc

@@ -1,0 +1,148 @@
+"""Judge kernels against stored goldens: bit for bit against their own, else within the gmm_ref bound.
+
+:func:`check_goldens` runs one kernel on every golden case of its convention
+and returns one ``gmm_kernels.Result`` per case (the result model the property
+checks use too); :func:`drift` and :func:`describe_bad` say how far two outputs
+are apart and where.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import gmm_ref
+from gmm_ref import dtypes as _dt
+from gmm_ref.compare import group_span, groups_of
+from gmm_kernels import KernelAdapter, Result, Status, resolve_kernel
+
+from golden.case import GoldenError, build_problem, select
+from golden.producers import kernel_producer
+from golden.store import VIEW_AS, Golden, GoldenStore, canonical_output
+
+__all__ = ["bits", "check_goldens", "describe_bad", "drift"]
+
+
+def _ordered(a: np.ndarray) -> np.ndarray:
+    """Floats as integers in value order (adjacent floats differ by 1): ulp distances."""
+    if _dt.is_integer(a.dtype):
+        return a.astype(np.int64)
+    w = a.dtype.itemsize * 8
+    if w == 64:
+        b = a.view(np.int64)
+        return np.where(b < 0, -(b & np.int64(0x7FFFFFFFFFFFFFFF)), b)
+    b = a.view(VIEW_AS[a.dtype.itemsize]).astype(np.int64)
+    mag = b & np.int64((1 << (w - 1)) - 1)
+    return np.where(b >> np.int64(w - 1), -mag, mag)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """The array's raw bits (unsigned integers of its width)."""
+    return a.view(VIEW_AS[a.dtype.itemsize])
+
+
+def drift(old: np.ndarray, new: np.ndarray, mask: np.ndarray) -> tuple[float, float, int]:
+    """(max |new - old|, max ulps apart, elements that differ bitwise) over ``mask``."""
+    if old.shape != new.shape or old.dtype != new.dtype:
+        return float("nan"), float("nan"), -1
+    o, n = old[mask], new[mask]
+    differ = bits(o) != bits(n)
+    if not np.any(differ):
+        return 0.0, 0.0, 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        delta = np.abs(n.astype(np.float64) - o.astype(np.float64))
+        ulps = np.abs(_ordered(n) - _ordered(o)).astype(np.float64)
+    max_delta = float(np.nanmax(delta)) if np.isfinite(delta).any() else float("nan")
+    return max_delta, float(np.max(ulps)), int(np.sum(differ))
+
+
+def _fmt(x: Any) -> str:
+    return repr(int(x)) if np.issubdtype(np.asarray(x).dtype, np.integer) else repr(float(x))
+
+
+def describe_bad(p: gmm_ref.Problem, bad: np.ndarray, mask: np.ndarray, actual: np.ndarray,
+                 desired: np.ndarray) -> str:
+    """One line: how many defined elements are wrong, in which groups, and the first one."""
+    idx = np.argwhere(bad)
+    groups = groups_of(p, idx)
+    found, first = np.unique(groups, return_index=True)
+    text = ", ".join(group_span(p, int(g), tuple(int(v) for v in idx[i])) for g, i in list(zip(found, first))[:6])
+    if len(found) > 6:
+        text += f", ... ({len(found)} groups)"
+    at = tuple(int(v) for v in idx[0])
+    return (f"{len(idx)} / {int(mask.sum())} defined elements wrong in {text}; "
+            f"first at {list(at)}: {_fmt(actual[at])} vs {_fmt(desired[at])}")
+
+
+def _failed(kernel: str, case: str, detail: str, criterion: str, message: str = "") -> Result:
+    error = gmm_ref.Mismatch(message or detail, kind="shape" if criterion == "shape" else "values")
+    return Result(kernel, case, Status.FAILED, detail=detail, error=error, criterion=criterion)
+
+
+def compare_output(kernel: KernelAdapter, golden: Golden, problem: gmm_ref.Problem, actual: Any) -> Result:
+    """Judge one kernel output against a golden: bit for bit when the golden is the kernel's own
+    (same name, version and platform), else within the gmm_ref bound of its declared numerics."""
+    name, case = str(kernel.name), golden.case.name
+    try:
+        act = gmm_ref.as_numpy(actual)
+    except Exception as exc:  # noqa: BLE001
+        return _failed(name, case, f"case {case}: output not convertible: {exc}", "shape")
+    if act.shape != golden.out.shape or act.dtype != golden.out.dtype:
+        return _failed(name, case, f"case {case}: shape/dtype {act.shape} {act.dtype}, expected "
+                                   f"{golden.out.shape} {golden.out.dtype}", "shape")
+    producer = golden.entry.get("producer", {})
+    if producer == kernel_producer(kernel):
+        got = canonical_output(act, golden.mask)
+        _, ulps, n = drift(golden.out, got, golden.mask)
+        if n == 0:
+            return Result(name, case, Status.PASSED, examples=1, criterion="bit-for-bit")
+        bad = golden.mask & (bits(got) != bits(golden.out))
+        line = describe_bad(problem, bad, golden.mask, act, golden.out)
+        return _failed(name, case, f"case {case}: not bit-for-bit equal to its own golden ({producer['version']}, "
+                                   f"{producer['platform']}), max {ulps:g} ulps: {line}", "bit-for-bit")
+    ref = gmm_ref.reference(problem)
+    act = canonical_output(act, ref.mask)  # undefined elements may hold any bits (uninitialised memory)
+    outcome = gmm_ref.check(act, ref, numerics=kernel.numerics_for(problem), kernel=name)
+    if outcome.ok:
+        return Result(name, case, Status.PASSED, examples=1, criterion="bound")
+    if outcome.bad is None:
+        return _failed(name, case, f"case {case}: {outcome.message.splitlines()[-1]}", "bound", outcome.message)
+    line = describe_bad(problem, outcome.bad, ref.mask, act, ref.values)
+    crit = outcome.message.splitlines()[1] if len(outcome.message.splitlines()) > 1 else ""
+    return _failed(name, case, f"case {case}: {line}; {crit}", "bound", outcome.message)
+
+
+def _check_case(k: KernelAdapter, store: GoldenStore, name: str, entry: dict[str, Any]) -> Result:
+    try:
+        golden = store.load(name, entry)
+        problem = build_problem(golden.case)
+    except (GoldenError, ValueError, TypeError) as exc:
+        return _failed(k.name, name, f"case {name}: golden unusable: {exc}", "")
+    why = k.supports(problem)
+    if why:
+        return Result(k.name, name, Status.UNSUPPORTED, detail=why)
+    try:
+        out = k.run(problem)
+    except Exception as exc:  # noqa: BLE001 - a kernel crash is a failure of this case
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return Result(k.name, name, Status.FAILED, detail=f"case {name}: raised {type(exc).__name__}: {first}",
+                      error=exc)
+    return compare_output(k, golden, problem, out)
+
+
+def check_goldens(kernel: Any, directory: str | os.PathLike[str], *, cases: str | Sequence[str] | None = None,
+                  convention: str | None = None) -> list[Result]:
+    """One kernel (an adapter, a built-in name, ``pkg.mod:fn`` or a function with ``convention``)
+    against every golden of its convention in ``directory``: one result per case."""
+    k = resolve_kernel(kernel, convention=convention)
+    store = GoldenStore(directory)
+    man = store.manifest()
+    names = select(sorted(man["cases"]), cases)
+    mine = [n for n in names if man["cases"][n]["spec"]["convention"] == k.convention]
+    reason = k.available()
+    if reason:
+        return [Result(k.name, n, Status.UNSUPPORTED, detail=f"kernel unavailable: {reason}") for n in mine]
+    return [_check_case(k, store, n, man["cases"][n]) for n in mine]

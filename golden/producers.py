@@ -1,0 +1,81 @@
+"""Who made a golden: the reference, or a kernel at a version on a platform, and the numerics it declared.
+
+A golden made by a kernel is checked bit for bit against later runs of the same
+kernel, version and platform; any other kernel is judged within the bound of
+its declared numerics, which the manifest stores in full.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform as _platform
+import sys
+from importlib import metadata
+from typing import Any
+
+import gmm_ref
+from gmm_kernels import KernelAdapter
+
+__all__ = ["kernel_producer", "numerics_from_json", "numerics_json", "reference_producer"]
+
+
+def _package_version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def reference_producer() -> dict[str, str]:
+    """The reference's producer record: exact float64 arithmetic, the same on every platform."""
+    return {"name": "reference", "version": f"gmm-harness {_package_version('gmm-harness')}",
+            "platform": "any"}
+
+
+def _packages(kernel: KernelAdapter) -> tuple[str, ...]:
+    """The distributions whose versions identify the kernel's build."""
+    pkgs = list(kernel.requires) or [kernel.spec.framework]
+    fn = getattr(kernel, "fn", None)
+    if fn is not None and getattr(fn, "__module__", None):
+        pkgs.insert(0, fn.__module__.split(".")[0])
+    if "jax" in pkgs:
+        pkgs.insert(pkgs.index("jax") + 1, "jaxlib")
+    return tuple(dict.fromkeys(pkgs))
+
+
+def _device(framework: str) -> str:
+    with contextlib.suppress(Exception):
+        if framework == "jax" and "jax" in sys.modules:
+            return sys.modules["jax"].devices()[0].device_kind
+        if framework == "torch" and "torch" in sys.modules:
+            torch = sys.modules["torch"]
+            return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return ""
+
+
+def kernel_producer(kernel: KernelAdapter, *, version: str | None = None) -> dict[str, str]:
+    """A kernel's producer record: ``version`` (default: the kernel's ``version`` attribute, else
+    the versions of gmm-harness and its packages) and OS-machine[/device]."""
+    version = version or getattr(kernel, "version", None)
+    if not version:
+        version = "; ".join(f"{d} {_package_version(d)}" for d in ("gmm-harness", *_packages(kernel)))
+    plat = getattr(kernel, "platform", None)
+    if not plat:
+        dev = _device(kernel.spec.framework)
+        plat = f"{sys.platform}-{_platform.machine()}" + (f"/{dev}" if dev else "")
+    return {"name": str(kernel.name), "version": str(version), "platform": str(plat)}
+
+
+def numerics_json(n: gmm_ref.Numerics | None) -> dict[str, Any] | None:
+    """Every field of the numerics the judge uses, as JSON."""
+    if n is None:
+        return None
+    return {"multiply": None if n.multiply is None else str(n.multiply), "accumulate": str(n.accumulate),
+            "flush_subnormals": bool(n.flush_subnormals)}
+
+
+def numerics_from_json(d: dict[str, Any] | None) -> gmm_ref.Numerics | None:
+    if d is None:
+        return None
+    return gmm_ref.Numerics(multiply=d["multiply"], accumulate=d["accumulate"],
+                            flush_subnormals=bool(d.get("flush_subnormals", False)))

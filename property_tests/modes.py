@@ -1,0 +1,108 @@
+"""The modes a kernel is checked in, and the strategy of problems each draws for a kernel.
+
+A *mode* is one kind of input a kernel must get right (exact integers bit for
+bit, normal values within the bound, poisoned padding, all groups empty,
+sharded groups with and without an existing output, other output dtypes,
+gradients). Each is a Hypothesis property over the problems of one family that
+the kernel's convention can express and the kernel declares it takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import strategies as st
+
+from gmm_kernels import KernelAdapter
+
+from property_tests import strategies as gst
+
+__all__ = ["MODES", "Mode", "Unsupported", "mode_strategy"]
+
+
+class Unsupported(Exception):
+    """The kernel cannot take any problem of this mode/family; ``str()`` is the reason."""
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One kind of input; ``options`` go to :func:`property_tests.strategies.problems`."""
+
+    name: str
+    doc: str
+    options: dict[str, Any] = field(default_factory=dict)
+    needs_sharding: bool = False
+
+
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in (
+        Mode("exact", "small integers: the result is exact, so it must match bit for bit",
+             {"values": "integers"}),
+        Mode("normal", "normal values within the per-element bound", {"values": "normal"}),
+        Mode("wide", "subnormals up to values near the output's overflow, within the bound",
+             {"values": "wide"}),
+        Mode("poisoned", "NaN/Inf in rows and columns of no group must not reach the output",
+             {"values": "poisoned"}),
+        Mode("all_empty", "every group empty: the output is all tail / all zero blocks",
+             {"values": "integers", "all_empty": True}),
+        Mode("many_groups", "9 to 64 groups: more groups than tiles, indices past small fixed tables",
+             {"values": "exact", "min_groups": 9, "max_groups": 64}),
+        Mode("sharded", "group_offset / num_local_groups without an existing output",
+             {"values": "integers", "sharding": True}, needs_sharding=True),
+        Mode("sharded_existing", "sharded groups writing into an existing output",
+             {"values": "integers", "sharding": True, "existing_out": True},
+             needs_sharding=True),
+        Mode("grad", "reverse-mode gradients w.r.t. lhs, rhs and existing_out, against gmm_ref.gradients",
+             {"values": "normal", "dtypes": ("float32", "bfloat16", "float16")}),
+        Mode("out_dtype", "every output dtype the convention takes, exact shape and dtype",
+             {"values": "normal", "vary_out_dtype": True}),
+    )
+}
+
+
+def mode_of(mode: Mode | str) -> Mode:
+    if isinstance(mode, Mode):
+        return mode
+    if mode not in MODES:
+        raise ValueError(f"modes: unknown mode {mode!r}; expected some of {sorted(MODES)}")
+    return MODES[mode]
+
+
+def _dtypes(mode_dtypes: Any, adapter: KernelAdapter) -> Any:
+    """The dtype pairs to draw: the kernel's (its declared ones, else its convention's), narrowed
+    to the mode's dtypes (each ``x`` meaning the pair ``(x, x)``) when the mode names some."""
+    declared = adapter.strategy_options().get("dtypes")
+    if mode_dtypes is None:
+        return declared
+    mine = declared if declared is not None else adapter.spec.dtype_pairs
+    wanted = {str(d) for d in mode_dtypes}
+    narrowed = tuple(pr for pr in mine if str(pr[0]) == str(pr[1]) and str(pr[0]) in wanted)
+    if not narrowed:
+        raise Unsupported(f"{adapter.name} takes none of the {mode_dtypes} inputs this mode draws")
+    return narrowed
+
+
+def mode_strategy(adapter: KernelAdapter, mode: Mode | str, family: str | None = None) -> st.SearchStrategy:
+    """Problems in ``adapter``'s convention for ``mode``, within what the kernel declares it takes."""
+    mode = mode_of(mode)
+    if mode.needs_sharding and not adapter.spec.sharding:
+        raise Unsupported(f"{adapter.convention} has no group_offset (no sharded groups)")
+    kwargs = dict(mode.options)
+    declared = adapter.strategy_options()
+    # group counts: the mode's range narrowed to what the kernel takes; dtypes: the intersection
+    lo = max(kwargs.get("min_groups", 1), declared.pop("min_groups", 1))
+    hi = min(kwargs.get("max_groups", 8), declared.pop("max_groups", 1 << 30))
+    if lo > hi:
+        raise Unsupported(f"{adapter.name} takes at most {hi} groups; the {mode.name} mode needs {lo}")
+    dtypes = _dtypes(kwargs.get("dtypes"), adapter)
+    declared.pop("dtypes", None)
+    kwargs.update(declared, min_groups=lo, max_groups=hi)
+    if dtypes is not None:
+        kwargs["dtypes"] = dtypes
+    if adapter.tiling is not None:
+        kwargs["tiling"] = adapter.tiling
+    if family is not None:
+        kwargs["families"] = (family,)
+    return gst.problems(convention=adapter.convention, **kwargs)

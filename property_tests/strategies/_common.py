@@ -1,0 +1,61 @@
+"""Shared helpers of the strategies: argument checks and cached strategy objects."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.strategies import SearchStrategy
+
+from gmm_ref import as_tiling
+
+__all__ = ["BOOLEANS", "SEEDS", "SMALL_TILE", "check_int", "check_tiling", "integers", "resolve", "sampled"]
+
+SMALL_TILE = 8  # the tile edges drawn around when no tiling is given
+BOOLEANS = st.booleans()
+SEEDS = st.integers(0, 2**32 - 1)
+
+
+def resolve(draw: Any, value: Any) -> Any:
+    """``value``, or a draw from it when it is a strategy."""
+    return draw(value) if isinstance(value, SearchStrategy) else value
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgument(f"{name}={value!r}, but it must be an int")
+    if minimum is not None and value < minimum:
+        raise InvalidArgument(f"{name}={value!r}, but it must be at least {minimum}")
+    return int(value)
+
+
+def check_tiling(value: Any, name: str = "tiling") -> tuple[int, int, int]:
+    if isinstance(value, str):
+        raise InvalidArgument(f"{name}={value!r}, but it must be three positive ints (tm, tk, tn)")
+    try:
+        return as_tiling(value, name=name)
+    except ValueError:
+        raise InvalidArgument(f"{name}={value!r}, but it must be three positive ints (tm, tk, tn)") from None
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def integers(lo: int, hi: int) -> SearchStrategy[int]:
+    # strategies are built once and reused: a fresh one costs validation on every draw
+    return st.integers(lo, hi)
+
+
+def sampled(elements: tuple) -> SearchStrategy:
+    # keyed by the element types too: (True, False) == (1, 0), but must not share a strategy
+    return _sampled_typed(elements, _types(elements))
+
+
+def _types(x: Any) -> Any:
+    return (tuple, tuple(_types(v) for v in x)) if type(x) is tuple else type(x)
+
+
+@functools.lru_cache(maxsize=1024)
+def _sampled_typed(elements: tuple, types: Any) -> SearchStrategy:
+    return st.sampled_from(elements)

@@ -1,0 +1,173 @@
+"""Validate the arguments of ``problems()`` against the convention's facts, into a hashable :class:`Config`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from hypothesis.errors import InvalidArgument
+
+from gmm_ref import FAMILIES, conventions
+from gmm_ref import dtypes as _dt
+from gmm_ref.conventions import Convention
+from gmm_ref.conventions.base import TRANSPOSES, packed_layouts
+
+from property_tests.strategies._common import SMALL_TILE, check_int, check_tiling, resolve
+from property_tests.strategies._static import Config
+
+__all__ = ["ANY", "config", "rules_of"]
+
+#: the facts strategies draw from without a convention: every family, layout (transposed,
+#: packed), batch dims, float64, sharding and existing output (policies are drawn too)
+ANY = Convention(
+    name="any", framework="jax", families=FAMILIES,
+    layouts=tuple((f, tuple(dict.fromkeys(TRANSPOSES + tuple(x for x in packed_layouts(f) if x[2]))))
+                  for f in FAMILIES),
+    dtype_pairs=(("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"),
+                 ("float16", "float16"), ("float64", "float64"), ("int8", "int32")),
+    existing_policy="overwrite", sharding=True, max_batch_dims=1,
+)
+
+
+def rules_of(convention: str | None) -> Convention:
+    """The facts a strategy draws from: the convention's, or :data:`ANY` for None."""
+    if convention is None:
+        return ANY
+    try:
+        return conventions.get(convention)
+    except ValueError:
+        raise InvalidArgument(
+            f"convention={convention!r}, but it must be None or one of {conventions.names()}") from None
+
+
+def _dtype_pairs(value: Any, rules: Convention, convention: str | None, vary_out_dtype: Any) -> tuple:
+    if value is None:
+        pairs = list(rules.dtype_pairs)
+    else:
+        if isinstance(value, (str, np.dtype, type)) or not isinstance(value, Sequence):
+            value = [value]
+        pairs = []
+        for item in value:
+            try:
+                if isinstance(item, tuple):
+                    i, o = (_dt.as_dtype(x) for x in item)
+                else:
+                    i = _dt.as_dtype(item)
+                    o = np.dtype(np.int32) if _dt.is_integer(i) else i
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgument(f"dtypes={value!r}, but {item!r} is not a dtype gmm_ref knows: {exc}") from None
+            pairs.append((i, o))
+        _check_pairs(value, pairs, rules, convention)
+    if vary_out_dtype is not None:
+        chosen = [pr for pr in pairs if (pr[0] != pr[1]) == bool(vary_out_dtype)]
+        if not chosen:
+            raise InvalidArgument(
+                f"vary_out_dtype={vary_out_dtype!r}, but no dtype pair of {[tuple(map(str, p)) for p in pairs]} "
+                "has " + ("an output dtype other than its input" if vary_out_dtype else "out_dtype == input")
+            )
+        pairs = chosen
+    return tuple(dict.fromkeys(pairs))
+
+
+def _check_pairs(value: Any, pairs: list, rules: Convention, convention: str | None) -> None:
+    allowed_in = {i for i, _ in rules.dtype_pairs}
+    for i, o in pairs:
+        if convention is not None and i not in allowed_in:
+            raise InvalidArgument(
+                f"dtypes={value!r}, but convention={convention!r} takes inputs of "
+                f"{sorted(str(d) for d in allowed_in)} only"
+            )
+        if rules.out_dtype_is_input and o != i:
+            raise InvalidArgument(f"dtypes={value!r}, but {convention} needs out_dtype equal to the input dtype")
+        if _dt.is_integer(i) != _dt.is_integer(o) or i not in _dt.INPUT_DTYPES or o not in _dt.OUTPUT_DTYPES:
+            raise InvalidArgument(f"dtypes={value!r}, but ({i}, {o}) is not an input/output pair gmm_ref takes")
+
+
+def _families(families: Any, rules: Convention, convention: str | None) -> tuple[str, ...]:
+    if families is None:
+        return rules.default_families or rules.families
+    fams = (families,) if isinstance(families, str) else tuple(families)
+    if not fams:
+        raise InvalidArgument("families=(), but at least one family is needed")
+    for f in fams:
+        if f not in rules.families:
+            raise InvalidArgument(f"families={families!r}, but convention={convention!r} expresses only {rules.families}")
+    return tuple(dict.fromkeys(fams))
+
+
+def _sharding(sh: Any, rules: Convention, convention: str | None, hi: int, fams: tuple[str, ...]) -> None:
+    if sh is not None and not isinstance(sh, bool):
+        raise InvalidArgument(f"sharding={sh!r}, but it must be None, True or False")
+    if sh and not rules.sharding:
+        raise InvalidArgument(f"sharding=True, but convention={convention!r} has no group_offset (no sharded groups)")
+    if sh and hi < 2:
+        raise InvalidArgument(f"sharding=True, but max_groups={hi} leaves nothing to shard (needs >= 2)")
+    if sh and fams == ("batch",):
+        raise InvalidArgument("sharding=True, but families=('batch',) has no sharding")
+
+
+def _shapes(shapes: Any, shp: Any, rules: Convention, convention: str | None, fams: tuple[str, ...],
+            pairs: tuple, tiling: tuple[int, int, int]) -> tuple[tuple[int, int, int], ...] | None:
+    if shp is None:
+        return None
+    try:
+        shp = tuple(tuple(int(v) for v in s) for s in shp)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"shapes={shapes!r}, but it must be a sequence of (M, K, N) tuples") from None
+    if not shp or any(len(s) != 3 or min(s) < 0 for s in shp):
+        raise InvalidArgument(f"shapes={shapes!r}, but it must be a non-empty sequence of (M, K, N) >= 0")
+    for s in shp:
+        for f in fams:
+            for i_dt, _ in pairs:
+                for i, axis in enumerate("mkn"):
+                    mult = rules.axis_multiple(axis, f, tiling, i_dt)
+                    if s[i] % mult:
+                        raise InvalidArgument(
+                            f"shapes={shapes!r}, but convention={convention!r} needs {axis.upper()} to be a "
+                            f"multiple of {mult} (family {f!r}, dtype {i_dt}, tiling={tiling}); {s} is not"
+                        )
+    return shp
+
+
+def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling: Any, min_groups: Any,
+           max_groups: Any, max_extent: Any, max_batch_dims: Any, sharding: Any, max_shards: Any,
+           existing_out: Any, shapes: Any, max_buckets: Any, vary_out_dtype: Any) -> Config:
+    """The validated :class:`Config` of ``problems()``'s arguments (strategy arguments drawn in order)."""
+    rules = rules_of(convention)
+    fams = _families(families, rules, convention)
+    pairs = _dtype_pairs(resolve(draw, dtypes), rules, convention, vary_out_dtype)
+    t = resolve(draw, tiling)
+    given_t = t is not None
+    t = check_tiling(t) if given_t else (rules.default_tiling or (SMALL_TILE,) * 3)
+    lo = check_int("min_groups", resolve(draw, min_groups), minimum=1)
+    hi = check_int("max_groups", resolve(draw, max_groups), minimum=1)
+    if lo > hi:
+        raise InvalidArgument(f"min_groups={lo} is greater than max_groups={hi}")
+    counts = tuple(sorted({v for v in (lo, 2, 3, 4, hi) if lo <= v <= hi}))
+    me = resolve(draw, max_extent)
+    me = 2 * max(t) + 16 if me is None else check_int("max_extent", me, minimum=1)
+    mbd = resolve(draw, max_batch_dims)
+    mbd = rules.max_batch_dims if mbd is None else check_int("max_batch_dims", mbd, minimum=0)
+    if mbd > rules.max_batch_dims:
+        raise InvalidArgument(
+            f"max_batch_dims={mbd}, but convention={convention!r} takes at most {rules.max_batch_dims} batch dims")
+    sh = resolve(draw, sharding)
+    _sharding(sh, rules, convention, hi, fams)
+    ms = check_int("max_shards", resolve(draw, max_shards), minimum=1)
+    if sh and ms < 2:
+        raise InvalidArgument(f"sharding=True, but max_shards={ms} allows only one shard")
+    if sh:
+        counts = tuple(c for c in counts if any(c % s == 0 for s in range(2, ms + 1))) or counts
+    ex = resolve(draw, existing_out)
+    if ex is not None and not isinstance(ex, bool):
+        raise InvalidArgument(f"existing_out={ex!r}, but it must be None, True or False")
+    if ex and rules.existing_policy is None:
+        raise InvalidArgument(f"existing_out=True, but convention={convention!r} takes no existing output")
+    shp = _shapes(shapes, resolve(draw, shapes), rules, convention, fams, pairs, t)
+    mb = resolve(draw, max_buckets)
+    if mb == "auto":
+        mb = None if convention is None else 8
+    if mb is not None:
+        mb = check_int("max_buckets", mb, minimum=1)
+    return Config(convention, rules, fams, pairs, t, given_t, counts, lo, hi, me, mbd, sh, ms, ex, shp, mb)

@@ -1,0 +1,212 @@
+"""Static signatures (buckets): the few shapes, layouts and dtypes a strategy draws, so kernels compile little."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.strategies import SearchStrategy
+
+from gmm_ref.conventions import Convention
+
+from property_tests.strategies._common import BOOLEANS, integers, sampled
+from property_tests.strategies.extents import Extents, cached_extents, extent_candidates
+
+__all__ = ["MAX_ELEMENTS", "Config", "Static", "buckets", "draw_free_static"]
+
+MAX_ELEMENTS = 1 << 20  # per buffer; keeps drawing fast
+
+
+@dataclass(frozen=True)
+class Static:
+    """One static signature (bucket): what a kernel compiles for."""
+
+    family: str
+    layout: tuple[bool, bool, bool]
+    batch: tuple[int, ...]
+    sizes_batched: bool
+    mkn: tuple[int, int, int]
+    groups: int
+    shards: int
+    in_dtype: np.dtype
+    out_dtype: np.dtype
+    existing: bool
+
+    def cost(self) -> tuple:
+        return (self.groups, self.shards, sum(self.mkn), len(self.batch), self.existing,
+                sum(self.layout), self.family)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated, hashable arguments of one ``problems()`` strategy."""
+
+    convention: str | None
+    rules: Convention
+    families: tuple[str, ...]
+    dtype_pairs: tuple[tuple[np.dtype, np.dtype], ...]
+    tiling: tuple[int, int, int]
+    tiling_given: bool
+    group_counts: tuple[int, ...]
+    min_groups: int
+    max_groups: int
+    max_extent: int
+    max_batch_dims: int
+    sharding: bool | None
+    max_shards: int
+    existing: bool | None
+    shapes: tuple[tuple[int, int, int], ...] | None
+    max_buckets: int | None
+
+
+def _axis_candidates(cfg: Config, family: str, in_dtype: Any) -> list[list[int]]:
+    out = []
+    for i, axis in enumerate("mkn"):
+        mult = cfg.rules.axis_multiple(axis, family, cfg.tiling, in_dtype)
+        cands = extent_candidates(cfg.tiling[i], 1, cfg.max_extent, mult)
+        if not cands:
+            raise InvalidArgument(
+                f"max_extent={cfg.max_extent}, but convention={cfg.convention!r} needs {axis.upper()} to be a "
+                f"multiple of {mult} for family {family!r} and dtype {np.dtype(in_dtype)} (tiling={cfg.tiling})"
+            )
+        out.append(cands)
+    return out
+
+
+def _layouts(cfg: Config, family: str) -> tuple[tuple[bool, bool, bool], ...]:
+    return cfg.rules.layouts_of(family)
+
+
+def _shard_options(cfg: Config, family: str, g: int) -> list[int]:
+    if not cfg.rules.sharding or family == "batch" or cfg.sharding is False:
+        return [1]
+    divs = [s for s in range(1, min(g, cfg.max_shards) + 1) if g % s == 0]
+    if cfg.sharding:
+        divs = [s for s in divs if s > 1]
+    return divs
+
+
+def _existing_options(cfg: Config) -> list[bool]:
+    if cfg.rules.existing_policy is None or cfg.existing is False:
+        return [False]
+    return [True] if cfg.existing else [False, True]
+
+
+def _fits(s: Static) -> bool:
+    m, k, n = s.mkn
+    b = math.prod(s.batch)
+    g = s.groups
+    per = {"ragged_m": (m * k, g * k * n, m * n), "ragged_n": (g * m * k, k * n, m * n),
+           "ragged_k": (m * k, k * n, g * m * n), "batch": (g * m * k, g * k * n, g * m * n)}[s.family]
+    return max(per) * b <= MAX_ELEMENTS
+
+
+@functools.lru_cache(maxsize=256)
+def buckets(cfg: Config) -> tuple[Static, ...]:
+    """A fixed, deterministic list of static signatures, simplest first."""
+    target = cfg.max_buckets
+    found: dict[Static, None] = {}
+    counts = cfg.group_counts
+    # first one plain signature (smallest extents, no shards, no existing output) per
+    # group count, so that failures shrink to a plain problem with few groups; then mixed
+    n_plain = min(len(counts), max(1, target // 2))
+    plain = counts[:n_plain - 1] + counts[-1:]
+    for j in range(target * 8):
+        if j < n_plain:
+            g = plain[j]
+
+            def pick(seq: Any, salt: int = 0) -> Any:
+                return seq[0]
+        else:
+            # walk every parameter's list with its own phase so that the mixed
+            # buckets cover each value once there are as many buckets as values
+            r = j - n_plain
+            g = counts[(r + 1) % len(counts)]
+
+            def pick(seq: Any, salt: int = 0, r: int = r) -> Any:
+                return seq[(r + 1 + salt) % len(seq)]
+        fam = cfg.families[j % len(cfg.families)]
+        in_dt, out_dt = cfg.dtype_pairs[(j // len(cfg.families)) % len(cfg.dtype_pairs)]
+        layout = pick(_layouts(cfg, fam))
+        shards = _shard_options(cfg, fam, g)
+        if not shards:
+            continue
+        if cfg.shapes is not None:
+            mkn = pick(cfg.shapes)
+        else:
+            mkn = tuple(pick(c, salt) for salt, c in enumerate(_axis_candidates(cfg, fam, in_dt), 2))
+        nb = pick(list(range(cfg.max_batch_dims + 1)), 5)
+        batch = (2,) * nb
+        s = Static(fam, layout, batch, bool(nb and fam in ("ragged_m", "ragged_k") and j % 2),
+                    mkn, g, pick(shards, 6), in_dt, out_dt, pick(_existing_options(cfg), 7))
+        if not _fits(s):  # too big for this G: the smallest extents instead
+            small = (min(cfg.shapes, key=sum) if cfg.shapes is not None
+                     else tuple(c[0] for c in _axis_candidates(cfg, fam, in_dt)))
+            s = dataclasses.replace(s, mkn=small)
+            if not _fits(s):
+                continue
+        found.setdefault(s)
+        if len(found) >= target:
+            break
+    if not found:
+        raise InvalidArgument(
+            f"max_groups/max_extent/shapes: no problem of convention={cfg.convention!r} fits "
+            f"{MAX_ELEMENTS} elements per buffer"
+        )
+    return tuple(sorted(found, key=Static.cost))
+
+
+@functools.lru_cache(maxsize=64)
+def _free_groups(cfg: Config) -> tuple[SearchStrategy[int], SearchStrategy[int]]:
+    """(any G, a G that some shard count of at least 2 divides), built once per config."""
+    ms = cfg.max_shards
+    any_g = integers(cfg.min_groups, cfg.max_groups)
+    return any_g, any_g.filter(lambda x: any(x % d == 0 for d in range(2, min(x, ms) + 1)))
+
+
+@functools.lru_cache(maxsize=256)
+def _free_extents(cfg: Config, family: str, in_dtype: Any) -> tuple[Extents, ...] | str:
+    """The M, K and N strategies for a family and input dtype, or why there are none."""
+    out = []
+    for i, axis in enumerate("mkn"):
+        mult = cfg.rules.axis_multiple(axis, family, cfg.tiling, in_dtype)
+        if not extent_candidates(cfg.tiling[i], 1, cfg.max_extent, mult):
+            return f"max_extent={cfg.max_extent}, but {axis.upper()} must be a multiple of {mult}"
+        out.append(cached_extents(cfg.tiling[i], 1, cfg.max_extent, mult))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=16)
+def _batch_shapes(nb: int) -> SearchStrategy[list[int]]:
+    return st.lists(integers(1, 3), min_size=nb, max_size=nb)
+
+
+def draw_free_static(draw: Any, cfg: Config) -> Static:
+    fam = draw(sampled(cfg.families))
+    in_dt, out_dt = draw(sampled(cfg.dtype_pairs))
+    layout = draw(sampled(_layouts(cfg, fam)))
+    any_g, sharded_g = _free_groups(cfg)
+    g = draw(sharded_g if cfg.sharding and fam != "batch" else any_g)
+    shard_count = draw(sampled(tuple(_shard_options(cfg, fam, g))))
+    if cfg.shapes is not None:
+        mkn = draw(sampled(cfg.shapes))
+    else:
+        axes = _free_extents(cfg, fam, in_dt)
+        if isinstance(axes, str):
+            raise InvalidArgument(axes)
+        mkn = (axes[0](draw), axes[1](draw), axes[2](draw))
+    nb = draw(integers(0, cfg.max_batch_dims))
+    batch = tuple(draw(_batch_shapes(nb)))
+    batched = bool(nb) and fam in ("ragged_m", "ragged_k") and draw(BOOLEANS)
+    existing = draw(sampled(tuple(_existing_options(cfg))))
+    s = Static(fam, layout, batch, batched, mkn, g, shard_count, in_dt, out_dt, existing)
+    if not _fits(s):
+        raise InvalidArgument(f"max_extent={cfg.max_extent}, max_groups: a drawn problem exceeds "
+                              f"{MAX_ELEMENTS} elements per buffer; lower them")
+    return s

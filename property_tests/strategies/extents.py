@@ -1,0 +1,119 @@
+"""Extents (M, K, N) around tile edges, and kernel tilings."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.strategies import SearchStrategy
+
+from property_tests.strategies._common import SMALL_TILE, check_int, integers, resolve, sampled
+
+__all__ = ["Extents", "cached_extents", "extent_candidates", "extents", "tilings"]
+
+PARTS = st.integers(0, 2)
+
+
+def extent_candidates(tile: int, lo: int, hi: int, mult: int) -> list[int]:
+    """Extents around tile edges: below one tile, exact multiples and multiples +-1 (or +-mult)."""
+    cands = {1, 2, mult, 2 * mult, max(1, tile // 2), tile // 2 + 1}
+    for j in (1, 2, 3):
+        for d in (-mult, -1, 0, 1, mult):
+            cands.add(j * tile + d)
+    out = sorted(v for v in cands if lo <= v <= hi and v % mult == 0)
+    if not out:
+        first = -(-lo // mult) * mult
+        if first <= hi:
+            out = [first]
+    return out
+
+
+# ------------------------------------------------------------------- tilings
+def tilings(*, min_tile: int = 8, max_tile: int = 512) -> SearchStrategy[tuple[int, int, int]]:
+    """Kernel tilings ``(tm, tk, tn)`` of powers of two in ``[min_tile, max_tile]``.
+
+    Shrinks towards ``(min_tile, min_tile, min_tile)`` rounded up to a power of two.
+    """
+    @st.composite
+    def _draw(draw: Any) -> Any:
+        lo = check_int("min_tile", resolve(draw, min_tile), minimum=1)
+        hi = check_int("max_tile", resolve(draw, max_tile), minimum=1)
+        powers = [1 << e for e in range(0, 31) if lo <= (1 << e) <= hi]
+        if not powers:
+            raise InvalidArgument(f"min_tile={lo}, max_tile={hi}, but no power of two lies between them")
+        one = sampled(tuple(powers))
+        return (draw(one), draw(one), draw(one))
+
+    return _draw()
+
+
+# ------------------------------------------------------------------- extents
+def extents(
+    *, tile: int | SearchStrategy[int] = SMALL_TILE, min_value: int = 1, max_value: int | None = None,
+    multiple_of: int = 1,
+) -> SearchStrategy[int]:
+    """One extent (M, K or N) drawn around a tile's edges.
+
+    Biased to exact multiples of ``tile``, multiples +-1 (+-``multiple_of``
+    when the kernel needs a multiple), values below one tile, and otherwise
+    any multiple of ``multiple_of`` in ``[min_value, max_value]`` (default
+    ``max_value``: three tiles). Shrinks towards the smallest such extent.
+    """
+    @st.composite
+    def _draw(draw: Any) -> Any:
+        t = check_int("tile", resolve(draw, tile), minimum=1)
+        lo = check_int("min_value", resolve(draw, min_value), minimum=0)
+        hi = 3 * t + 1 if max_value is None else check_int("max_value", resolve(draw, max_value), minimum=0)
+        mult = check_int("multiple_of", resolve(draw, multiple_of), minimum=1)
+        if lo > hi:
+            raise InvalidArgument(f"min_value={lo} is greater than max_value={hi}")
+        cands = extent_candidates(t, lo, hi, mult)
+        if not cands:
+            raise InvalidArgument(
+                f"multiple_of={mult}, but no multiple of it lies in [min_value, max_value] = [{lo}, {hi}]"
+            )
+        return draw(_extent_strategy(t, lo, hi, mult))
+
+    return _draw()
+
+
+class Extents:
+    """Draws one extent: a part (below one tile, around tile edges, any multiple of
+    ``mult``), then a value in it. The same choices as ``one_of`` of the three parts,
+    at fewer nested draws; shrinks towards the smallest candidate."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, tile: int, lo: int, hi: int, mult: int) -> None:
+        cands = extent_candidates(tile, lo, hi, mult)
+        below = tuple(v for v in cands if v < tile) or tuple(cands)
+        edges = tuple(v for v in cands if v >= tile - mult) or tuple(cands)
+        self.parts = (sampled(below), sampled(edges), integers(-(-lo // mult), hi // mult), mult)
+
+    def __call__(self, draw: Any) -> int:
+        below, edges, free, mult = self.parts
+        part = draw(PARTS)
+        return draw(below) if part == 0 else draw(edges) if part == 1 else draw(free) * mult
+
+
+@functools.lru_cache(maxsize=1024)
+def cached_extents(tile: int, lo: int, hi: int, mult: int) -> Extents:
+    # built once per argument tuple: building strategies inside a draw is slow
+    return Extents(tile, lo, hi, mult)
+
+
+def _times(mult: int) -> Any:
+    return lambda v: v * mult
+
+
+@functools.lru_cache(maxsize=1024)
+def _extent_strategy(tile: int, lo: int, hi: int, mult: int) -> SearchStrategy[int]:
+    # the public extents() keeps one_of: the same choices as Extents, and the spans
+    # (so the examples after the first few) it has always drawn
+    cands = extent_candidates(tile, lo, hi, mult)
+    below = [v for v in cands if v < tile] or cands
+    edges = [v for v in cands if v >= tile - mult] or cands
+    free = st.integers(-(-lo // mult), hi // mult).map(_times(mult))
+    return st.one_of(st.sampled_from(below), st.sampled_from(edges), free)

@@ -1,0 +1,218 @@
+"""``problems()``: grouped GEMM problems a convention's real kernel takes, drawn compile-aware."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.strategies import SearchStrategy
+
+import gmm_ref
+
+from property_tests.strategies._common import BOOLEANS, SEEDS, integers, resolve, sampled
+from property_tests.strategies._config import config
+from property_tests.strategies._static import Config, Static, buckets, draw_free_static
+from property_tests.strategies.sizes import draw_sizes
+from property_tests.strategies.values import VALUE_KINDS, few, fill, poison, unused_elements
+
+__all__ = ["problems"]
+
+_VALUE_ALIASES = {"integers": "exact", "poison": "poisoned"}
+
+
+def problems(
+    *,
+    convention: str | None = None,
+    families: Sequence[str] | None = None,
+    dtypes: Any = None,
+    tiling: tuple[int, int, int] | SearchStrategy[tuple[int, int, int]] | None = None,
+    min_groups: int = 1,
+    max_groups: int = 8,
+    max_extent: int | None = None,
+    max_batch_dims: int | None = None,
+    sharding: bool | None = None,
+    max_shards: int = 4,
+    existing_out: bool | None = None,
+    values: str | Sequence[str] | SearchStrategy[str] = ("exact", "normal", "wide", "poisoned"),
+    allow_tail: bool | None = None,
+    all_empty: bool = False,
+    vary_out_dtype: bool | None = None,
+    shapes: Sequence[tuple[int, int, int]] | None = None,
+    max_buckets: int | None | str = "auto",
+) -> SearchStrategy[gmm_ref.Problem]:
+    """:class:`gmm_ref.Problem` instances that ``convention``'s real kernel takes.
+
+    With a ``convention``, the problem carries that kernel's policies (tail,
+    foreign rows, empty groups, existing-output policy) and satisfies its
+    constraints (megablox: ragged extent % tm == 0; torch: 16-byte leading
+    strides), so ``gmm_ref.arguments(problem)`` is a valid call and
+    ``gmm_ref.reference(problem)`` its reference. ``convention=None`` draws any
+    family, layout (transposed, packed), batch dims and policy, for
+    reference-only tests.
+
+    Static parameters (family, layout, batch shape, ``(M, K, N)``, G, shard
+    count, dtypes, whether ``existing_out`` is passed) come from at most
+    ``max_buckets`` fixed signatures per strategy (``None``: drawn freely;
+    the default ``"auto"`` is 8 with a convention, free without one);
+    extents sit around the edges of ``tiling`` (multiples, +-1, below one
+    tile) unless ``shapes`` lists them. Group sizes (see :func:`group_sizes`),
+    the shard offset and values vary freely. ``dtypes`` lists input dtypes or
+    ``(input, output)`` pairs. ``values`` kinds: ``"exact"`` (small integers,
+    so the bound is 0 and kernels must match bit for bit), ``"normal"``,
+    ``"wide"`` (subnormals up to values whose products near the output's
+    overflow), ``"poisoned"`` (normal values, NaN/Inf in every element no group
+    reads). ``sharding``/``existing_out``: True always, False never, None
+    either (where the convention has them). ``allow_tail=None`` allows
+    ``sum(sizes) <`` extent unless the convention needs full sums.
+
+    Shrinks towards the simplest bucket (fewest groups, smallest shapes, no
+    shards, no existing output), sizes of 0, one shard, exact values and
+    seed 0 (all-ones operands).
+    """
+    config_args = (convention, families, dtypes, tiling, min_groups, max_groups, max_extent,
+                   max_batch_dims, sharding, max_shards, existing_out, shapes, max_buckets, vary_out_dtype)
+    drawer = _Drawer(config_args, values, allow_tail, all_empty)
+
+    @st.composite
+    def _draw(draw: Any) -> gmm_ref.Problem:
+        return drawer(draw)
+
+    return _draw()
+
+
+class _Drawer:
+    """Draws one problem; validates the arguments on the first draw and keeps them when no
+    argument is a strategy (validation and strategy building are costly per draw)."""
+
+    def __init__(self, config_args: tuple, values: Any, allow_tail: Any, all_empty: bool) -> None:
+        self.config_args = config_args
+        self.values = values
+        self.allow_tail = allow_tail
+        self.all_empty = all_empty
+        self.fixed = not any(isinstance(a, SearchStrategy) for a in config_args)
+        self.memo: dict[str, Any] = {}
+
+    def kinds(self, draw: Any) -> tuple[str, ...]:
+        if "kinds" in self.memo:
+            return self.memo["kinds"]
+        kinds = resolve(draw, self.values)
+        kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+        kinds = tuple(_VALUE_ALIASES.get(v, v) for v in kinds)
+        if not kinds or any(v not in VALUE_KINDS for v in kinds):
+            raise InvalidArgument(f"values={self.values!r}, but each must be one of {VALUE_KINDS}")
+        if not isinstance(self.values, SearchStrategy):
+            self.memo["kinds"] = kinds
+        return kinds
+
+    def config(self, draw: Any) -> Config:
+        if "cfg" in self.memo:
+            return self.memo["cfg"]
+        cfg = config(draw, *self.config_args)
+        if self.fixed:
+            self.memo["cfg"] = cfg
+        return cfg
+
+    def static(self, draw: Any, cfg: Config) -> Static:
+        if cfg.max_buckets is None:
+            return draw_free_static(draw, cfg)
+        if "buckets" in self.memo:
+            return draw(self.memo["buckets"])
+        bucket_strategy = sampled(buckets(cfg))
+        if self.fixed:
+            self.memo["buckets"] = bucket_strategy
+        return draw(bucket_strategy)
+
+    def __call__(self, draw: Any) -> gmm_ref.Problem:
+        cfg = self.config(draw)
+        kinds = self.kinds(draw)
+        full_sums, convention = cfg.rules.full_sums, cfg.convention
+        tail_ok = full_sums is False if self.allow_tail is None else bool(self.allow_tail)
+        if self.allow_tail and full_sums:
+            raise InvalidArgument(
+                f"allow_tail=True, but convention={convention!r} needs sum(group_sizes) equal to the extent")
+        if self.all_empty and full_sums:
+            raise InvalidArgument(
+                f"all_empty=True, but convention={convention!r} needs sum(group_sizes) equal to the extent")
+        return _build(draw, cfg, self.static(draw, cfg), kinds, tail_ok, self.all_empty)
+
+
+def _policies(draw: Any, cfg: Config, family: str) -> dict[str, str]:
+    if cfg.convention is None:
+        return {
+            "tail": draw(sampled(("zero", "undefined"))),
+            "foreign": draw(sampled(("zero", "undefined"))),
+            "empty": draw(sampled(("zero", "untouched", "undefined"))),
+        }
+    policies = cfg.rules.policies(family)
+    del policies["existing_policy"]
+    return policies
+
+
+def _sizes(draw: Any, cfg: Config, s: Static, kind: str, tail_ok: bool, all_empty: bool, offset: int
+           ) -> np.ndarray | None:
+    fam, (m, k, n), g, b = s.family, s.mkn, s.groups, s.batch
+    if fam == "batch":
+        return None
+    tm, tk, tn = cfg.tiling
+    extent, tile = {"ragged_m": (m, tm), "ragged_n": (n, tn), "ragged_k": (k, tk)}[fam]
+    pattern = "all_empty" if all_empty else None
+    n_rows = math.prod(b) if s.sizes_batched else 1
+    # poisoned values want padding to poison: a sum below the extent where allowed
+    rows = [draw_sizes(draw, g, extent, tile, tail_ok, pattern, want_tail=kind == "poisoned")
+            for _ in range(n_rows)]
+    if s.shards > 1 and draw(BOOLEANS):
+        for r in rows:  # the shard's first group is empty; its rows go to a neighbour
+            moved, r[offset] = r[offset], 0
+            r[offset + 1 if offset + 1 < g else offset - 1] += moved
+    return np.array(rows[0] if not s.sizes_batched else np.reshape(rows, (*b, g)), np.int32)
+
+
+def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: bool, all_empty: bool
+           ) -> gmm_ref.Problem:
+    fam, (lt, rt, packed) = s.family, s.layout
+    m, k, n = s.mkn
+    g, b = s.groups, s.batch
+    local = g // s.shards
+    offset = draw(integers(0, s.shards - 1)) * local if s.shards > 1 else 0
+    policies = _policies(draw, cfg, fam)
+    kind = draw(sampled(kinds))
+    sizes = _sizes(draw, cfg, s, kind, tail_ok, all_empty, offset)
+    seed = draw(SEEDS)
+    rng = np.random.default_rng(seed)
+    value_kind = "normal" if kind == "poisoned" else kind
+    lead_l = (local,) if fam == "ragged_n" else (g,) if fam == "batch" else ()
+    lead_r = (local,) if fam == "ragged_m" else (g,) if fam == "batch" else ()
+    k_eff = k if fam != "ragged_k" else max(int(np.max(sizes)) if sizes is not None and sizes.size else 0, 1)
+    lhs = fill(rng, (*lead_l, *b, *((k, m) if lt else (m, k))), s.in_dtype, value_kind, k_eff, s.out_dtype, seed)
+    rhs = fill(rng, (*lead_r, *b, *((n, k) if rt else (k, n))), s.in_dtype, value_kind, k_eff, s.out_dtype, seed)
+    common: dict[str, Any] = dict(
+        lhs_transposed=lt, rhs_transposed=rt, packed=packed, batch_ndim=len(b), out_dtype=s.out_dtype,
+        convention=cfg.convention, tiling=cfg.tiling if (cfg.tiling_given or cfg.rules.default_tiling) else None,
+        **policies,
+    )
+    if fam != "batch":
+        common.update(group_offset=offset, num_local_groups=local)
+    # one Problem at the end (each construction validates): the output shape and the
+    # unread elements come from the static parameters and a mask problem instead
+    if s.existing:
+        ex_kind = "exact" if value_kind == "exact" else "normal"
+        out_shape = (*b, m, n) if fam in ("ragged_m", "ragged_n") else (g if fam == "batch" else local, *b, m, n)
+        ex = fill(rng, out_shape, s.out_dtype, ex_kind, k_eff, s.out_dtype, seed)
+        policy = cfg.rules.existing_policy
+        if cfg.convention is None:
+            policy = draw(sampled(("overwrite", "accumulate")))
+        common.update(existing_out=ex, existing_policy=policy)
+    if kind == "poisoned":  # only here, so that a kernel's NaN handling is judged in one mode
+        lu, ru = unused_elements(fam, lhs.shape, rhs.shape, sizes, common)
+        # lhs and rhs are fresh "normal" arrays, poisoned in place
+        poison(rng, lhs, lu)
+        poison(rng, rhs, ru)
+        if draw(BOOLEANS):
+            # a few NaN/Inf inside groups too: they must propagate within their group only
+            poison(rng, lhs, few(rng, ~lu))
+            poison(rng, rhs, few(rng, ~ru))
+    return gmm_ref.Problem(fam, lhs, rhs, sizes, **common)

@@ -1,0 +1,174 @@
+"""Group sizes biased to the cases that break kernels, and shardings of groups."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.strategies import SearchStrategy
+
+from property_tests.strategies._common import BOOLEANS, SEEDS, SMALL_TILE, check_int, integers, resolve, sampled
+from property_tests.strategies.extents import cached_extents
+
+__all__ = ["draw_sizes", "group_sizes", "shardings"]
+
+SHAPE_PATTERNS = ("free", "edges", "empty_run", "one_group", "all_empty")
+PATTERNS = st.sampled_from(SHAPE_PATTERNS)
+_LIST_LIMIT = 16  # more groups than this: free sizes come from one drawn seed, for speed
+
+
+def _seeded_size_lists(seed: int, g: int, extent: int, tile: int) -> tuple[list[int], list[int]]:
+    """As :func:`_size_lists`, from a seed: drawing 64 sizes one by one costs ~10 ms."""
+    rng = np.random.default_rng(seed)
+    specials = [v for v in (1, tile - 1, tile, tile + 1) if 0 <= v <= extent] or [0]
+    branch = rng.integers(0, 3, size=g)
+    free = np.where(branch == 0, rng.integers(0, min(extent, 3) + 1, size=g),
+                    np.where(branch == 1, rng.choice(specials, size=g), rng.integers(0, extent + 1, size=g)))
+    edges = np.array([j * tile + d for j in range(1, extent // tile + 2) for d in (-1, 0, 1)])
+    edges = edges[(edges >= 0) & (edges <= extent)]
+    edges = edges if edges.size else np.zeros(1, int)
+    cuts = np.where(rng.random(size=g) < 0.5, rng.choice(edges, size=g), rng.integers(0, extent + 1, size=g))
+    return free.tolist(), cuts.tolist()
+
+
+@functools.lru_cache(maxsize=4096)
+def _size_lists(g: int, extent: int, tile: int) -> tuple[SearchStrategy[list[int]], SearchStrategy[list[int]]]:
+    """(free sizes, group ends near tile edges) for G groups over extent."""
+    specials = sorted({v for v in (1, tile - 1, tile, tile + 1) if 0 <= v <= extent})
+    elem = st.one_of(st.integers(0, min(extent, 3)), st.sampled_from(specials or [0]), st.integers(0, extent))
+    edges = sorted({j * tile + d for j in range(1, extent // tile + 2) for d in (-1, 0, 1)})
+    edges = [e for e in edges if 0 <= e <= extent] or [0]
+    cut = st.one_of(st.sampled_from(edges), st.integers(0, extent))
+    return st.lists(elem, min_size=g, max_size=g), st.lists(cut, min_size=g, max_size=g)
+
+
+# --------------------------------------------------------------- group sizes
+def _fit(sizes: list[int], extent: int) -> list[int]:
+    """Clip cumulatively so that sum(sizes) <= extent (later groups lose rows first)."""
+    out, left = [], extent
+    for s in sizes:
+        s = min(s, left)
+        out.append(s)
+        left -= s
+    return out
+
+
+def draw_sizes(draw: Any, g: int, extent: int, tile: int, allow_tail: bool, pattern: str | None = None,
+               want_tail: bool = False) -> list[int]:
+    if g == 0:
+        return []
+    # with a tail allowed, full shrinks towards False: sum(sizes) below the extent
+    full = draw(BOOLEANS) if allow_tail and not want_tail else not allow_tail
+    if pattern is None:
+        pattern = draw(PATTERNS)
+    if pattern == "all_empty":
+        sizes = [0] * g
+        if full and extent:
+            sizes[draw(integers(0, g - 1))] = extent  # all but one empty
+        return sizes
+    if pattern == "one_group":
+        sizes = [0] * g
+        sizes[draw(integers(0, g - 1))] = extent if full else draw(integers(0, extent))
+        return sizes
+    seeded = g > _LIST_LIMIT and pattern in ("free", "edges", "empty_run")
+    if pattern == "edges":
+        if seeded:
+            cuts = sorted(_seeded_size_lists(draw(SEEDS), g, extent, tile)[1])
+        else:
+            cuts = sorted(draw(_size_lists(g, extent, tile)[1]))
+        if full:
+            cuts[-1] = extent
+        return [b - a for a, b in zip([0] + cuts[:-1], cuts)]
+    if seeded:
+        sizes = _fit(_seeded_size_lists(draw(SEEDS), g, extent, tile)[0], extent)
+    else:
+        sizes = _fit(draw(_size_lists(g, extent, tile)[0]), extent)
+    keep = None
+    if pattern == "empty_run":
+        start = draw(integers(0, g - 1))
+        stop = draw(integers(start + 1, g))
+        if full and extent and stop - start == g:
+            stop = g - 1 if start == 0 and g > 1 else stop
+        for i in range(start, stop):
+            sizes[i] = 0
+        keep = [i for i in range(g) if not start <= i < stop]
+    if full and sum(sizes) < extent:
+        choices = keep if keep is not None else list(range(g))
+        if choices:
+            sizes[choices[draw(integers(0, len(choices) - 1))]] += extent - sum(sizes)
+        else:  # the run covers every group: only extent == 0 fits
+            sizes[0] += extent - sum(sizes)
+    return sizes
+
+
+def group_sizes(
+    *,
+    num_groups: int | SearchStrategy[int] | None = None,
+    min_groups: int = 1,
+    max_groups: int = 8,
+    extent: int | SearchStrategy[int] | None = None,
+    tile: int = SMALL_TILE,
+    allow_tail: bool = True,
+) -> SearchStrategy[np.ndarray]:
+    """int32 sizes of G groups over a ragged extent, biased to the cases that break kernels.
+
+    Drawn by patterns: free sizes (biased to 0..3, ``tile - 1``, ``tile``,
+    ``tile + 1``), group ends one row either side of a tile edge, a run of
+    empty groups (first, middle, last), one group holding everything, all
+    groups empty (all but one when ``allow_tail=False``). With
+    ``allow_tail=True`` the sum may fall below the extent (padding rows; 0
+    when all are empty); otherwise it equals it. ``extent`` defaults to
+    :func:`extents` around ``tile``. Shrinks towards ``min_groups`` groups,
+    free sizes, and sizes of 0 (or ``[extent]`` when the sum must be full).
+    """
+    @st.composite
+    def _draw(draw: Any) -> Any:
+        lo = check_int("min_groups", min_groups, minimum=0)
+        hi = check_int("max_groups", max_groups, minimum=0)
+        t = check_int("tile", tile, minimum=1)
+        if num_groups is None:
+            if lo > hi:
+                raise InvalidArgument(f"min_groups={lo} is greater than max_groups={hi}")
+            g = draw(integers(lo, hi))
+        else:
+            g = check_int("num_groups", resolve(draw, num_groups), minimum=0)
+        if extent is None:
+            e = cached_extents(t, 0, 3 * t + 1, 1)(draw)
+        else:
+            e = check_int("extent", resolve(draw, extent), minimum=0)
+        if g == 0 and e and not allow_tail:
+            raise InvalidArgument(f"num_groups=0 and allow_tail=False, but extent={e} > 0 cannot be covered")
+        return np.array(draw_sizes(draw, g, e, t, bool(allow_tail)), np.int32)
+
+    return _draw()
+
+
+# ------------------------------------------------------------------ sharding
+def shardings(
+    *, num_groups: int | SearchStrategy[int], min_shards: int = 1, max_shards: int | None = None,
+) -> SearchStrategy[tuple[int, int]]:
+    """``(group_offset, num_local_groups)`` of one of S equal shards of ``num_groups`` groups.
+
+    S is a divisor of G in ``[min_shards, max_shards]``; the shard index is
+    any of the S. Shrinks towards one shard (``(0, num_groups)``), then the first.
+    """
+    @st.composite
+    def _draw(draw: Any) -> Any:
+        g = check_int("num_groups", resolve(draw, num_groups), minimum=1)
+        lo = check_int("min_shards", min_shards, minimum=1)
+        hi = g if max_shards is None else check_int("max_shards", max_shards, minimum=1)
+        divisors = [s for s in range(lo, min(hi, g) + 1) if g % s == 0]
+        if not divisors:
+            raise InvalidArgument(
+                f"min_shards={lo}, max_shards={max_shards}, but no shard count in that range divides "
+                f"num_groups={g}"
+            )
+        s = draw(sampled(tuple(divisors)))
+        local = g // s
+        return draw(integers(0, s - 1)) * local, local
+
+    return _draw()
+

@@ -1,0 +1,125 @@
+"""Operand values by kind (exact small integers, normal, wide, poisoned) and poisoned padding."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+import gmm_ref
+from gmm_ref import dtypes as _dt
+from gmm_ref.layouts import blocks as _blocks
+
+__all__ = ["VALUE_KINDS", "few", "fill", "poison", "unused_elements"]
+
+VALUE_KINDS = ("exact", "normal", "wide", "poisoned")
+
+
+def _sig_limit(dtype: Any) -> float:
+    dtype = np.dtype(dtype)
+    if _dt.is_integer(dtype):
+        return float(np.iinfo(dtype).max)
+    return 2.0 ** (_dt.float_format(dtype).mant + 1)
+
+
+def fill(rng: np.random.Generator, shape: Any, dtype: Any, kind: str, k: int, out_dtype: Any, seed: int) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    if _dt.is_integer(dtype) and kind != "exact" and seed != 0:
+        # the whole int8 range: int32 accumulation stays exact (K < 2**17), while a kernel
+        # that accumulates or stores in a narrower integer wraps
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    if kind == "exact" or _dt.is_integer(dtype):
+        if seed == 0:
+            return np.ones(shape, dtype)
+        lim = min(_sig_limit(out_dtype), _sig_limit(np.float32), _sig_limit(dtype)) / 2
+        a = int(max(1, min(4, math.isqrt(int(lim // max(k, 1))))))
+        # |v| <= 4: int8 holds them and every dtype represents them exactly
+        return rng.integers(-a, a + 1, size=shape, dtype=np.int8).astype(dtype)
+    if kind == "normal":
+        return rng.standard_normal(size=shape, dtype=np.float32).astype(dtype, copy=False)
+    # wide: log-uniform magnitudes from the input's subnormals to where K products
+    # of two of them reach the output's overflow threshold
+    fin, fout = _dt.float_format(dtype), _dt.float_format(out_dtype)
+    lo = fin.emin - fin.mant
+    hi = min(fin.emax, int(math.floor(0.5 * (math.log2(fout.max_finite) - math.log2(max(k, 1))))))
+    hi = max(hi, lo)
+    if fin.has_inf and dtype.itemsize in (2, 4):
+        return _wide_bits(rng, shape, dtype, fin, hi - lo)
+    exp = rng.integers(lo, hi + 1, size=shape)
+    # mantissas near 2 at the top exponent would round past the largest finite value
+    mag = np.minimum(np.ldexp(rng.uniform(1.0, 2.0, size=shape), exp), fin.max_finite)
+    mag[rng.random(size=shape) < 0.1] = 0.0
+    mag = np.where(rng.random(size=shape) < 0.5, -mag, mag)
+    return mag.astype(np.float32).astype(dtype) if dtype != np.dtype(np.float64) else mag
+
+
+def _wide_bits(rng: np.random.Generator, shape: Any, dtype: np.dtype, fin: Any, span: int) -> np.ndarray:
+    """``wide`` values built as bit patterns: exponent ``emin - mant + d`` for a uniform
+    ``d`` in ``[0, span]`` (subnormals below ``emin``), uniform mantissa and sign, ~10% zeros.
+
+    No float arithmetic, so no slow subnormal operations or narrowing casts, few
+    temporaries, and never a rounding past the largest finite value.
+    """
+    mant, width = fin.mant, 8 * dtype.itemsize
+    u32 = np.uint32
+    n = math.prod(shape)
+    r = rng.integers(0, 1 << 32, size=n, dtype=u32)  # mantissa, sign, zero-or-not
+    d = rng.integers(0, span + 1, size=n, dtype=u32)  # exponent above the smallest subnormal's
+    zero = r < u32(26 << 24)  # top byte below 26: ~10%
+    sign = r >> u32(mant)
+    sign &= u32(1)
+    sign <<= u32(width - 1)
+    r &= u32((1 << mant) - 1)
+    r |= u32(1 << mant)  # the significand 1.m as an integer
+    shift = np.minimum(d, u32(mant))
+    np.subtract(u32(mant), shift, out=shift)  # d < mant: a subnormal, shifted right
+    r >>= shift
+    del shift
+    np.maximum(d, u32(mant), out=d)
+    d -= u32(mant)
+    d <<= u32(mant)  # the exponent field; 0 for subnormals
+    r += d  # a normal's implicit bit carries into the exponent field
+    del d
+    r |= sign
+    r[zero] = 0
+    bits = r if width == 32 else r.astype(np.uint16)
+    return bits.view(dtype).reshape(shape)
+
+
+def unused_elements(family: str, lhs_shape: Any, rhs_shape: Any, sizes: Any, common: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Masks of the lhs and rhs elements that no (local) group reads."""
+    lm = np.zeros(lhs_shape, np.int8)
+    rm = np.zeros(rhs_shape, np.int8)
+    q = gmm_ref.Problem(family, lm, rm, sizes, **{**common, "out_dtype": np.int32, "existing_out": None,
+                                                  "existing_policy": "overwrite"})
+    for blk in _blocks(q):
+        # blocks are views of the buffers; an empty group's weights reach no output element
+        if blk.b.shape[1] > 0:
+            blk.a[...] = 1
+        if blk.a.shape[0] > 0:
+            blk.b[...] = 1
+    return lm == 0, rm == 0
+
+
+def few(rng: np.random.Generator, where: np.ndarray, most: int = 2) -> np.ndarray:
+    """A mask of at most ``most`` positions chosen among ``where``."""
+    picked = np.zeros(where.shape, bool)
+    flat = np.flatnonzero(where)
+    if flat.size:
+        picked.flat[rng.choice(flat, size=min(most, flat.size), replace=False)] = True
+    return picked
+
+
+def poison(rng: np.random.Generator, arr: np.ndarray, unused: np.ndarray) -> None:
+    """NaN or +-Inf (where the dtype has them) in every element of ``arr`` that ``unused`` marks, in place."""
+    if _dt.is_integer(arr.dtype):
+        return
+    count = int(np.count_nonzero(unused))
+    if not count:
+        return
+    has_inf = _dt.float_format(arr.dtype).has_inf
+    choices = np.array([np.nan, np.inf, -np.inf] if has_inf else [np.nan])
+    arr[unused] = choices[rng.integers(0, len(choices), size=count)].astype(arr.dtype)
+
