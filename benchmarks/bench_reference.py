@@ -1,11 +1,11 @@
 """Reference speed and memory against one dense float64 matmul of the same FLOPs.
 
 ragged M, M=16384, K=N=512, float32 inputs, G in {1, 8, 64, 1024} equal groups.
-Prints, per G: best-of-N time of ``compute(problem)`` (exact values + mask),
+Prints, per G: best-of-N time of ``reference(problem)`` (exact values + mask),
 of that plus ``.values`` (the rounding to float32), the dense float64
 ``A @ B`` time, their ratios (dense/reference: >= 0.9 wanted at G=64; the
 time ratio reference/dense <= 2 wanted at G=1024), and the tracemalloc peak
-of ``compute`` + ``.values`` against inputs + output (<= 2 wanted).
+of ``reference`` + ``.values`` against inputs + output (<= 2 wanted).
 
     python benchmarks/bench_reference.py [--repeat 5] [--groups 1,8,64,1024]
 """
@@ -13,16 +13,20 @@ of ``compute`` + ``.values`` against inputs + output (<= 2 wanted).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import time
 import tracemalloc
 
 import numpy as np
 
-from gmm_ref import Problem
-from gmm_ref.reference import compute
+from gmm_ref import Problem, reference
 
 M, K, N = 16384, 512, 512
+
+
+def _values(p):
+    return reference(p).values
 
 
 def best(f, repeat):
@@ -50,11 +54,11 @@ def main() -> None:
         rhs = rng.standard_normal((g, K, N), dtype=np.float32)
         p = Problem("ragged_m", lhs, rhs, np.full(g, M // g))
         dense = best(lambda: a64 @ b64, args.repeat)
-        ref = best(lambda: compute(p), args.repeat)
-        ref_r = best(lambda: compute(p).values, args.repeat)
+        ref = best(functools.partial(reference, p), args.repeat)
+        ref_r = best(functools.partial(_values, p), args.repeat)
         gc.collect()
         tracemalloc.start()
-        r = compute(p)
+        r = reference(p)
         _ = r.values
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()

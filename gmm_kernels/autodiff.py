@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from gmm_kernels.convert import jax_x64, to_framework, to_torch, uses_64bit
 from gmm_ref.conventions import Convention
 from gmm_ref.dtypes import as_numpy
-
-from gmm_kernels.convert import jax_x64, to_framework, to_torch, uses_64bit
 
 __all__ = ["vjp"]
 
@@ -54,7 +53,7 @@ def _jax_vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs
                 jax.errors.ConcretizationTypeError) as exc:  # not differentiable with jax
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise NotImplementedError(f"{name}: no jax gradient: {first}") from None
-        return {n: as_numpy(c) for n, c in zip(names, cts)}
+        return {n: as_numpy(c) for n, c in zip(names, cts, strict=True)}
 
 
 def _torch_vjp(fn: Callable[..., Any], args: tuple, kwargs: dict, cotangent: Any, name: str

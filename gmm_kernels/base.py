@@ -29,10 +29,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from gmm_kernels import autodiff
 from gmm_ref import Numerics, Problem, conventions
 from gmm_ref.dtypes import as_numpy
-
-from gmm_kernels import autodiff
 
 __all__ = ["KernelAdapter", "dtype_name", "missing_module", "on_accelerator"]
 
@@ -123,7 +122,8 @@ class KernelAdapter:
         if self.input_dtypes is not None:
             for operand in ("lhs", "rhs"):
                 if names[operand] not in self.input_dtypes:
-                    return f"{self.name} takes inputs of {' / '.join(self.input_dtypes)}, not {operand} {names[operand]}"
+                    allowed = " / ".join(self.input_dtypes)
+                    return f"{self.name} takes inputs of {allowed}, not {operand} {names[operand]}"
         if self.equal_input_dtypes and names["lhs"] != names["rhs"]:
             return f"{self.name} needs equal input dtypes, got {names['lhs']} x {names['rhs']}"
         if self.output_is_input and names["out"] != names["lhs"]:

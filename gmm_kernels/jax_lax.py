@@ -14,11 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from gmm_ref import Problem
-
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import jax_x64, lax_dimension_numbers, uses_64bit
 from gmm_kernels.known_issues import xla_nan_leak_issues
+from gmm_ref import Problem
 
 __all__ = ["JaxRaggedDot", "JaxRaggedDotGeneral"]
 

@@ -13,14 +13,13 @@ CPU, so float32 and bfloat16 products are exact and accumulate in float32
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from gmm_ref import Problem
-
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import jax_group_offset
+from gmm_ref import Problem
 
 __all__ = ["MegabloxGmm", "MegabloxTgmm", "backend_module", "gmm_grads", "ops_module"]
 
@@ -63,7 +62,7 @@ class MegabloxGmm(_Megablox):
 
     name = "megablox.gmm"
     convention = "megablox.gmm"
-    known_gradient_issues = {
+    known_gradient_issues: ClassVar[dict[str, str]] = {
         "existing_out": (
             "upstream bug, jax 0.10.2 jax/experimental/pallas/ops/tpu/megablox/ops.py _gmm_bwd returns "
             "the whole cotangent as the gradient of existing_out, also for the rows gmm overwrote "

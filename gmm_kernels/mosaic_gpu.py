@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from gmm_ref import Problem
-
 from gmm_kernels.base import KernelAdapter
+from gmm_ref import Problem
 
 __all__ = ["MosaicGpuRaggedDot", "pick_block"]
 

@@ -13,11 +13,10 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gmm_ref import Numerics, as_tiling, conventions
-
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.registry import registry
 from gmm_kernels.user import wrap
+from gmm_ref import Numerics, as_tiling, conventions
 
 __all__ = ["load_object", "resolve_kernel", "resolve_kernels"]
 

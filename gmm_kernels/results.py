@@ -67,14 +67,16 @@ class Result:
         """One line: ``PASS kernel :: check [family] (criterion): detail``."""
         fam = f" [{self.family}]" if self.family else ""
         crit = f" ({self.criterion})" if self.criterion and self.status is Status.PASSED else ""
-        return f"{self.status.name:<11} {self.kernel} :: {self.check}{fam}{crit}" + (f": {self.detail}" if self.detail else "")
+        detail = f": {self.detail}" if self.detail else ""
+        return f"{self.status.name:<11} {self.kernel} :: {self.check}{fam}{crit}{detail}"
 
     def full_report(self) -> str:
         """The whole failure report with its notes (the reproducer), or the cell text."""
         if self.error is None:
             return self.cell()
         notes = "\n".join(getattr(self.error, "__notes__", []))
-        text = str(self.error) if isinstance(self.error, AssertionError) else f"{type(self.error).__name__}: {self.error}"
+        err = self.error
+        text = str(err) if isinstance(err, AssertionError) else f"{type(err).__name__}: {err}"
         return text + ("\n" + notes if notes else "")
 
     def raise_for_status(self) -> None:

@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gmm_ref import Numerics, Problem, conventions
-
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import jax_x64, to_framework, uses_64bit
+from gmm_ref import Numerics, Problem, conventions
 
 __all__ = ["FunctionAdapter", "wrap"]
 

@@ -103,9 +103,9 @@ def group_span(p: Problem, g: int, index: tuple[int, ...]) -> str:
 def _group_summary(p: Problem, idx: np.ndarray) -> tuple[str, dict[int, int]]:
     groups = groups_of(p, idx)
     found, first, counts = np.unique(groups, return_index=True, return_counts=True)
-    by_group = {int(g): int(c) for g, c in zip(found, counts)}
+    by_group = {int(g): int(c) for g, c in zip(found, counts, strict=True)}
     lines = [f"  {group_span(p, int(g), tuple(int(v) for v in idx[i]))}: {int(c)} wrong"
-             for g, i, c in list(zip(found, first, counts))[:MAX_LISTED]]
+             for g, i, c in list(zip(found, first, counts, strict=True))[:MAX_LISTED]]
     if len(found) > MAX_LISTED:
         lines.append(f"  ... and {len(found) - MAX_LISTED} more groups")
     return "\n".join(lines), by_group

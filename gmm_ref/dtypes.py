@@ -76,8 +76,8 @@ _FORMATS: dict[np.dtype, FloatFormat] = {
     np.dtype(ml_dtypes.float8_e5m2): _fmt("float8_e5m2", ml_dtypes.float8_e5m2),
 }
 
-INPUT_DTYPES: tuple[np.dtype, ...] = tuple(_FORMATS) + (np.dtype(np.int8),)
-OUTPUT_DTYPES: tuple[np.dtype, ...] = tuple(_FORMATS) + (np.dtype(np.int32),)
+INPUT_DTYPES: tuple[np.dtype, ...] = (*tuple(_FORMATS), np.dtype(np.int8))
+OUTPUT_DTYPES: tuple[np.dtype, ...] = (*tuple(_FORMATS), np.dtype(np.int32))
 
 _NAMES = {str(d): d for d in INPUT_DTYPES + OUTPUT_DTYPES}
 

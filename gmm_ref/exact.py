@@ -105,9 +105,7 @@ def reference(p: Problem) -> Reference:
     jobs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for blk in blocks(p):
         if p.family == "ragged_k" and blk.k == 0:
-            if p.empty == "undefined":
-                mask[blk.out_index] = False
-            elif p.empty == "untouched" and p.existing_out is None:
+            if p.empty == "undefined" or (p.empty == "untouched" and p.existing_out is None):
                 mask[blk.out_index] = False
             elif p.empty == "zero" and not accumulate:
                 exact[blk.out_index] = 0

@@ -29,7 +29,7 @@ def _ragged_slice(mat: np.ndarray, axis: int, start: int, size: int, packed: boo
 class Block:
     """One group's operands and where its result goes, at one batch index."""
 
-    __slots__ = ("group", "local", "batch_index", "a", "b", "out_index", "k")
+    __slots__ = ("a", "b", "batch_index", "group", "k", "local", "out_index")
 
     def __init__(self, group, local, batch_index, a, b, out_index, k):
         self.group = group

@@ -52,9 +52,9 @@ def reproducer(p: Problem) -> str:
         elif isinstance(v, np.dtype):
             expr = _dtype_expr(v)
         else:
-            if v is None or (default is not dataclasses.MISSING and v == default):
-                if f.name not in ("group_sizes",):
-                    continue
+            is_default = v is None or (default is not dataclasses.MISSING and v == default)
+            if is_default and f.name != "group_sizes":
+                continue
             expr = repr(v)
         lines.append(f"    {f.name}={expr},")
     lines.append(")")

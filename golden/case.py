@@ -23,7 +23,6 @@ import gmm_ref
 from gmm_ref import conventions
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
-
 from golden.generator import values
 
 __all__ = ["Case", "GoldenError", "build_problem", "inputs_of", "select"]

@@ -20,7 +20,6 @@ from typing import Any
 
 import gmm_ref
 from gmm_kernels import load_object, resolve_kernel
-
 from golden.case import Case, GoldenError, select
 from golden.cases import CASES
 from golden.judge import check_goldens

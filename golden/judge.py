@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 
 import gmm_ref
+from gmm_kernels import KernelAdapter, Result, Status, resolve_kernel
 from gmm_ref import dtypes as _dt
 from gmm_ref.compare import group_span, groups_of
-from gmm_kernels import KernelAdapter, Result, Status, resolve_kernel
-
 from golden.case import GoldenError, build_problem, select
 from golden.producers import kernel_producer
 from golden.store import VIEW_AS, Golden, GoldenStore, canonical_output
@@ -69,7 +68,8 @@ def describe_bad(p: gmm_ref.Problem, bad: np.ndarray, mask: np.ndarray, actual: 
     idx = np.argwhere(bad)
     groups = groups_of(p, idx)
     found, first = np.unique(groups, return_index=True)
-    text = ", ".join(group_span(p, int(g), tuple(int(v) for v in idx[i])) for g, i in list(zip(found, first))[:6])
+    spans = [group_span(p, int(g), tuple(int(v) for v in idx[i])) for g, i in zip(found[:6], first[:6], strict=True)]
+    text = ", ".join(spans)
     if len(found) > 6:
         text += f", ... ({len(found)} groups)"
     at = tuple(int(v) for v in idx[0])

@@ -21,7 +21,6 @@ import numpy as np
 
 import gmm_ref
 from gmm_kernels import KernelAdapter, resolve_kernel
-
 from golden.case import Case, GoldenError, build_problem, inputs_of, select, split_patterns
 from golden.generator import GENERATOR
 from golden.judge import describe_bad, drift
@@ -81,12 +80,13 @@ def drift_table(changes: Sequence[Change]) -> str:
                      "-" if fresh else str(c.n_diff), "-" if fresh else f"{c.max_delta:.4g}",
                      "-" if fresh else f"{c.max_ulps:g}", wb))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def _produce(case: Case, kernel: KernelAdapter | None) -> tuple[gmm_ref.Problem, np.ndarray, np.ndarray, dict, Any, str]:
+def _produce(case: Case, kernel: KernelAdapter | None
+             ) -> tuple[gmm_ref.Problem, np.ndarray, np.ndarray, dict, Any, str]:
     """(problem, canonical output, mask, producer, numerics, failure) for one case."""
     p = build_problem(case)
     ref = gmm_ref.reference(p)
@@ -159,7 +159,7 @@ def _plan_case(plan: _Plan, store: GoldenStore, old: dict, case: Case, k: Kernel
     n = case.name
     try:
         p, out, mask, producer, numerics, fail = _produce(case, k)
-    except Exception as exc:  # noqa: BLE001 - reported, nothing written
+    except Exception as exc:
         if k is None:
             raise
         first = (str(exc).strip().splitlines() or [""])[0]

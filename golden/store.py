@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 import gmm_ref
-
 from golden.case import Case, GoldenError, inputs_of
 from golden.generator import GENERATOR
 

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 import gmm_ref
-
 from golden.case import Case, GoldenError, build_problem, inputs_of, select
 from golden.judge import describe_bad, drift
 from golden.producers import numerics_from_json
@@ -62,7 +61,8 @@ def _verify_case(store: GoldenStore, n: str, entry: dict, hint: str) -> str | No
     ref = gmm_ref.reference(p)
     update = hint.format(sel=f" --cases {n}", update=" --update")
     if not np.array_equal(ref.mask, g.mask):
-        return f"{n}: the defined-mask differs from gmm_ref's ({int((ref.mask != g.mask).sum())} elements); run: {update}"
+        differ = int((ref.mask != g.mask).sum())
+        return f"{n}: the defined-mask differs from gmm_ref's ({differ} elements); run: {update}"
     if entry["producer"]["name"] == "reference":
         dmax, ulps, ndiff = drift(g.out, canonical_output(ref.values, ref.mask), ref.mask)
         if ndiff:

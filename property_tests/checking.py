@@ -18,7 +18,6 @@ from hypothesis.errors import InvalidArgument
 
 import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Status, resolve_kernel
-
 from property_tests.modes import MODES, Mode, Unsupported, mode_of, mode_strategy
 from property_tests.profiles import profile as profile_settings
 

@@ -16,10 +16,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gmm_kernels import KernelAdapter, Result, Status, resolve_kernels
 from golden import check_goldens
 from golden.cli import default_directory
-from gmm_kernels import KernelAdapter, Result, Status, resolve_kernels
-
 from property_tests.checking import check_mode
 from property_tests.modes import MODES
 from property_tests.profiles import register_profiles
@@ -108,7 +107,7 @@ def render(rows: list[dict[str, Any]], columns: list[str]) -> str:
     table = [["kernel", "family", *columns]]
     table += [[r["kernel"], r["family"], *[cell(r.get(c, "")) for c in columns]] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    out = [" | ".join(v.ljust(w) for v, w in zip(line, widths)) for line in table]
+    out = [" | ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) for line in table]
     out.insert(1, "-+-".join("-" * w for w in widths))
     out.append("")
     out += [f"[{n}] {text}" for text, n in notes.items()]

@@ -15,7 +15,6 @@ from typing import Any
 from hypothesis import strategies as st
 
 from gmm_kernels import KernelAdapter
-
 from property_tests import strategies as gst
 
 __all__ = ["MODES", "Mode", "Unsupported", "mode_strategy"]

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from gmm_ref import as_tiling, conventions
 from gmm_kernels import resolve_kernels
-
+from gmm_ref import as_tiling, conventions
 from property_tests.profiles import register_profiles
 
 __all__: list[str] = []

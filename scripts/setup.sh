@@ -6,4 +6,4 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null
-python -m pip install -q -e ".[all]"
+python -m pip install -q -e ".[all,dev]"

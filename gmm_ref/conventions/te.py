@@ -83,7 +83,7 @@ class _TeGroupedGemm(Convention):
         lhs, rhs = as_array("lhs", lhs), as_array("rhs", rhs)
         expect_ndim("lhs", lhs, (2, 3))
         expect_ndim("rhs", rhs, (2, 3))
-        dims, gs = _sizes(dict(zip(_DIMS, (lhs_first_dims, lhs_last_dims, rhs_first_dims, rhs_last_dims))))
+        dims, gs = _sizes(dict(zip(_DIMS, (lhs_first_dims, lhs_last_dims, rhs_first_dims, rhs_last_dims), strict=True)))
         try:
             (lcd,), (rcd,) = contracting_dims
         except (TypeError, ValueError):

@@ -12,7 +12,6 @@ from gmm_ref import FAMILIES, conventions
 from gmm_ref import dtypes as _dt
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import TRANSPOSES, packed_layouts
-
 from property_tests.strategies._common import SMALL_TILE, check_int, check_tiling, resolve
 from property_tests.strategies._static import Config
 
@@ -92,7 +91,8 @@ def _families(families: Any, rules: Convention, convention: str | None) -> tuple
         raise InvalidArgument("families=(), but at least one family is needed")
     for f in fams:
         if f not in rules.families:
-            raise InvalidArgument(f"families={families!r}, but convention={convention!r} expresses only {rules.families}")
+            raise InvalidArgument(
+                f"families={families!r}, but convention={convention!r} expresses only {rules.families}")
     return tuple(dict.fromkeys(fams))
 
 

@@ -14,7 +14,6 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 from gmm_ref.conventions import Convention
-
 from property_tests.strategies._common import BOOLEANS, integers, sampled
 from property_tests.strategies.extents import Extents, cached_extents, extent_candidates
 

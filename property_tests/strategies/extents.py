@@ -40,7 +40,7 @@ def tilings(*, min_tile: int = 8, max_tile: int = 512) -> SearchStrategy[tuple[i
     def _draw(draw: Any) -> Any:
         lo = check_int("min_tile", resolve(draw, min_tile), minimum=1)
         hi = check_int("max_tile", resolve(draw, max_tile), minimum=1)
-        powers = [1 << e for e in range(0, 31) if lo <= (1 << e) <= hi]
+        powers = [1 << e for e in range(31) if lo <= (1 << e) <= hi]
         if not powers:
             raise InvalidArgument(f"min_tile={lo}, max_tile={hi}, but no power of two lies between them")
         one = sampled(tuple(powers))

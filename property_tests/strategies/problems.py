@@ -12,7 +12,6 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 import gmm_ref
-
 from property_tests.strategies._common import BOOLEANS, SEEDS, integers, resolve, sampled
 from property_tests.strategies._config import config
 from property_tests.strategies._static import Config, Static, buckets, draw_free_static
@@ -42,7 +41,7 @@ def problems(
     all_empty: bool = False,
     vary_out_dtype: bool | None = None,
     shapes: Sequence[tuple[int, int, int]] | None = None,
-    max_buckets: int | None | str = "auto",
+    max_buckets: int | str | None = "auto",
 ) -> SearchStrategy[gmm_ref.Problem]:
     """:class:`gmm_ref.Problem` instances that ``convention``'s real kernel takes.
 

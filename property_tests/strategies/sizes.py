@@ -81,7 +81,7 @@ def draw_sizes(draw: Any, g: int, extent: int, tile: int, allow_tail: bool, patt
             cuts = sorted(draw(_size_lists(g, extent, tile)[1]))
         if full:
             cuts[-1] = extent
-        return [b - a for a, b in zip([0] + cuts[:-1], cuts)]
+        return [b - a for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
     if seeded:
         sizes = _fit(_seeded_size_lists(draw(SEEDS), g, extent, tile)[0], extent)
     else:

@@ -43,7 +43,7 @@ def fill(rng: np.random.Generator, shape: Any, dtype: Any, kind: str, k: int, ou
     # of two of them reach the output's overflow threshold
     fin, fout = _dt.float_format(dtype), _dt.float_format(out_dtype)
     lo = fin.emin - fin.mant
-    hi = min(fin.emax, int(math.floor(0.5 * (math.log2(fout.max_finite) - math.log2(max(k, 1))))))
+    hi = min(fin.emax, math.floor(0.5 * (math.log2(fout.max_finite) - math.log2(max(k, 1)))))
     hi = max(hi, lo)
     if fin.has_inf and dtype.itemsize in (2, 4):
         return _wide_bits(rng, shape, dtype, fin, hi - lo)
@@ -88,7 +88,8 @@ def _wide_bits(rng: np.random.Generator, shape: Any, dtype: np.dtype, fin: Any, 
     return bits.view(dtype).reshape(shape)
 
 
-def unused_elements(family: str, lhs_shape: Any, rhs_shape: Any, sizes: Any, common: dict) -> tuple[np.ndarray, np.ndarray]:
+def unused_elements(family: str, lhs_shape: Any, rhs_shape: Any, sizes: Any, common: dict
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """Masks of the lhs and rhs elements that no (local) group reads."""
     lm = np.zeros(lhs_shape, np.int8)
     rm = np.zeros(rhs_shape, np.int8)

@@ -49,7 +49,7 @@ def ragged_dot_boundary_off_by_one(lhs, rhs, group_sizes, precision=None, prefer
     lhs, rhs = _np(lhs), _np(rhs)
     out = np.asarray(ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type))
     out = out.astype(np.float32)
-    gs, starts, ends = _ends(group_sizes)
+    gs, starts, _ = _ends(group_sizes)
     for g in range(1, gs.size):
         if gs[g] > 0:
             out[starts[g]] = _mm32(lhs[starts[g]:starts[g] + 1], rhs[g - 1])[0]
@@ -154,7 +154,7 @@ def gmm_correct(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling
     if transpose_rhs:
         rhs = rhs.swapaxes(1, 2)
     go = 0 if group_offset is None else int(np.asarray(group_offset).reshape(-1)[0])
-    gs, starts, ends = _ends(group_sizes)
+    _gs, starts, ends = _ends(group_sizes)
     ex = _np(existing_out)
     out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32) if ex is None else ex.astype(np.float32)
     for local in range(rhs.shape[0]):
@@ -245,7 +245,7 @@ CORRECT = {
 
 
 # ---------------------------------------------------------- gradients (jax)
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rolled_rhs_grad(ped):
     import jax
     import jax.numpy as jnp

@@ -139,7 +139,7 @@ def _numpy_ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_t
     lhs, rhs, gs = np.asarray(lhs), np.asarray(rhs), np.asarray(group_sizes)
     out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32)
     ends = np.cumsum(gs)
-    for g, (s, e) in enumerate(zip(ends - gs, ends)):
+    for g, (s, e) in enumerate(zip(ends - gs, ends, strict=True)):
         out[s:e] = lhs[s:e].astype(np.float32) @ rhs[g].astype(np.float32)
     return out.astype(preferred_element_type or lhs.dtype)
 

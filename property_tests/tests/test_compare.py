@@ -136,7 +136,7 @@ def test_wrong_groups_and_batch_index_for_per_batch_sizes():
 def _run_reproducer(p: Problem) -> Problem:
     src = gmm_ref.reproducer(p)
     ns: dict = {}
-    exec(compile(src, "<reproducer>", "exec"), ns)  # noqa: S102 - our own generated source
+    exec(compile(src, "<reproducer>", "exec"), ns)
     return ns["problem"]
 
 
@@ -165,7 +165,7 @@ def test_reproducer_rebuilds_the_same_problem(big):
     out[3, 0] += 1
     _, note = _message(out, p)
     ns: dict = {}
-    exec(note.split("Reproduce with:\n", 1)[1], ns)  # noqa: S102
+    exec(note.split("Reproduce with:\n", 1)[1], ns)
     assert ns["problem"].describe() == p.describe()
 
 

@@ -18,8 +18,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import golden.regeneration
 import gmm_ref
+import golden.regeneration
 from gmm_kernels import Status, resolve_kernel, wrap
 from golden import generator
 from golden.case import Case, build_problem
@@ -254,8 +254,8 @@ def test_changing_a_golden_needs_update(small, capsys):
 
 
 def test_new_cases_are_added_without_update(small):
-    more = _small_corpus() + [Case("d-torch", convention="torch.grouped_mm", family="batch", m=4, k=4,
-                                      n=4, groups=2, seed=9)]
+    more = [*_small_corpus(),
+            Case("d-torch", convention="torch.grouped_mm", family="batch", m=4, k=4, n=4, groups=2, seed=9)]
     rc, text = regenerate(more, small, stream=io.StringIO())
     assert rc == 0 and "new: 1 case(s): d-torch" in text
 
@@ -266,7 +266,7 @@ def _np_gmm_correct(lhs, rhs, group_sizes, preferred_element_type=np.float32, ti
     lhs, rhs, group_sizes = np.asarray(lhs), np.asarray(rhs), np.asarray(group_sizes)  # jax arrays arrive
     ends = np.cumsum(group_sizes)
     out = np.zeros((lhs.shape[0], rhs.shape[-1]), np.float32)
-    for g, (s, e) in enumerate(zip(ends - group_sizes, ends)):
+    for g, (s, e) in enumerate(zip(ends - group_sizes, ends, strict=True)):
         out[s:e] = lhs[s:e].astype(np.float32) @ rhs[g].astype(np.float32)
     return out.astype(preferred_element_type)
 
@@ -347,7 +347,8 @@ def test_generator_is_splitmix64_and_pinned():
     v = generator.values(0, "lhs", (4,), "float32")
     np.testing.assert_array_equal(v, np.array([0.41165492, 0.9014094, -0.43144464, -0.7695345], np.float32))
     # counter-based: element i does not depend on how many are drawn
-    np.testing.assert_array_equal(generator.values(3, "x", (10,), "float16")[:4], generator.values(3, "x", (4,), "float16"))
+    np.testing.assert_array_equal(generator.values(3, "x", (10,), "float16")[:4],
+                                  generator.values(3, "x", (4,), "float16"))
     ints = generator.values(5, "x", (1000,), "float32", kind="int", int_range=3)
     assert set(np.unique(ints).tolist()) == {-3, -2, -1, 0, 1, 2, 3}
 

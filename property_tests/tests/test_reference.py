@@ -23,7 +23,7 @@ SETTINGS = settings(max_examples=60, deadline=None, derandomize=True)
 
 # --------------------------------------------------------------------------- oracle
 def _offsets(sizes: np.ndarray) -> np.ndarray:
-    return np.concatenate([np.zeros(sizes.shape[:-1] + (1,), np.int64), np.cumsum(sizes, -1)], -1)
+    return np.concatenate([np.zeros((*sizes.shape[:-1], 1), np.int64), np.cumsum(sizes, -1)], -1)
 
 
 def _unpack(mat: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -225,7 +225,7 @@ def test_each_family_matches_dense(family, data):
 @given(problems(policies=False, dtypes=("float32",)), st.sampled_from(gmm_ref.conventions.names()))
 def test_convention_arguments_round_trip(p, conv):
     """Problem -> a kernel's own arguments -> that convention's front-end -> the same reference."""
-    if p.family != "batch" and conv == "megablox.gmm" or conv == "torch.grouped_mm":
+    if (p.family != "batch" and conv == "megablox.gmm") or conv == "torch.grouped_mm":
         p = p.replace(tail="undefined")
     p = p.replace(convention=conv)
     convention = gmm_ref.conventions.get(conv)
@@ -286,7 +286,7 @@ def test_splitting_a_group_with_the_same_weights(spec, data):
     rhs = rng.standard_normal((len(sizes), k, n)).astype(np.float32)
     g = data.draw(st.integers(0, len(sizes) - 1))
     cut = data.draw(st.integers(0, sizes[g]))
-    sizes2 = sizes[:g] + [cut, sizes[g] - cut] + sizes[g + 1:]
+    sizes2 = [*sizes[:g], cut, sizes[g] - cut, *sizes[g + 1:]]
     rhs2 = np.concatenate([rhs[:g + 1], rhs[g:]])
     a, b = _rm(lhs, rhs, sizes), _rm(lhs, rhs2, sizes2)
     np.testing.assert_array_equal(a.exact, b.exact)

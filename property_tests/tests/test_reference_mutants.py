@@ -15,8 +15,8 @@ from hypothesis.errors import NoSuchExample
 
 import gmm_ref
 import gmm_ref.dtypes
-import gmm_ref.layouts
 import gmm_ref.exact
+import gmm_ref.layouts
 import gmm_ref.numerics
 from gmm_ref import Numerics, Problem
 

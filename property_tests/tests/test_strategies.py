@@ -59,7 +59,7 @@ SIZE_CLASSES = {
     "some group empty": lambda x: (x[0] == 0).any(),
     "first group empty": lambda x: len(x[0]) > 1 and x[0][0] == 0,
     "last group empty": lambda x: len(x[0]) > 1 and x[0][-1] == 0,
-    "adjacent empty groups": lambda x: any(a == b == 0 for a, b in zip(x[0][:-1], x[0][1:])),
+    "adjacent empty groups": lambda x: any(a == b == 0 for a, b in zip(x[0][:-1], x[0][1:], strict=True)),
     "all but one empty": lambda x: len(x[0]) > 1 and np.count_nonzero(x[0]) == 1,
     "all empty (sum == 0 < extent)": lambda x: x[1] > 0 and x[0].sum() == 0,
     "one group holds the whole extent": lambda x: len(x[0]) > 1 and x[1] > 0 and (x[0] == x[1]).any(),
@@ -105,7 +105,8 @@ PROBLEM_CLASSES = {
     "N remainder": lambda p: p.n % p.tiling[2] != 0,
     "K below one tile": lambda p: p.k < p.tiling[1],
     "boundary one row from a tm edge": lambda p: bool(np.isin(interior_offsets(p.group_sizes) % 128, [1, 127]).any()),
-    "adjacent empty groups": lambda p: any(a == b == 0 for a, b in zip(p.group_sizes[:-1], p.group_sizes[1:])),
+    "adjacent empty groups": lambda p: any(a == b == 0 for a, b in zip(p.group_sizes[:-1], p.group_sizes[1:],
+                                                                      strict=True)),
     "all groups empty": lambda p: p.group_sizes.sum() == 0,
     "padding rows past sum": lambda p: p.group_sizes.sum() < p.m,
     "NaN/Inf in padding rows": lambda p: not np.isfinite(p.lhs.astype(np.float32)).all(),
@@ -202,7 +203,8 @@ def test_unaligned_boundary_shrinks_to_two_groups():
 
 def test_adjacent_empty_groups_in_a_megablox_problem_shrink_to_g2():
     p = find(gst.problems(convention="megablox.gmm", tiling=(128, 128, 128)),
-             lambda p: any(a == b == 0 for a, b in zip(p.group_sizes[:-1], p.group_sizes[1:])), settings=FIND)
+             lambda p: any(a == b == 0 for a, b in zip(p.group_sizes[:-1], p.group_sizes[1:], strict=True)),
+             settings=FIND)
     assert p.group_sizes.tolist() == [0, 0] and p.existing_out is None and p.m == 128
 
 
