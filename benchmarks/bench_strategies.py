@@ -25,8 +25,8 @@ from property_tests import strategies as gst
 
 def _ci_profile() -> settings:
     try:
-        from property_tests.plugin import register_profiles
-    except ImportError:  # an older plugin: the same profile, registered here
+        from property_tests.profiles import register_profiles
+    except ImportError:  # an older harness: the same profile, registered here
         settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True, max_examples=25)
     else:
         register_profiles()

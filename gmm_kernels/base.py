@@ -30,10 +30,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gmm_kernels import autodiff
+from gmm_kernels.known_issues import xla_nan_leak_issues
 from gmm_ref import Numerics, Problem, conventions
 from gmm_ref.dtypes import as_numpy
 
-__all__ = ["KernelAdapter", "dtype_name", "missing_module", "on_accelerator"]
+__all__ = ["KernelAdapter", "VariantAdapter", "dtype_name", "missing_module", "on_accelerator"]
 
 
 def missing_module(*modules: str) -> str | None:
@@ -189,3 +190,27 @@ class KernelAdapter:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ({self.convention})>"
+
+
+class VariantAdapter(KernelAdapter):
+    """One of several implementations of a kernel, named ``family[implementation]``.
+
+    ``xla_via`` says how the ``"xla"`` implementation reaches XLA's ragged_dot,
+    whose upstream bugs it then inherits (``gmm_kernels.known_issues``).
+    """
+
+    family: ClassVar[str] = ""
+    implementations: ClassVar[tuple[str, ...]] = ()
+    xla_via: ClassVar[str] = ""
+
+    def __init__(self, implementation: str = "xla") -> None:
+        if implementation not in self.implementations:
+            raise ValueError(f"implementation: expected one of {self.implementations}, got {implementation!r}")
+        self.implementation = implementation
+        self.name = f"{self.family}[{implementation}]"  # type: ignore[misc]
+
+    @property
+    def known_issues(self) -> dict[str, str]:  # type: ignore[override]
+        if self.implementation != "xla" or not self.xla_via:
+            return {}
+        return xla_nan_leak_issues(self.xla_via)

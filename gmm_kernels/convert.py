@@ -16,7 +16,6 @@ import ml_dtypes
 import numpy as np
 
 from gmm_ref import RaggedDotDimensionNumbers
-from gmm_ref.dtypes import as_numpy
 
 __all__ = [
     "jax_group_offset",
@@ -24,18 +23,12 @@ __all__ = [
     "lax_dimension_numbers",
     "to_framework",
     "to_jax",
-    "to_numpy",
     "to_torch",
     "torch_dtype",
     "uses_64bit",
 ]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def to_numpy(x: Any) -> np.ndarray:
-    """A jax array, torch tensor or array-like as NumPy (bfloat16 as ml_dtypes)."""
-    return as_numpy(x)
 
 
 def torch_dtype(dt: Any) -> Any:

@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels.base import KernelAdapter
+from gmm_kernels.base import VariantAdapter
 from gmm_kernels.convert import jax_group_offset, jax_x64, uses_64bit
-from gmm_kernels.known_issues import xla_nan_leak_issues
 from gmm_ref import Problem
 
 __all__ = ["EjkernelGroupedMatmul"]
@@ -45,33 +44,24 @@ def _kernel(impl: str) -> Any:
     return getattr(importlib.import_module(mod), fn)
 
 
-class EjkernelGroupedMatmul(KernelAdapter):
+class EjkernelGroupedMatmul(VariantAdapter):
     """ejkernel grouped matmul in the ``megablox.gmm`` convention."""
 
+    family = "ejkernel.grouped_matmul"
+    implementations = tuple(_KERNELS)
+    xla_via = "ejkernel 0.0.80.3's XLA grouped_matmul calls lax.ragged_dot_general"
     convention = "megablox.gmm"
     requires = ("jax", "ejkernel")
     flush_subnormals = True
     default_precision = True
 
     def __init__(self, implementation: str = "xla") -> None:
-        if implementation not in _KERNELS:
-            raise ValueError(f"implementation: expected one of {sorted(_KERNELS)}, got {implementation!r}")
-        self.implementation = implementation
+        super().__init__(implementation)
         if implementation != "xla":  # megablox gmm copies: megablox's dtype rules
             self.input_dtypes = ("float32", "bfloat16")  # type: ignore[misc]
             self.output_dtypes = ("float32", "bfloat16", "float16")  # type: ignore[misc]
         else:
             self.input_dtypes = ("float64", "float32", "bfloat16", "float16")  # type: ignore[misc]  # jaxtyping Float
-
-    @property
-    def known_issues(self) -> dict[str, str]:  # type: ignore[override]
-        if self.implementation != "xla":
-            return {}
-        return xla_nan_leak_issues("ejkernel 0.0.80.3's XLA grouped_matmul calls lax.ragged_dot_general")
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return f"ejkernel.grouped_matmul[{self.implementation}]"
 
     def _unavailable(self) -> str | None:
         if self.implementation.startswith("pallas_v"):

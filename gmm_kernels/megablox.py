@@ -42,6 +42,15 @@ def _jax_or_none(x: Any) -> Any:
     return None if x is None else jnp.asarray(x)
 
 
+def _static_args(lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any, tiling: Any,
+                 group_offset: Any) -> tuple:
+    """The leading arguments gmm and tgmm share, as megablox takes them."""
+    import jax.numpy as jnp
+
+    return (jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(np.asarray(group_sizes, np.int32)),
+            np.dtype(preferred_element_type), tuple(int(t) for t in tiling), jax_group_offset(group_offset))
+
+
 class _Megablox(KernelAdapter):
     requires = ("jax",)
     input_dtypes = ("float32", "bfloat16")
@@ -72,14 +81,9 @@ class MegabloxGmm(_Megablox):
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
              tiling: Any = _DEFAULT_TILING, group_offset: Any = None, existing_out: Any = None,
              transpose_rhs: bool = False) -> np.ndarray:
-        import jax.numpy as jnp
-
-        out = backend_module().gmm(
-            jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(np.asarray(group_sizes, np.int32)),
-            np.dtype(preferred_element_type), tuple(int(t) for t in tiling),
-            jax_group_offset(group_offset), _jax_or_none(existing_out),
-            transpose_rhs=bool(transpose_rhs), interpret=True,
-        )
+        lead = _static_args(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset)
+        out = backend_module().gmm(*lead, _jax_or_none(existing_out), transpose_rhs=bool(transpose_rhs),
+                                   interpret=True)
         return np.asarray(out)
 
     def vjp(self, problem: Problem, cotangent: Any) -> dict[str, np.ndarray]:
@@ -103,15 +107,9 @@ class MegabloxTgmm(_Megablox):
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
              tiling: Any = _DEFAULT_TILING, group_offset: Any = None, num_actual_groups: Any = None,
              existing_out: Any = None) -> np.ndarray:
-        import jax.numpy as jnp
-
-        out = backend_module().tgmm(
-            jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(np.asarray(group_sizes, np.int32)),
-            np.dtype(preferred_element_type), tuple(int(t) for t in tiling),
-            jax_group_offset(group_offset),
-            None if num_actual_groups is None else int(num_actual_groups),
-            _jax_or_none(existing_out), interpret=True,
-        )
+        lead = _static_args(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset)
+        nag = None if num_actual_groups is None else int(num_actual_groups)
+        out = backend_module().tgmm(*lead, nag, _jax_or_none(existing_out), interpret=True)
         return np.asarray(out)
 
 

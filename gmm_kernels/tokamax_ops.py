@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels.base import KernelAdapter
+from gmm_kernels.base import VariantAdapter
 from gmm_kernels.convert import jax_x64, uses_64bit
-from gmm_kernels.known_issues import xla_nan_leak_issues
 
 __all__ = ["TokamaxRaggedDot"]
 
@@ -54,28 +53,16 @@ def _jitted(implementation: str, preferred_element_type: Any) -> Any:
         a, b, g, preferred_element_type=preferred_element_type, implementation=implementation))
 
 
-class TokamaxRaggedDot(KernelAdapter):
+class TokamaxRaggedDot(VariantAdapter):
     """``tokamax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=..., implementation=...)``."""
 
+    family = "tokamax.ragged_dot"
+    implementations = ("xla", *_NEEDS)
+    xla_via = "tokamax 0.0.12 implementation='xla' calls lax.ragged_dot_general"
     convention = "ragged_dot"
     requires = ("jax", "tokamax")
     flush_subnormals = True
     default_precision = True
-
-    def __init__(self, implementation: str = "xla") -> None:
-        if implementation not in ("xla", *_NEEDS):
-            raise ValueError(f"implementation: expected one of {('xla', *_NEEDS)}, got {implementation!r}")
-        self.implementation = implementation
-
-    @property
-    def known_issues(self) -> dict[str, str]:  # type: ignore[override]
-        if self.implementation != "xla":
-            return {}
-        return xla_nan_leak_issues("tokamax 0.0.12 implementation='xla' calls lax.ragged_dot_general")
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return f"tokamax.ragged_dot[{self.implementation}]"
 
     def _unavailable(self) -> str | None:
         if self.implementation == "xla":

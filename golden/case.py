@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -101,10 +100,6 @@ class Case:
             d["tiling"] = tuple(d["tiling"])
         return cls(**d)
 
-    @property
-    def spec_key(self) -> str:
-        """Canonical JSON of the spec (what a golden is keyed on)."""
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
 
 def _shapes(c: Case, local: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -18,16 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from gmm_ref.conventions.base import (
-    PLAIN,
-    Convention,
-    as_array,
-    as_sizes,
-    expect_ndim,
-    front_end,
-    optional_dtype,
-    sizes32,
-)
+from gmm_ref.conventions import base
+from gmm_ref.conventions.base import Convention
 from gmm_ref.exact import Reference, reference
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import Problem
@@ -41,22 +33,27 @@ _DEFAULT_TILING = (128, 128, 128)
 def _group_offset(value: Any) -> int:
     if value is None:
         return 0
-    arr = np.asarray(value) if isinstance(value, (int, np.integer)) else as_array("group_offset", value)
+    arr = np.asarray(value) if isinstance(value, (int, np.integer)) else base.as_array("group_offset", value)
     if not np.issubdtype(arr.dtype, np.integer) or arr.size != 1:
         raise TypeError(f"group_offset: expected an integer scalar or shape-(1,) integer array, got {value!r}")
     return int(arr.reshape(()))
 
 
 def _existing(value: Any) -> np.ndarray | None:
-    return None if value is None else as_array("existing_out", value)
+    return None if value is None else base.as_array("existing_out", value)
 
 
 def _tiling(value: Any) -> tuple[int, ...] | None:
     return tuple(value) if value is not None and not callable(value) else None
 
 
-def _offset_argument(p: Problem) -> np.ndarray | None:
-    return None if p.group_offset == 0 else np.array(p.group_offset, np.int32)
+def _common_arguments(conv: Convention, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments gmm and tgmm share, in their order."""
+    return (p.lhs, p.rhs, base.sizes32(p)), {
+        "preferred_element_type": p.out_dtype,
+        "tiling": p.tiling or conv.default_tiling,
+        "group_offset": None if p.group_offset == 0 else np.array(p.group_offset, np.int32),
+    }
 
 
 class _Gmm(Convention):
@@ -69,26 +66,21 @@ class _Gmm(Convention):
         given (then every row not computed keeps it); rows of groups outside
         ``[group_offset, group_offset + rhs.shape[0])`` are zero without it.
         """
-        lhs, rhs = as_array("lhs", lhs), as_array("rhs", rhs)
-        expect_ndim("lhs", lhs, 2)
-        expect_ndim("rhs", rhs, 3)
-        gs = as_sizes("group_sizes", group_sizes)
+        lhs, rhs = base.as_array("lhs", lhs), base.as_array("rhs", rhs)
+        base.expect_ndim("lhs", lhs, 2)
+        base.expect_ndim("rhs", rhs, 3)
+        gs = base.as_sizes("group_sizes", group_sizes)
         return Problem(
             "ragged_m", lhs, rhs, gs, rhs_transposed=bool(transpose_rhs),
-            out_dtype=optional_dtype("preferred_element_type", preferred_element_type),
+            out_dtype=base.optional_dtype("preferred_element_type", preferred_element_type),
             existing_out=_existing(existing_out), group_offset=_group_offset(group_offset),
             num_local_groups=rhs.shape[0], convention=self.name, tiling=_tiling(tiling),
             **self.policies("ragged_m"),
         )
 
     def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (p.lhs, p.rhs, sizes32(p)), {
-            "preferred_element_type": p.out_dtype,
-            "tiling": p.tiling or self.default_tiling,
-            "group_offset": _offset_argument(p),
-            "existing_out": p.existing_out,
-            "transpose_rhs": p.rhs_transposed,
-        }
+        args, kwargs = _common_arguments(self, p)
+        return args, {**kwargs, "existing_out": p.existing_out, "transpose_rhs": p.rhs_transposed}
 
 
 class _Tgmm(Convention):
@@ -101,16 +93,16 @@ class _Tgmm(Convention):
         zeros; ``existing_out`` is accumulated into. Without ``num_actual_groups``
         the output has G slots of which the last ``group_offset`` are undefined.
         """
-        lhs, rhs = as_array("lhs", lhs), as_array("rhs", rhs)
-        expect_ndim("lhs", lhs, 2)
-        expect_ndim("rhs", rhs, 2)
-        gs = as_sizes("group_sizes", group_sizes)
+        lhs, rhs = base.as_array("lhs", lhs), base.as_array("rhs", rhs)
+        base.expect_ndim("lhs", lhs, 2)
+        base.expect_ndim("rhs", rhs, 2)
+        gs = base.as_sizes("group_sizes", group_sizes)
         local, slots = _slots(gs.shape[0], _group_offset(group_offset), num_actual_groups)
         ex = _existing(existing_out)
         if ex is not None and ex.shape[0] != slots:
             raise ValueError(f"existing_out: expected shape {(slots, lhs.shape[0], rhs.shape[1])}, got {ex.shape}")
         return Problem(
-            "ragged_k", lhs, rhs, gs, out_dtype=optional_dtype("preferred_element_type", preferred_element_type),
+            "ragged_k", lhs, rhs, gs, out_dtype=base.optional_dtype("preferred_element_type", preferred_element_type),
             existing_out=None if ex is None else ex[:local], group_offset=_group_offset(group_offset),
             num_local_groups=local, convention=self.name, tiling=_tiling(tiling), **self.policies("ragged_k"),
         )
@@ -127,13 +119,8 @@ class _Tgmm(Convention):
         return _PaddedReference(p, ref, p.num_groups, None if ex is None else ex[p.num_local_groups:])
 
     def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (p.lhs, p.rhs, sizes32(p)), {
-            "preferred_element_type": p.out_dtype,
-            "tiling": p.tiling or self.default_tiling,
-            "group_offset": _offset_argument(p),
-            "num_actual_groups": p.num_local_groups,
-            "existing_out": p.existing_out,
-        }
+        args, kwargs = _common_arguments(self, p)
+        return args, {**kwargs, "num_actual_groups": p.num_local_groups, "existing_out": p.existing_out}
 
 
 def _slots(g: int, offset: int, nag: Any) -> tuple[int, int]:
@@ -171,11 +158,11 @@ GMM = _Gmm(
     summary="megablox gmm(lhs [M, K], rhs [L, K, N], group_sizes [G], ...) -> [M, N]",
 )
 TGMM = _Tgmm(
-    name="megablox.tgmm", framework="jax", families=("ragged_k",), layouts=(("ragged_k", PLAIN),),
+    name="megablox.tgmm", framework="jax", families=("ragged_k",), layouts=(("ragged_k", base.PLAIN),),
     dtype_pairs=_PAIRS, empty="zero", existing_policy="accumulate", existing_argument="existing_out",
     sharding=True, multiple_of=(("ragged", "tm"),), default_tiling=_DEFAULT_TILING,
     # megablox's tgmm calls the ragged (contracting) axis m and tiles it by tm
     summary="megablox tgmm(lhs [M, sum K], rhs [sum K, N], group_sizes [G], ...) -> [groups, M, N]",
 )
-gmm = front_end(GMM, "gmm")
-tgmm = front_end(TGMM, "tgmm")
+gmm = base.front_end(GMM, "gmm")
+tgmm = base.front_end(TGMM, "tgmm")

@@ -12,17 +12,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gmm_ref.conventions.base import (
-    PLAIN,
-    TRANSPOSES,
-    Convention,
-    as_array,
-    as_sizes,
-    expect_ndim,
-    front_end,
-    optional_dtype,
-    sizes32,
-)
+from gmm_ref.conventions import base
+from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import Problem
 
 __all__ = ["RAGGED_DOT", "RAGGED_DOT_GENERAL", "RaggedDotDimensionNumbers", "ragged_dot", "ragged_dot_general"]
@@ -44,18 +35,18 @@ class _RaggedDot(Convention):
     def parse(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None,
               preferred_element_type: Any = None) -> Problem:
         """``jax.lax.ragged_dot``: ``lhs [M, K]``, ``rhs [G, K, N]``, sizes ``[G]`` -> ``[M, N]``."""
-        lhs, rhs = as_array("lhs", lhs), as_array("rhs", rhs)
-        expect_ndim("lhs", lhs, 2)
-        expect_ndim("rhs", rhs, 3)
-        gs = as_sizes("group_sizes", group_sizes)
+        lhs, rhs = base.as_array("lhs", lhs), base.as_array("rhs", rhs)
+        base.expect_ndim("lhs", lhs, 2)
+        base.expect_ndim("rhs", rhs, 3)
+        gs = base.as_sizes("group_sizes", group_sizes)
         if rhs.shape[0] != gs.shape[0]:
             raise ValueError(f"rhs: expected {gs.shape[0]} groups on axis 0 (len(group_sizes)), got {rhs.shape[0]}")
-        return Problem("ragged_m", lhs, rhs, gs, out_dtype=optional_dtype("preferred_element_type",
+        return Problem("ragged_m", lhs, rhs, gs, out_dtype=base.optional_dtype("preferred_element_type",
                                                                           preferred_element_type),
                        convention=self.name)
 
     def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (p.lhs, p.rhs, sizes32(p)), {"preferred_element_type": p.out_dtype}
+        return (p.lhs, p.rhs, base.sizes32(p)), {"preferred_element_type": p.out_dtype}
 
 
 def _dn_fields(dn: Any) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
@@ -109,12 +100,12 @@ class _RaggedDotGeneral(Convention):
         mode 2 (ragged contracting): ``[b, m, k] x [b, k, n] -> [g, b, m, n]``;
         mode 3 (ragged batch): a plain batched product, ``group_sizes`` ignored.
         """
-        lhs, rhs = as_array("lhs", lhs), as_array("rhs", rhs)
+        lhs, rhs = base.as_array("lhs", lhs), base.as_array("rhs", rhs)
         lc, rc, lb, rb, lr, rg = _dn_fields(ragged_dot_dimension_numbers)
-        gs = as_sizes("group_sizes", group_sizes, ndim1=False)
+        gs = base.as_sizes("group_sizes", group_sizes, ndim1=False)
         l_free, r_free = _check_dims(lhs, rhs, lc, rc, lb, rb, lr, rg)
         ragged, nb = lr[0], len(lb)
-        out = optional_dtype("preferred_element_type", preferred_element_type)
+        out = base.optional_dtype("preferred_element_type", preferred_element_type)
         lhs_t = lhs.transpose(lb + l_free + lc)
         if ragged in l_free:  # mode 1
             if len(rg) != 1:
@@ -135,7 +126,7 @@ class _RaggedDotGeneral(Convention):
         return Problem("batch", lhs_t, rhs_t, None, batch_ndim=nb - 1, out_dtype=out, convention=self.name)
 
     def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        gs = sizes32(p)
+        gs = base.sizes32(p)
         return ((p.lhs, p.rhs, gs if gs is not None else np.ones(p.num_groups, np.int32), dimension_numbers(p)),
                 {"preferred_element_type": p.out_dtype})
 
@@ -163,13 +154,13 @@ def dimension_numbers(p: Problem) -> RaggedDotDimensionNumbers:
 
 
 RAGGED_DOT = _RaggedDot(
-    name="ragged_dot", framework="jax", families=("ragged_m",), layouts=(("ragged_m", PLAIN),),
+    name="ragged_dot", framework="jax", families=("ragged_m",), layouts=(("ragged_m", base.PLAIN),),
     dtype_pairs=_PAIRS, summary="lax.ragged_dot(lhs [M, K], rhs [G, K, N], group_sizes [G]) -> [M, N]",
 )
 RAGGED_DOT_GENERAL = _RaggedDotGeneral(
     name="ragged_dot_general", framework="jax", families=("ragged_m", "ragged_k", "batch"),
-    layouts=tuple((f, TRANSPOSES) for f in ("ragged_m", "ragged_k", "batch")), dtype_pairs=_PAIRS,
+    layouts=tuple((f, base.TRANSPOSES) for f in ("ragged_m", "ragged_k", "batch")), dtype_pairs=_PAIRS,
     max_batch_dims=1, summary="lax.ragged_dot_general: modes 1 (ragged M), 2 (ragged K), 3 (ragged batch)",
 )
-ragged_dot = front_end(RAGGED_DOT, "ragged_dot")
-ragged_dot_general = front_end(RAGGED_DOT_GENERAL, "ragged_dot_general")
+ragged_dot = base.front_end(RAGGED_DOT, "ragged_dot")
+ragged_dot_general = base.front_end(RAGGED_DOT_GENERAL, "ragged_dot_general")

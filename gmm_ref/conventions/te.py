@@ -14,16 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from gmm_ref.conventions.base import (
-    Convention,
-    as_array,
-    as_sizes,
-    expect_ndim,
-    front_end,
-    optional_dtype,
-    packed_layouts,
-    sizes32,
-)
+from gmm_ref.conventions import base
+from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import Problem
 
 __all__ = ["TE_GROUPED_GEMM", "te_grouped_gemm"]
@@ -53,7 +45,7 @@ def _family(lm: str | None, rm: str | None) -> str:
 
 
 def _sizes(given: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    dims = {nm: as_sizes(nm, v) for nm, v in given.items() if v is not None and as_array(nm, v).size}
+    dims = {nm: base.as_sizes(nm, v) for nm, v in given.items() if v is not None and base.as_array(nm, v).size}
     for op in ("lhs", "rhs"):
         if f"{op}_first_dims" in dims and f"{op}_last_dims" in dims:
             raise ValueError(f"{op}_first_dims/{op}_last_dims: an operand may be ragged on one axis only")
@@ -80,9 +72,9 @@ class _TeGroupedGemm(Convention):
         Output ragged dims are derived: ragged M -> ``[sum M, N]``, ragged N ->
         ``[M, sum N]``, ragged K -> ``[G, M, N]``.
         """
-        lhs, rhs = as_array("lhs", lhs), as_array("rhs", rhs)
-        expect_ndim("lhs", lhs, (2, 3))
-        expect_ndim("rhs", rhs, (2, 3))
+        lhs, rhs = base.as_array("lhs", lhs), base.as_array("rhs", rhs)
+        base.expect_ndim("lhs", lhs, (2, 3))
+        base.expect_ndim("rhs", rhs, (2, 3))
         dims, gs = _sizes(dict(zip(_DIMS, (lhs_first_dims, lhs_last_dims, rhs_first_dims, rhs_last_dims), strict=True)))
         try:
             (lcd,), (rcd,) = contracting_dims
@@ -94,11 +86,11 @@ class _TeGroupedGemm(Convention):
         fam = _family(*_ragged_axes(dims, lhs_t, rhs_t))
         packed = "lhs_last_dims" in dims or "rhs_last_dims" in dims
         return Problem(fam, lhs, rhs, gs, lhs_transposed=lhs_t, rhs_transposed=rhs_t, packed=packed,
-                       out_dtype=optional_dtype("preferred_element_type", preferred_element_type),
+                       out_dtype=base.optional_dtype("preferred_element_type", preferred_element_type),
                        convention=self.name, **self.policies(fam))
 
     def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        gs32 = sizes32(p)
+        gs32 = base.sizes32(p)
         kw: dict[str, Any] = {}
         if p.family == "ragged_m":
             kw["lhs_last_dims" if p.lhs_transposed else "lhs_first_dims"] = gs32
@@ -114,9 +106,9 @@ class _TeGroupedGemm(Convention):
 
 TE_GROUPED_GEMM = _TeGroupedGemm(
     name="te.grouped_gemm", framework="jax", families=("ragged_m", "ragged_k"),
-    layouts=tuple((f, packed_layouts(f)) for f in ("ragged_m", "ragged_k")),
+    layouts=tuple((f, base.packed_layouts(f)) for f in ("ragged_m", "ragged_k")),
     dtype_pairs=(("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"),
                  ("bfloat16", "float32")),
     full_sums=True, summary="TransformerEngine grouped_gemm(lhs, rhs, *, lhs_first_dims=..., ...)",
 )
-te_grouped_gemm = front_end(TE_GROUPED_GEMM, "te_grouped_gemm")
+te_grouped_gemm = base.front_end(TE_GROUPED_GEMM, "te_grouped_gemm")

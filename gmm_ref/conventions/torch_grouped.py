@@ -12,23 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from gmm_ref.conventions.base import (
-    PLAIN,
-    Convention,
-    as_array,
-    as_sizes,
-    expect_ndim,
-    front_end,
-    optional_dtype,
-    sizes32,
-)
+from gmm_ref.conventions import base
+from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import FAMILIES, Problem
 
 __all__ = ["GROUPED_MM", "grouped_mm"]
 
 
 def _sizes_from_offsets(offs: Any) -> np.ndarray:
-    o = as_sizes("offs", offs)
+    o = base.as_sizes("offs", offs)
     if o.size and np.any(np.diff(o) < 0):
         raise ValueError(f"offs: expected non-decreasing cumulative group ends, got {o.tolist()}")
     if o.size and o[0] < 0:
@@ -45,12 +37,12 @@ class _GroupedMM(Convention):
         -> [G, M, N]``; 3d x 3d: batched, no ``offs``. ``offs`` are int32
         cumulative group ends; elements past ``offs[-1]`` are undefined.
         """
-        a, b = as_array("mat_a", mat_a), as_array("mat_b", mat_b)
-        expect_ndim("mat_a", a, (2, 3))
-        expect_ndim("mat_b", b, (2, 3))
+        a, b = base.as_array("mat_a", mat_a), base.as_array("mat_b", mat_b)
+        base.expect_ndim("mat_a", a, (2, 3))
+        base.expect_ndim("mat_b", b, (2, 3))
         if bias is not None:
             raise ValueError("bias: torch._grouped_mm does not support bias; expected None")
-        out = optional_dtype("out_dtype", out_dtype)
+        out = base.optional_dtype("out_dtype", out_dtype)
         if a.ndim == 3 and b.ndim == 3:
             if offs is not None:
                 raise ValueError("offs: must be None for 3d x 3d (batched) grouped_mm")
@@ -68,17 +60,17 @@ class _GroupedMM(Convention):
         return Problem(family, a, b, sizes, out_dtype=out, convention=self.name, **self.policies(family))
 
     def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        gs = sizes32(p)
+        gs = base.sizes32(p)
         offs = None if gs is None else np.cumsum(gs).astype(np.int32)
         return (p.lhs, p.rhs), {"offs": offs, "out_dtype": p.out_dtype}
 
 
 GROUPED_MM = _GroupedMM(
-    name="torch.grouped_mm", framework="torch", families=FAMILIES, layouts=tuple((f, PLAIN) for f in FAMILIES),
+    name="torch.grouped_mm", framework="torch", families=FAMILIES, layouts=tuple((f, base.PLAIN) for f in FAMILIES),
     dtype_pairs=(("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "float16")),
     tail="undefined", empty="zero", out_dtype_is_input=True,
     # every operand's and the output's leading stride is a multiple of 16 bytes
     multiple_of=(("k", "16B"), ("n", "16B")),
     summary="torch._grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None): 2d/3d x 2d/3d",
 )
-grouped_mm = front_end(GROUPED_MM, "grouped_mm")
+grouped_mm = base.front_end(GROUPED_MM, "grouped_mm")

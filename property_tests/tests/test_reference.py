@@ -276,14 +276,18 @@ int_arrays = st.integers(1, 4).flatmap(lambda k: st.tuples(
     st.just(k), st.integers(1, 4), st.integers(0, 2**32 - 1)))
 
 
+def _normal_operands(spec, tail_rows):
+    """(sizes, lhs [sum + tail_rows, K], rhs [G, K, N]) of normal float32 values."""
+    sizes, k, n, seed = spec
+    rng = np.random.default_rng(seed)
+    lhs = rng.standard_normal((sum(sizes) + tail_rows, k)).astype(np.float32)
+    return sizes, lhs, rng.standard_normal((len(sizes), k, n)).astype(np.float32)
+
+
 @SETTINGS
 @given(int_arrays, st.data())
 def test_splitting_a_group_with_the_same_weights(spec, data):
-    sizes, k, n, seed = spec
-    rng = np.random.default_rng(seed)
-    m = sum(sizes) + 1
-    lhs = rng.standard_normal((m, k)).astype(np.float32)
-    rhs = rng.standard_normal((len(sizes), k, n)).astype(np.float32)
+    sizes, lhs, rhs = _normal_operands(spec, 1)
     g = data.draw(st.integers(0, len(sizes) - 1))
     cut = data.draw(st.integers(0, sizes[g]))
     sizes2 = [*sizes[:g], cut, sizes[g] - cut, *sizes[g + 1:]]
@@ -296,11 +300,8 @@ def test_splitting_a_group_with_the_same_weights(spec, data):
 @SETTINGS
 @given(int_arrays, st.randoms(use_true_random=False))
 def test_permuting_groups_with_their_weights(spec, rnd):
-    sizes, k, n, seed = spec
-    rng = np.random.default_rng(seed)
-    m = sum(sizes) + 2
-    lhs = rng.standard_normal((m, k)).astype(np.float32)
-    rhs = rng.standard_normal((len(sizes), k, n)).astype(np.float32)
+    sizes, lhs, rhs = _normal_operands(spec, 2)
+    m = lhs.shape[0]
     perm = list(range(len(sizes)))
     rnd.shuffle(perm)
     off = np.concatenate([[0], np.cumsum(sizes)])
