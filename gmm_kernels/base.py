@@ -23,18 +23,32 @@ Nothing here imports jax or torch; subclasses import them lazily.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import numpy as np
 
-from gmm_kernels import autodiff
+from gmm_kernels import autodiff, inputs
 from gmm_kernels.known_issues import xla_nan_leak_issues
 from gmm_ref import Numerics, Problem, conventions
 from gmm_ref.dtypes import as_numpy
 
-__all__ = ["KernelAdapter", "VariantAdapter", "dtype_name", "missing_module", "on_accelerator"]
+__all__ = ["KernelAdapter", "VariantAdapter", "dtype_name", "missing_module", "observe_calls", "on_accelerator"]
+
+
+_observers: list[Callable[[Any, Problem], None]] = []
+
+
+def observe_calls(observer: Callable[[Any, Problem], None]) -> Callable[[], None]:
+    """Call ``observer(adapter, problem)`` before every kernel call; returns the function that stops it.
+
+    The main job records the last problem given to a kernel, so that a kernel which hangs or
+    kills the process is reported with it."""
+    _observers.append(observer)
+    return lambda: _observers.remove(observer)
 
 
 def missing_module(*modules: str) -> str | None:
@@ -166,9 +180,22 @@ class KernelAdapter:
         raise NotImplementedError
 
     def run(self, problem: Problem) -> np.ndarray:
-        """Run the kernel on ``problem`` in this adapter's convention; the output as NumPy."""
-        args, kwargs = self.spec.arguments(self._own(problem))
-        return as_numpy(self.call(*args, **kwargs), name=f"output of {self.name}")
+        """Run the kernel on copies of ``problem``'s arguments in this adapter's convention; the output
+        as NumPy. ``gmm_ref.Mismatch`` if the kernel wrote to an input."""
+        with self.arguments(problem) as (args, kwargs):
+            out = self.call(*args, **kwargs)
+        return as_numpy(out, name=f"output of {self.name}")
+
+    @contextlib.contextmanager
+    def arguments(self, problem: Problem) -> Iterator[tuple[tuple, dict]]:
+        """Fresh copies of ``problem``'s arguments for one call; on leaving, ``gmm_ref.Mismatch``
+        if the kernel changed any of them (``gmm_kernels.inputs``)."""
+        pristine = self.spec.arguments(self._own(problem))
+        given = inputs.fresh(*pristine)
+        for observer in tuple(_observers):
+            observer(self, problem)
+        yield given
+        inputs.modified(self.name, self.spec, pristine, given)
 
     def differentiable_fn(self) -> Any:
         """The kernel as a function of its convention's (jax or torch) arguments that
@@ -182,8 +209,8 @@ class KernelAdapter:
         fn = self.differentiable_fn()
         if fn is None:
             raise NotImplementedError(f"{self.name}: no reverse-mode gradient in this adapter")
-        args, kwargs = self.spec.arguments(self._own(problem))
-        return autodiff.vjp(fn, self.spec, args, kwargs, cotangent, name=self.name)
+        with self.arguments(problem) as (args, kwargs):
+            return autodiff.vjp(fn, self.spec, args, kwargs, cotangent, name=self.name)
 
     def _own(self, problem: Problem) -> Problem:
         return problem if problem.convention == self.convention else problem.replace(convention=self.convention)

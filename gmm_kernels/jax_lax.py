@@ -93,11 +93,11 @@ class JaxRaggedDot(_JaxLax):
 
     def vjp(self, problem: Problem, cotangent: Any) -> dict[str, np.ndarray]:
         """``jax.vjp`` of ``lax.ragged_dot`` (mode 1) w.r.t. lhs and rhs, jitted, sizes traced."""
-        (lhs, rhs, gs), kw = self.spec.arguments(self._own(problem))
-        ped = _ped(kw.get("preferred_element_type"))
-        with jax_x64(uses_64bit(lhs, rhs, ped)):
-            dl, dr = _jitted_ragged_dot_vjp(ped)(lhs, rhs, np.asarray(gs, np.int32), np.asarray(cotangent))
-            return {"lhs": np.asarray(dl), "rhs": np.asarray(dr)}
+        with self.arguments(problem) as ((lhs, rhs, gs), kw):
+            ped = _ped(kw.get("preferred_element_type"))
+            with jax_x64(uses_64bit(lhs, rhs, ped)):
+                dl, dr = _jitted_ragged_dot_vjp(ped)(lhs, rhs, np.asarray(gs, np.int32), np.asarray(cotangent))
+                return {"lhs": np.asarray(dl), "rhs": np.asarray(dr)}
 
 
 class JaxRaggedDotGeneral(_JaxLax):

@@ -88,8 +88,8 @@ class MegabloxGmm(_Megablox):
 
     def vjp(self, problem: Problem, cotangent: Any) -> dict[str, np.ndarray]:
         """Gradients through megablox ``ops.gmm``'s custom VJP (see :func:`gmm_grads`)."""
-        (lhs, rhs, gs), kw = self.spec.arguments(self._own(problem))
-        grads = gmm_grads(lhs, rhs, gs, cotangent, **kw)
+        with self.arguments(problem) as ((lhs, rhs, gs), kw):
+            grads = gmm_grads(lhs, rhs, gs, cotangent, **kw)
         del grads["out"]
         return grads
 

@@ -46,6 +46,8 @@ class Result:
     seconds: float = 0.0
     #: how values were judged: "bit-for-bit", "bound", "shape" (when known)
     criterion: str = ""
+    #: how the examples were chosen: a Hypothesis profile or a seed
+    setting: str = ""
 
     @property
     def comparison(self) -> Any:

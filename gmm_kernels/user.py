@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gmm_kernels import inputs
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import jax_x64, to_framework, uses_64bit
 from gmm_ref import Numerics, Problem, conventions
@@ -58,7 +59,9 @@ class FunctionAdapter(KernelAdapter):
             return self.fn(*a, **kw)
         with jax_x64(uses_64bit(*args, *kwargs.values())):
             a, kw = to_framework(framework, args, kwargs)
-            return self.fn(*a, **kw)
+            out = self.fn(*a, **kw)
+        inputs.donated(self.name, self.spec, a, kw)
+        return out
 
 
 def wrap(fn: Callable[..., Any], convention: str, **options: Any) -> FunctionAdapter:

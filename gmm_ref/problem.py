@@ -22,6 +22,7 @@ one after the other, ``packed=True``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,6 +56,34 @@ def _as_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
 
 def _set(obj: Any, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)  # validation normalises fields of the frozen dataclass
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    """A read-only copy: nothing the caller (or a kernel) does to its array changes the problem."""
+    out = np.array(arr, copy=True)
+    out.flags.writeable = False
+    return out
+
+
+_convention_names: Callable[[], Iterable[str]] = tuple
+
+
+def known_conventions(names: Callable[[], Iterable[str]]) -> None:
+    """Tell problems where the registered convention names come from (``gmm_ref.conventions``
+    calls it on import: a problem sits below the conventions, so it is told rather than importing them)."""
+    global _convention_names
+    _convention_names = names
+
+
+def _convention_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"convention: expected a convention name (str) or None, got {type(value).__name__}")
+    names = tuple(_convention_names())
+    if names and value not in names:
+        raise ValueError(f"convention: expected one of {names} or None, got {value!r}")
+    return value
 
 
 def _output_dtype(lhs: np.dtype, rhs: np.dtype, out_dtype: Any) -> np.dtype:
@@ -165,6 +194,7 @@ class Problem:
         self._check_existing()
         if self.tiling is not None:
             _set(self, "tiling", as_tiling(self.tiling))
+        _set(self, "convention", _convention_name(self.convention))
 
     def _check_operands(self) -> None:
         for name in ("lhs", "rhs"):
@@ -176,6 +206,7 @@ class Problem:
                     f"{name}: unsupported dtype {arr.dtype}; expected one of "
                     f"{[str(d) for d in _dt.INPUT_DTYPES]}"
                 )
+            _set(self, name, _frozen(arr))
         if _dt.is_integer(self.lhs.dtype) != _dt.is_integer(self.rhs.dtype):
             raise TypeError(
                 f"lhs/rhs: integer and floating inputs cannot be mixed "
@@ -214,6 +245,9 @@ class Problem:
         _set(self, "_batch_shape", tuple(lb))
 
     def _check_batch_groups(self) -> None:
+        if self.group_sizes is not None:
+            raise ValueError("group_sizes: the batch family takes none (every group is one whole matrix); "
+                             "expected None")
         g = self.lhs.shape[0]
         if self.rhs.shape[0] != g:
             raise ValueError(f"rhs: expected {g} groups on axis 0 (as lhs), got {self.rhs.shape[0]}")
@@ -273,6 +307,7 @@ class Problem:
                 f"existing_out: expected shape {self.out_shape} and dtype {self.out_dtype}, "
                 f"got shape {ex.shape} and dtype {ex.dtype}"
             )
+        _set(self, "existing_out", _frozen(ex))
 
     # ----------------------------------------------------------------- derived
     def ragged_last(self, operand: str) -> bool:
@@ -330,7 +365,7 @@ class Problem:
         return range(self.group_offset, self.group_offset + self.num_local_groups)
 
     def replace(self, **changes: Any) -> Problem:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again; arrays are copied)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if "group_sizes" not in changes and self.family == "batch":
             fields["group_sizes"] = None

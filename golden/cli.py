@@ -10,7 +10,6 @@ directory's manifest. docs/goldens.md documents the case format.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections import Counter
@@ -24,7 +23,7 @@ from golden.case import Case, GoldenError, select
 from golden.cases import CASES
 from golden.judge import check_goldens
 from golden.regeneration import regenerate
-from golden.store import GoldenStore
+from golden.store import GoldenStore, corpus_of, read_manifest
 from golden.verification import verify
 
 __all__ = ["default_directory", "load_corpus", "main", "summary"]
@@ -43,8 +42,7 @@ def load_corpus(spec: str) -> list[Case]:
     a ``manifest.json`` or a golden directory."""
     if spec.endswith(".json") or os.path.isdir(spec):
         path = Path(spec)
-        man = GoldenStore(path).manifest() if path.is_dir() else json.loads(path.read_text())
-        return [Case.from_json(e["spec"]) for e in man["cases"].values()]
+        return GoldenStore(path).corpus() if path.is_dir() else corpus_of(read_manifest(path))
     obj = load_object(spec, option="--corpus")
     obj = obj() if callable(obj) else obj
     return [c if isinstance(c, Case) else Case.from_json(c) for c in obj]
@@ -91,6 +89,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     common(sp)
     kernel_opts(sp)
     sp.add_argument("--update", action="store_true", help="allow changing existing goldens")
+    sp.add_argument("--wait", type=float, default=600.0,
+                    help="seconds to wait for another regeneration's lock on the directory (0: do not wait)")
     sp.add_argument("--store-inputs", action="store_true", help="also store the (recomputable) inputs")
     common(sub.add_parser("verify", help="hashes, manifest consistency, reference reproduces its goldens"))
     sp = sub.add_parser("check", help="kernels against the goldens of their convention")
@@ -117,7 +117,8 @@ def _check(args: argparse.Namespace, directory: Path) -> tuple[int, str]:
 
     kernel = _kernel(args)
     kernels = [kernel] if kernel is not None else gmm_kernels.registry()
-    results = [r for k in kernels for r in check_goldens(k, directory, cases=args.cases)]
+    require_own = bool(args.kernel_version)
+    results = [r for k in kernels for r in check_goldens(k, directory, cases=args.cases, require_own=require_own)]
     text = "\n".join(r.line() for r in results) or "no kernel has goldens of its convention here"
     counts = {s: sum(r.status is s for r in results) for s in gmm_kernels.Status}
     text += "\n" + ", ".join(f"{v} {s.name.lower().replace('_', ' ')}" for s, v in counts.items())
@@ -134,7 +135,8 @@ def _run(args: argparse.Namespace, corpus: list[Case] | None, directory: Path, w
         return 0, "\n".join(lines)
     if args.cmd == "regenerate":
         return regenerate(corpus, directory, kernel=_kernel(args), convention=args.convention, cases=args.cases,
-                          update=args.update, store_inputs=args.store_inputs, command=prog, where=where)
+                          update=args.update, store_inputs=args.store_inputs, command=prog, where=where,
+                          wait=args.wait)
     if args.cmd == "verify":
         return verify(directory, corpus, cases=args.cases, command=prog, where=where)
     return _check(args, directory)

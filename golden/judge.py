@@ -20,7 +20,7 @@ from gmm_ref import dtypes as _dt
 from gmm_ref.compare import group_span, groups_of
 from golden.case import GoldenError, build_problem, select
 from golden.producers import kernel_producer
-from golden.store import VIEW_AS, Golden, GoldenStore, canonical_output
+from golden.store import REFERENCE, VIEW_AS, Golden, GoldenStore, canonical_output, producer_key
 
 __all__ = ["bits", "check_goldens", "describe_bad", "drift"]
 
@@ -84,7 +84,8 @@ def _failed(kernel: str, case: str, detail: str, criterion: str, message: str = 
 
 def compare_output(kernel: KernelAdapter, golden: Golden, problem: gmm_ref.Problem, actual: Any) -> Result:
     """Judge one kernel output against a golden: bit for bit when the golden is the kernel's own
-    (same name, version and platform), else within the gmm_ref bound of its declared numerics."""
+    (same name, version and platform), else within the gmm_ref bound of its declared numerics
+    around the reference, whose stored golden must still be the reference's value bit for bit."""
     name, case = str(kernel.name), golden.case.name
     try:
         act = gmm_ref.as_numpy(actual)
@@ -104,6 +105,10 @@ def compare_output(kernel: KernelAdapter, golden: Golden, problem: gmm_ref.Probl
         return _failed(name, case, f"case {case}: not bit-for-bit equal to its own golden ({producer['version']}, "
                                    f"{producer['platform']}), max {ulps:g} ulps: {line}", "bit-for-bit")
     ref = gmm_ref.reference(problem)
+    if drift(golden.out, canonical_output(ref.values, ref.mask), ref.mask)[2] or not np.array_equal(
+            golden.mask, ref.mask):
+        return _failed(name, case, f"case {case}: the stored reference golden no longer equals the reference: "
+                                   "run python -m golden verify", "bound")
     act = canonical_output(act, ref.mask)  # undefined elements may hold any bits (uninitialised memory)
     outcome = gmm_ref.check(act, ref, numerics=kernel.numerics_for(problem), kernel=name)
     if outcome.ok:
@@ -115,7 +120,16 @@ def compare_output(kernel: KernelAdapter, golden: Golden, problem: gmm_ref.Probl
     return _failed(name, case, f"case {case}: {line}; {crit}", "bound", outcome.message)
 
 
-def _check_case(k: KernelAdapter, store: GoldenStore, name: str, entry: dict[str, Any]) -> Result:
+def _check_case(k: KernelAdapter, store: GoldenStore, name: str, goldens: dict[str, dict[str, Any]],
+                require_own: bool) -> Result:
+    own = goldens.get(producer_key(kernel_producer(k)))
+    if own is None and require_own:
+        return Result(k.name, name, Status.FAILED, criterion="bit-for-bit",
+                      detail=f"case {name}: no golden of {producer_key(kernel_producer(k))} (missing; run "
+                             f"python -m golden regenerate --kernel ... --kernel-version ... to make them)")
+    entry = own or goldens.get(REFERENCE)
+    if entry is None:
+        return Result(k.name, name, Status.FAILED, detail=f"case {name}: no reference golden (missing)")
     try:
         golden = store.load(name, entry)
         problem = build_problem(golden.case)
@@ -134,15 +148,19 @@ def _check_case(k: KernelAdapter, store: GoldenStore, name: str, entry: dict[str
 
 
 def check_goldens(kernel: Any, directory: str | os.PathLike[str], *, cases: str | Sequence[str] | None = None,
-                  convention: str | None = None) -> list[Result]:
+                  convention: str | None = None, require_own: bool = False) -> list[Result]:
     """One kernel (an adapter, a built-in name, ``pkg.mod:fn`` or a function with ``convention``)
-    against every golden of its convention in ``directory``: one result per case."""
+    against every golden case of its convention in ``directory``: one result per case.
+
+    Its own golden (same name, version, platform) is matched bit for bit; without
+    one, the reference's within the bound. ``require_own``: a missing own golden
+    is a failure (the kernel's version was given explicitly)."""
     k = resolve_kernel(kernel, convention=convention)
     store = GoldenStore(directory)
     man = store.manifest()
     names = select(sorted(man["cases"]), cases)
-    mine = [n for n in names if man["cases"][n]["spec"]["convention"] == k.convention]
+    mine = [n for n in names if any(e["spec"]["convention"] == k.convention for e in man["cases"][n].values())]
     reason = k.available()
     if reason:
         return [Result(k.name, n, Status.UNSUPPORTED, detail=f"kernel unavailable: {reason}") for n in mine]
-    return [_check_case(k, store, n, man["cases"][n]) for n in mine]
+    return [_check_case(k, store, n, man["cases"][n], require_own) for n in mine]

@@ -22,17 +22,18 @@ import numpy as np
 import gmm_ref
 from gmm_kernels import KernelAdapter, resolve_kernel
 from golden.case import Case, GoldenError, build_problem, inputs_of, select, split_patterns
-from golden.generator import GENERATOR
 from golden.judge import describe_bad, drift
+from golden.lock import locked
 from golden.producers import kernel_producer, numerics_json, reference_producer
 from golden.store import (
-    FORMAT,
     GoldenStore,
     array_sha256,
     atomic_write,
     canonical_output,
+    corpus_of,
     file_sha256,
     inputs_sha256,
+    producer_key,
 )
 
 __all__ = ["Change", "Progress", "drift_table", "regenerate"]
@@ -148,8 +149,8 @@ class _Plan:
     """What a regeneration would do."""
 
     changes: list[Change] = field(default_factory=list)
-    pending: dict[str, tuple[dict[str, Any], bytes]] = field(default_factory=dict)
-    refresh: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending: dict[tuple[str, str], tuple[dict[str, Any], bytes]] = field(default_factory=dict)
+    refresh: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -168,33 +169,35 @@ def _plan_case(plan: _Plan, store: GoldenStore, old: dict, case: Case, k: Kernel
         plan.failures.append(f"{n}: {k.name}: {fail}")
         return
     entry, data = _entry(case, p, out, mask, producer, numerics, store_inputs)
-    prev = old.get(n)
+    key = producer_key(producer)
+    prev = old.get(n, {}).get(key)
     if prev is None:
         plan.changes.append(Change(n, "new", within_bound=True))
-        plan.pending[n] = (entry, data)
+        plan.pending[n, key] = (entry, data)
         return
     if prev == entry:
         return
-    same_bits = all(prev[key] == entry[key] for key in ("output_sha256", "mask_sha256", "spec", "inputs_sha256"))
+    same_bits = all(prev[f] == entry[f] for f in ("output_sha256", "mask_sha256", "spec", "inputs_sha256"))
     if same_bits and prev.get("inputs_stored") == entry["inputs_stored"]:
-        if update:  # only metadata (producer version, numerics) moved on
-            plan.refresh[n] = entry
+        if update:  # only metadata (numerics, shape records) moved on
+            plan.refresh[n, key] = entry
         return
     plan.changes.append(_changed(store, n, prev, entry, out, mask))
-    plan.pending[n] = (entry, data)
+    plan.pending[n, key] = (entry, data)
 
 
 def _write(store: GoldenStore, old: dict, plan: _Plan, stale: list[str]) -> None:
-    new_cases = {n: e for n, e in old.items() if n not in stale}
-    new_cases.update(plan.refresh)
-    for n, (entry, data) in plan.pending.items():
+    """Golden files first, the manifest last (atomically), then files no golden names any more."""
+    cases = {n: dict(goldens) for n, goldens in old.items() if n not in stale}
+    for (n, key), entry in plan.refresh.items():
+        cases.setdefault(n, {})[key] = entry
+    for (n, key), (entry, data) in plan.pending.items():
         path = store.dir / entry["file"]
         if not (path.exists() and file_sha256(path) == entry["file_sha256"]):
             atomic_write(path, data)
-        new_cases[n] = entry
-    man = {"format": FORMAT, "generator": GENERATOR, "cases": {n: new_cases[n] for n in sorted(new_cases)}}
-    atomic_write(store.manifest_path, (json.dumps(man, indent=1, sort_keys=True) + "\n").encode())
-    keep = {e["file"] for e in man["cases"].values()}
+        cases.setdefault(n, {})[key] = entry
+    store.write_manifest(cases)
+    keep = {e["file"] for goldens in cases.values() for e in goldens.values()}
     for path in store.dir.glob("*.npz"):
         if path.name not in keep:
             with contextlib.suppress(OSError):
@@ -202,8 +205,8 @@ def _write(store: GoldenStore, old: dict, plan: _Plan, stale: list[str]) -> None
 
 
 def _corpus_by_name(corpus: Sequence[Case] | None, old: dict) -> dict[str, Case]:
-    if corpus is None:
-        corpus = [Case.from_json(e["spec"]) for e in old.values()]
+    if corpus is None:  # the cases the manifest holds
+        corpus = corpus_of({"cases": old})
     by_name: dict[str, Case] = {}
     for c in corpus:
         if c.name in by_name:
@@ -236,30 +239,55 @@ def _report(plan: _Plan, stale: list[str], update: bool, hint: str) -> tuple[int
 def regenerate(corpus: Sequence[Case] | None, directory: str | os.PathLike[str], *,
                kernel: Any = None, convention: str | None = None, cases: str | Sequence[str] | None = None,
                update: bool = False, store_inputs: bool = False, command: str = "python -m golden",
-               where: str = "", stream: Any = None) -> tuple[int, str]:
+               where: str = "", stream: Any = None, wait: float = 600.0) -> tuple[int, str]:
     """Recompute goldens; write them atomically. Returns (exit status, report text).
 
     Adds goldens for new cases; refuses (status 1, naming the command to run)
     to change an existing golden unless ``update``. With ``kernel`` only the
-    cases of its convention are produced, by that kernel. ``corpus=None``
+    cases of its convention are produced, by that kernel, and stored beside the
+    reference's (and other kernels') goldens of each case. ``corpus=None``
     regenerates the cases the directory's manifest already holds. ``where``
     (e.g. ``" --dir PATH"``) is appended to the commands the report suggests.
+    The run holds the directory's lock (waiting up to ``wait`` seconds for
+    another holder) and first removes what killed runs left behind.
     """
     store = GoldenStore(directory)
-    store.dir.mkdir(parents=True, exist_ok=True)
-    old = store.manifest()["cases"]
-    by_name = _corpus_by_name(corpus, old)
-    patterns = split_patterns(cases)
-    names = select(sorted(by_name), patterns)
     k = None
     if kernel is not None:
         k = resolve_kernel(kernel, convention=convention)
         reason = k.available()
         if reason:
             return 1, f"kernel {k.name} is unavailable: {reason}"
-        names = [n for n in names if by_name[n].convention == k.convention]
-    if patterns and not names:
-        return 1, f"--cases {','.join(patterns)}: matches no case" + (f" of convention {k.convention}" if k else "")
+    with locked(store.dir, wait=wait, stream=stream):
+        store.clean_temporaries()
+        upgrade = store.manifest_path.exists() and json.loads(store.manifest_path.read_text()).get("format") == 1
+        old = store.manifest()["cases"]
+        by_name = _corpus_by_name(corpus, old)
+        patterns = split_patterns(cases)
+        names = select(sorted(by_name), patterns)
+        if k is not None:
+            names = [n for n in names if by_name[n].convention == k.convention]
+        if patterns and not names:
+            conv = f" of convention {k.convention}" if k else ""
+            return 1, f"--cases {','.join(patterns)}: matches no case{conv}"
+        plan = _plan(store, old, by_name, names, k, update, store_inputs, stream)
+        stale = [] if patterns or k is not None else sorted(set(old) - set(by_name))
+        plan.changes += [Change(n, "stale", note="not in the corpus") for n in stale]
+        rc, report = _report(plan, stale, update, _hint(plan, stale, patterns, kernel, k, convention, command, where))
+        if rc is not None:
+            return rc, "\n".join(report)
+        if not plan.pending and not plan.refresh and not stale and not upgrade:
+            report.append(f"{len(names)} golden(s) up to date in {store.dir}")
+            return 0, "\n".join(report)
+        _write(store, old, plan, stale)
+    report.append(f"wrote {len(plan.pending)} golden(s)" + (f", refreshed {len(plan.refresh)}" if plan.refresh else "")
+                  + (f", removed {len(stale)} stale" if stale else "")
+                  + (" (manifest rewritten in format 2)" if upgrade else "") + f" in {store.dir}")
+    return 0, "\n".join(report)
+
+
+def _plan(store: GoldenStore, old: dict, by_name: dict[str, Case], names: list[str], k: KernelAdapter | None,
+          update: bool, store_inputs: bool, stream: Any) -> _Plan:
     plan = _Plan()
     bar = Progress(len(names), "regenerate", stream)
     for n in names:
@@ -270,20 +298,15 @@ def regenerate(corpus: Sequence[Case] | None, directory: str | os.PathLike[str],
             continue
         _plan_case(plan, store, old, by_name[n], k, update, store_inputs)
         bar.step(n)
-    stale = [] if patterns or k is not None else sorted(set(old) - set(by_name))
-    plan.changes += [Change(n, "stale", note="not in the corpus") for n in stale]
+    return plan
+
+
+def _hint(plan: _Plan, stale: list[str], patterns: list[str] | None, kernel: Any, k: KernelAdapter | None,
+          convention: str | None, command: str, where: str) -> str:
+    """The command that applies a refused change."""
     changed = [c.case for c in plan.changes if c.status != "new"]
     named = len(changed) <= 8 and not stale and not patterns
     sel = (" --cases " + ",".join(changed) if named else f" --cases {','.join(patterns)}" if patterns else "")
     kern = f" --kernel {kernel if isinstance(kernel, str) else k.name}" if k is not None else ""
     conv = f" --convention {convention}" if convention and k is not None else ""
-    rc, report = _report(plan, stale, update, f"{command} regenerate{kern}{conv}{sel} --update{where}")
-    if rc is not None:
-        return rc, "\n".join(report)
-    if not plan.pending and not plan.refresh and not stale:
-        report.append(f"{len(names)} golden(s) up to date in {store.dir}")
-        return 0, "\n".join(report)
-    _write(store, old, plan, stale)
-    report.append(f"wrote {len(plan.pending)} golden(s)" + (f", refreshed {len(plan.refresh)}" if plan.refresh else "")
-                  + (f", removed {len(stale)} stale" if stale else "") + f" in {store.dir}")
-    return 0, "\n".join(report)
+    return f"{command} regenerate{kern}{conv}{sel} --update{where}"

@@ -30,8 +30,18 @@ from golden.generator import GENERATOR
 __all__ = ["FORMAT", "MANIFEST", "Golden", "GoldenStore", "array_sha256", "atomic_write", "canonical_output",
            "file_sha256", "inputs_sha256"]
 
-FORMAT = 1
+FORMAT = 2
 MANIFEST = "manifest.json"
+#: what a write leaves behind while it runs (or when it is killed); never read as a golden
+TEMPORARY = ".*.tmp-*"
+REFERENCE = "reference"
+
+
+def producer_key(producer: dict[str, Any]) -> str:
+    """The key a golden is stored under beside the other producers' goldens of the same case."""
+    if producer.get("name") == REFERENCE:
+        return REFERENCE
+    return f"{producer.get('name')} | {producer.get('version')} | {producer.get('platform')}"
 
 
 def array_sha256(a: np.ndarray) -> str:
@@ -88,8 +98,19 @@ def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
+def _fsync_directory(directory: Path) -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not every platform can open a directory
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary name beside ``path``, fsync it, then rename it over ``path``."""
+    """Write ``data`` to a temporary name beside ``path``, fsync it, then rename it over ``path``.
+
+    A killed write leaves at most a temporary file (``TEMPORARY``), never a partial golden."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -97,6 +118,7 @@ def atomic_write(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_directory(path.parent)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -108,6 +130,31 @@ def canonical_output(out: np.ndarray, mask: np.ndarray) -> np.ndarray:
     bits = out.view(VIEW_AS[out.dtype.itemsize]) if out.dtype.kind != "b" else out
     bits[~mask] = 0
     return out
+
+
+def corpus_of(man: dict[str, Any]) -> list[Case]:
+    """The cases of a (format-2) manifest, each from its reference golden's spec where there is one."""
+    return [Case.from_json(g.get(REFERENCE, next(iter(g.values())))["spec"]) for g in man["cases"].values()]
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A manifest file, checked, in format 2 (a format-1 file's entries grouped by producer)."""
+    try:
+        man = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GoldenError(f"{path}: unreadable manifest ({exc}); restore it from version control") from None
+    if not isinstance(man, dict) or man.get("format") not in (1, FORMAT) or not isinstance(man.get("cases"), dict):
+        raise GoldenError(f"{path}: not a format-{FORMAT} golden manifest")
+    if man.get("generator") != GENERATOR:
+        raise GoldenError(f"{path}: inputs made by generator {man.get('generator')!r}; "
+                          f"this tooling has {GENERATOR!r}")
+    if man["format"] == 1:  # one golden per case: the same entries, grouped by producer
+        man = {**man, "format": FORMAT,
+               "cases": {n: {producer_key(e.get("producer", {})): e} for n, e in man["cases"].items()}}
+    for name, goldens in man["cases"].items():
+        if not isinstance(goldens, dict) or not goldens or not all(isinstance(e, dict) for e in goldens.values()):
+            raise GoldenError(f"{path}: case {name!r} does not map producers to golden entries")
+    return man
 
 
 @dataclass
@@ -132,27 +179,40 @@ class GoldenStore:
         return self.dir / MANIFEST
 
     def manifest(self) -> dict[str, Any]:
-        """The manifest (an empty one if the directory has none)."""
+        """The manifest (an empty one if the directory has none): ``cases`` maps each case to its
+        goldens by producer key (the reference's and each kernel version's, side by side)."""
         path = self.manifest_path
         if not path.exists():
             return {"format": FORMAT, "generator": GENERATOR, "cases": {}}
-        try:
-            man = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise GoldenError(f"{path}: unreadable manifest ({exc}); restore it from version control") from None
-        if not isinstance(man, dict) or man.get("format") != FORMAT or not isinstance(man.get("cases"), dict):
-            raise GoldenError(f"{path}: not a format-{FORMAT} golden manifest")
-        if man.get("generator") != GENERATOR:
-            raise GoldenError(f"{path}: inputs made by generator {man.get('generator')!r}; "
-                              f"this tooling has {GENERATOR!r}")
-        return man
+        return read_manifest(path)
 
-    def load(self, name: str, entry: dict[str, Any] | None = None) -> Golden:
-        """One case's golden, its file hash and contents checked against the manifest."""
-        if entry is None:
-            entry = self.manifest()["cases"].get(name)
-            if entry is None:
-                raise GoldenError(f"{self.dir}: no golden for case {name!r}")
+    def corpus(self) -> list[Case]:
+        """The cases the manifest holds (each from its reference golden's spec where there is one)."""
+        return corpus_of(self.manifest())
+
+    def goldens(self, man: dict[str, Any] | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+        """Every ``(case, producer key, entry)`` of the manifest, sorted."""
+        cases = (man or self.manifest())["cases"]
+        return [(n, key, cases[n][key]) for n in sorted(cases) for key in sorted(cases[n])]
+
+    def write_manifest(self, cases: dict[str, dict[str, dict[str, Any]]]) -> None:
+        """Replace the manifest atomically (cases and producers sorted, so diffs stay small)."""
+        man = {"format": FORMAT, "generator": GENERATOR,
+               "cases": {n: {k: cases[n][k] for k in sorted(cases[n])} for n in sorted(cases) if cases[n]}}
+        atomic_write(self.manifest_path, (json.dumps(man, indent=1, sort_keys=True) + "\n").encode())
+
+
+    def clean_temporaries(self) -> list[str]:
+        """Remove what killed writes left behind (call it holding the directory's lock)."""
+        removed = []
+        for path in self.dir.glob(TEMPORARY):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
+        return removed
+
+    def load(self, name: str, entry: dict[str, Any]) -> Golden:
+        """One case's golden (a manifest entry), its file hash and contents checked against it."""
         path = self.dir / entry["file"]
         if not path.exists():
             raise GoldenError(f"{path}: missing (case {name}); restore it from version control")

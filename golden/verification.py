@@ -13,57 +13,107 @@ import numpy as np
 import gmm_ref
 from golden.case import Case, GoldenError, build_problem, inputs_of, select
 from golden.judge import describe_bad, drift
+from golden.lock import LOCK_NAME
 from golden.producers import numerics_from_json
 from golden.regeneration import Progress
-from golden.store import MANIFEST, GoldenStore, array_sha256, canonical_output, inputs_sha256
+from golden.store import (
+    MANIFEST,
+    REFERENCE,
+    GoldenStore,
+    array_sha256,
+    canonical_output,
+    inputs_sha256,
+    producer_key,
+)
 
 __all__ = ["verify"]
 
 
-def _corpus_errors(entries: dict, names: list[str], corpus: Sequence[Case], cases: Any, hint: str
+def _corpus_errors(cases_map: dict, names: list[str], corpus: Sequence[Case], cases: Any, hint: str
                    ) -> tuple[list[str], list[str]]:
     """(errors, warnings) of the manifest against the corpus."""
     errors, warnings = [], []
     specs = {c.name: c for c in corpus}
     wanted = select(sorted(specs), cases)
-    missing = [n for n in wanted if n not in entries]
+    missing = [n for n in wanted if REFERENCE not in cases_map.get(n, {})]
     if missing:
-        errors.append(f"{len(missing)} case(s) of the corpus have no golden: {', '.join(missing[:8])}; "
+        errors.append(f"{len(missing)} case(s) of the corpus have no reference golden: {', '.join(missing[:8])}; "
                       f"run: {hint.format(sel='', update='')}")
     for n in wanted:
-        if n in entries and entries[n]["spec"] != specs[n].to_json():
-            errors.append(f"{n}: the corpus spec differs from the manifest's; "
-                          f"run: {hint.format(sel=f' --cases {n}', update=' --update')}")
+        for key, entry in cases_map.get(n, {}).items():
+            if entry.get("spec") != specs[n].to_json():
+                who = "" if key == REFERENCE else f" (golden by {key})"
+                errors.append(f"{n}: the corpus spec differs from the manifest's{who}; "
+                              f"run: {hint.format(sel=f' --cases {n}', update=' --update')}")
     extra = [n for n in names if n not in specs]
     if extra:
         warnings.append(f"{len(extra)} golden(s) not in the corpus (stale): {', '.join(extra[:8])}")
     return errors, warnings
 
 
-def _verify_case(store: GoldenStore, n: str, entry: dict, hint: str) -> str | None:
+_FIELDS = {"spec", "file", "file_sha256", "inputs_sha256", "output_sha256", "mask_sha256", "out_shape", "dtypes",
+           "producer", "numerics", "inputs_stored"}
+
+
+def _record_errors(n: str, key: str, entry: dict, g: Any, p: Any) -> str | None:
+    """What in a manifest entry disagrees with its file, its key or the recomputed problem."""
+    if set(entry) != _FIELDS:
+        return f"manifest fields {sorted(set(entry) ^ _FIELDS)} are unexpected or missing"
+    producer = entry["producer"]
+    if not isinstance(producer, dict) or set(producer) != {"name", "version", "platform"} \
+            or not all(isinstance(v, str) and v for v in producer.values()):
+        return f"producer {producer!r} is not a name, version and platform"
+    if producer_key(producer) != key:
+        return f"producer {producer!r} is stored under the key {key!r}"
+    if key == REFERENCE and (producer["platform"] != "any" or not producer["version"].startswith("gmm-harness ")):
+        return f"producer {producer!r}: the reference's golden is made by 'gmm-harness <version>' on 'any' platform"
+    if (key == REFERENCE) != (entry["numerics"] is None):
+        return "numerics: the reference's golden records none, a kernel's its declared numerics"
+    try:
+        numerics_from_json(entry["numerics"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"numerics {entry['numerics']!r} cannot be read: {exc}"
+    if entry["file"] != f"{n}-{entry['file_sha256'][:10]}.npz":
+        return f"file name {entry['file']!r} is not the case name and its hash"
+    if entry["out_shape"] != list(g.out.shape) or list(p.out_shape) != entry["out_shape"]:
+        return f"out_shape {entry['out_shape']} but the file holds {list(g.out.shape)}, the problem {list(p.out_shape)}"
+    want = {"lhs": str(p.lhs.dtype), "rhs": str(p.rhs.dtype), "out": str(p.out_dtype)}
+    if entry["dtypes"] != want or str(g.out.dtype) != want["out"]:
+        return f"dtypes {entry['dtypes']} but the problem gives {want} (file: {g.out.dtype})"
+    if bool(g.inputs) != entry["inputs_stored"]:
+        return f"inputs_stored is {entry['inputs_stored']} but the file holds {sorted(g.inputs) or 'no inputs'}"
+    return None
+
+
+def _verify_golden(store: GoldenStore, n: str, key: str, entry: dict, hint: str) -> str | None:
     """The problem with one stored golden, or None."""
+    who = "" if key == REFERENCE else f" [golden by {key}]"
     try:
         g = store.load(n, entry)
         if g.case.name != n:
             raise GoldenError(f"manifest entry {n!r} holds the spec of {g.case.name!r}")
         p = build_problem(g.case)
     except (GoldenError, ValueError, TypeError, KeyError) as exc:
-        return f"{n}: {exc}"
+        return f"{n}{who}: {exc}"
     if inputs_sha256(p) != entry["inputs_sha256"]:
-        return f"{n}: inputs recomputed from the spec differ from the recorded hash (the generator or gmm_ref's " \
-               "front-end changed)"
-    for key, arr in g.inputs.items():
-        want = inputs_of(p).get(key)
+        return f"{n}{who}: inputs recomputed from the spec differ from the recorded hash (the generator or " \
+               "gmm_ref's front-end changed)"
+    for name, arr in g.inputs.items():
+        want = inputs_of(p).get(name)
         if want is None or array_sha256(arr) != array_sha256(want):
-            return f"{n}: stored input {key!r} differs from the one recomputed from the spec"
-    if g.out.shape != p.out_shape or str(g.out.dtype) != str(p.out_dtype) or entry["dtypes"]["out"] != str(p.out_dtype):
-        return f"{n}: golden output {g.out.shape} {g.out.dtype} but the problem gives {p.out_shape} {p.out_dtype}"
+            return f"{n}{who}: stored input {name!r} differs from the one recomputed from the spec"
+    record = _record_errors(n, key, entry, g, p)
+    if record:
+        return f"{n}{who}: {record}"
+    return _verify_values(n, who, entry, g, p, hint.format(sel=f" --cases {n}", update=" --update"))
+
+
+def _verify_values(n: str, who: str, entry: dict, g: Any, p: Any, update: str) -> str | None:
     ref = gmm_ref.reference(p)
-    update = hint.format(sel=f" --cases {n}", update=" --update")
     if not np.array_equal(ref.mask, g.mask):
         differ = int((ref.mask != g.mask).sum())
-        return f"{n}: the defined-mask differs from gmm_ref's ({differ} elements); run: {update}"
-    if entry["producer"]["name"] == "reference":
+        return f"{n}{who}: the defined-mask differs from gmm_ref's ({differ} elements); run: {update}"
+    if entry["producer"]["name"] == REFERENCE:
         dmax, ulps, ndiff = drift(g.out, canonical_output(ref.values, ref.mask), ref.mask)
         if ndiff:
             return (f"{n}: the reference no longer reproduces its golden bit for bit: {ndiff} element(s) differ, "
@@ -73,7 +123,7 @@ def _verify_case(store: GoldenStore, n: str, entry: dict, hint: str) -> str | No
     if not out.ok:
         why = (describe_bad(p, out.bad, ref.mask, g.out, ref.values) if out.bad is not None
                else out.message.splitlines()[-1])
-        return f"{n}: golden by {entry['producer']['name']} is outside the gmm_ref bound: {why}"
+        return f"{n}{who}: the golden is outside the gmm_ref bound: {why}"
     return None
 
 
@@ -92,22 +142,25 @@ def verify(directory: str | os.PathLike[str], corpus: Sequence[Case] | None = No
         return 1, f"golden verify FAILED\n  {exc}"
     if not store.manifest_path.exists():
         return 1, f"golden verify FAILED\n  {store.manifest_path}: missing; run: {command} regenerate{where}"
-    entries = man["cases"]
-    names = select(sorted(entries), cases)
-    errors, warnings = _corpus_errors(entries, names, corpus, cases, hint) if corpus is not None else ([], [])
-    referenced = {e.get("file") for e in entries.values()}
+    cases_map = man["cases"]
+    names = select(sorted(cases_map), cases)
+    errors, warnings = _corpus_errors(cases_map, names, corpus, cases, hint) if corpus is not None else ([], [])
+    referenced = {e.get("file") for _, _, e in store.goldens(man)}
     for path in sorted(store.dir.iterdir()) if store.dir.is_dir() else []:
-        if path.name != MANIFEST and path.name not in referenced:
+        if path.name not in (MANIFEST, LOCK_NAME) and path.name not in referenced:
             warnings.append(f"{path.name}: not referenced by the manifest (left over from an interrupted run?)")
-    bar = Progress(len(names), "verify", stream or sys.stderr)
-    for n in names:
+    chosen = [(n, key, e) for n, key, e in store.goldens(man) if n in set(names)]
+    bar = Progress(len(chosen), "verify", stream or sys.stderr)
+    for n, key, entry in chosen:
         bar.step(n)
-        error = _verify_case(store, n, entries[n], hint)
+        error = _verify_golden(store, n, key, entry, hint)
         if error:
             errors.append(error)
     if errors:
         lines = [f"golden verify FAILED: {len(errors)} problem(s) in {store.dir}", *("  " + e for e in errors)]
     else:
-        lines = [f"golden verify ok: {len(names)} case(s) in {store.dir}"]
+        kernels = len(chosen) - sum(key == REFERENCE for _, key, _ in chosen)
+        extra = f" (and {kernels} kernel golden(s))" if kernels else ""
+        lines = [f"golden verify ok: {len(names)} case(s){extra} in {store.dir}"]
     lines += ["  warning: " + w for w in warnings]
     return (1 if errors else 0), "\n".join(lines)

@@ -14,25 +14,37 @@ from typing import Any
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import InvalidArgument
 
 import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Status, resolve_kernel
 from property_tests.modes import MODES, Mode, Unsupported, mode_of, mode_strategy
+from property_tests.profiles import PROFILES
 from property_tests.profiles import profile as profile_settings
 
 __all__ = ["check_kernel", "check_mode", "cotangent_for"]
 
 
-def _settings(max_examples: int | None, profile: str | None, cap: int | None) -> settings:
+def _settings(max_examples: int | None, profile: str | None, cap: int | None, seed: int | None) -> settings:
     base = profile_settings(profile)
     n = max_examples if max_examples is not None else base.max_examples
     return settings(
         base,
         max_examples=min(n, cap) if cap is not None else n,
         deadline=None,
+        derandomize=base.derandomize if seed is None else False,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
     )
+
+
+def _run_setting(profile: str | None, seed: int | None) -> str:
+    """How the examples were chosen, for the verdict: a seed, or a profile (and whether derandomized)."""
+    if seed is not None:
+        return f"seed={seed}"
+    base = profile_settings(profile)
+    name = profile or "settings in force"
+    return f"{name} profile ({'derandomized' if base.derandomize else 'random'}, {base.max_examples} examples)"
 
 
 def cotangent_for(problem: gmm_ref.Problem) -> np.ndarray:
@@ -58,8 +70,8 @@ def _check_gradients(adapter: KernelAdapter, problem: gmm_ref.Problem) -> None:
 
 def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode) -> None:
     __tracebackhide__ = True
+    ref = gmm_ref.reference(problem)  # from the harness's own read-only problem, before the kernel runs
     out = adapter.run(problem)
-    ref = gmm_ref.reference(problem)
     gmm_ref.assert_matches_reference(out, ref, numerics=adapter.numerics_for(problem), kernel=adapter.name)
     if mode.name == "exact" and adapter.deterministic:
         again = adapter.run(problem)
@@ -71,14 +83,18 @@ def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode)
 
 
 def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_examples: int | None,
-                  profile: str | None) -> int:
+                  profile: str | None, seed: int | None = None) -> int:
     """Run the mode's property; the number of examples checked. Raises the (shrunk) failure."""
     __tracebackhide__ = True
     checked = [0]
     declined: list[str] = []
+    try:
+        strategy = mode_strategy(adapter, mode, family)
+    except InvalidArgument as exc:  # the strategies cannot draw this mode for this convention
+        raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
 
-    @given(problem=mode_strategy(adapter, mode, family))
-    @_settings(max_examples, profile, adapter.max_examples)
+    @given(problem=strategy)
+    @_settings(max_examples, profile, adapter.max_examples, seed)
     def prop(problem: gmm_ref.Problem) -> None:
         reason = adapter.supports(problem)
         if reason is not None:
@@ -94,6 +110,8 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
             _check_forward(adapter, problem, mode)
         checked[0] += 1
 
+    if seed is not None:
+        prop = hypothesis_seed(seed)(prop)
     try:
         prop()
     except InvalidArgument as exc:  # the strategies cannot draw this mode for this convention
@@ -102,6 +120,25 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
         reason = max(set(declined), key=declined.count) if declined else "no problem drawn"
         raise Unsupported(f"{adapter.name} declined every problem: {reason}")
     return checked[0]
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    group = getattr(exc, "exceptions", None)
+    if isinstance(group, (list, tuple)) and group and all(isinstance(e, BaseException) for e in group):
+        return [leaf for e in group for leaf in _leaves(e)]
+    return [exc]
+
+
+def _primary(exc: BaseException) -> BaseException:
+    """The one failure to report: Hypothesis raises a group when it found several distinct ones;
+    the first mismatch of the group then stands for it, with a note counting the others."""
+    leaves = _leaves(exc)
+    if len(leaves) == 1:
+        return leaves[0]
+    first = next((e for e in leaves if isinstance(e, gmm_ref.Mismatch)), leaves[0])
+    first.add_note(f"Hypothesis found {len(leaves)} distinct failures; this is one of them. The others:\n"
+                   + "\n".join(f"  - {_one_line(e)}" for e in leaves if e is not first))
+    return first
 
 
 def _one_line(exc: BaseException) -> str:
@@ -117,25 +154,29 @@ def _one_line(exc: BaseException) -> str:
 
 
 def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
-               max_examples: int | None = None, profile: str | None = None) -> Result:
+               max_examples: int | None = None, profile: str | None = None, seed: int | None = None) -> Result:
     """Run one mode's property on ``adapter`` (one family, or all its convention's) and say what it found.
 
     ``profile`` names a registered Hypothesis profile to run under (default: the
-    settings in force). A failure comes back as a ``FAILED`` result carrying the
-    exception (a ``gmm_ref.Mismatch`` after shrinking, or what the kernel raised),
-    or ``KNOWN_BUG`` when the adapter declares an upstream bug for this mode.
+    settings in force); ``seed`` explores other examples than a derandomized
+    profile's. A failure comes back as a ``FAILED`` result carrying the exception
+    (a ``gmm_ref.Mismatch`` after shrinking, or what the kernel raised), or
+    ``KNOWN_BUG`` when the adapter declares an upstream bug for this mode. The
+    result's ``setting`` names the profile or seed.
     """
     mode = mode_of(mode)
     t0 = time.perf_counter()
-    common = dict(kernel=adapter.name, check=mode.name, family=family)
+    common = dict(kernel=adapter.name, check=mode.name, family=family, setting=_run_setting(profile, seed))
     try:
-        n = _run_property(adapter, mode, family, max_examples, profile)
+        n = _run_property(adapter, mode, family, max_examples, profile, seed)
     except Unsupported as exc:
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
-    except Exception as exc:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
+    except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
+        exc = _primary(caught)
         known = adapter.known_issues.get(mode.name)
         status, detail = (Status.KNOWN_BUG, f"{known} (caught: {_one_line(exc)})") if known \
             else (Status.FAILED, _one_line(exc))
+        exc.add_note(f"Checked under the {common['setting']}.")
         return Result(status=status, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
     return Result(status=Status.PASSED, examples=n, seconds=time.perf_counter() - t0, **common)
 
@@ -149,7 +190,8 @@ def check_kernel(
     modes: Iterable[str] | None = None,
     numerics: gmm_ref.Numerics | None = None,
     name: str | None = None,
-    profile: str | None = None,
+    profile: str | None = "ci",
+    seed: int | None = None,
     raise_on_failure: bool = True,
 ) -> Report:
     """Check a kernel in every mode (or ``modes``) its convention allows; one :class:`Result` per mode.
@@ -160,20 +202,47 @@ def check_kernel(
     name, ``"pkg.module:fn"`` or a ``KernelAdapter``. With ``raise_on_failure``
     (the default) the first failing mode raises its exception (a
     :class:`gmm_ref.Mismatch` after shrinking); otherwise failures are results.
-    ``profile`` names a registered Hypothesis profile (``"ci"``, ``"dev"``, ``"thorough"``).
+    ``profile`` names a registered Hypothesis profile (``"ci"``, the default: derandomized,
+    so the same verdict every run; ``"dev"``, ``"thorough"``; None: the settings in force);
+    ``seed`` explores other examples. Every result names the profile or seed it ran under.
     """
     __tracebackhide__ = True
     adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name,
                              option="kernel", convention_option="convention")
-    chosen = [mode_of(m).name for m in (MODES if modes is None else modes)]
+    chosen = _modes(modes)
+    _check_options(max_examples, profile, seed)
     why = adapter.available()
+    if why:
+        raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")
     results = []
     for m in chosen:
-        if why:
-            results.append(Result(adapter.name, m, Status.UNSUPPORTED, detail=why))
-            continue
-        result = check_mode(adapter, m, max_examples=max_examples, profile=profile)
+        result = check_mode(adapter, m, max_examples=max_examples, profile=profile, seed=seed)
         if raise_on_failure and result.status is Status.FAILED:
             result.raise_for_status()
         results.append(result)
+    if all(r.status is Status.UNSUPPORTED for r in results):
+        reasons = "; ".join(f"{r.check}: {r.detail}" for r in results)
+        raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked ({reasons}); "
+                         "check its convention, tiling and declared scope")
     return Report(adapter.name, tuple(results))
+
+
+def _modes(modes: Iterable[str] | None) -> list[str]:
+    if modes is None:
+        return list(MODES)
+    if isinstance(modes, str) or not isinstance(modes, Iterable):
+        raise TypeError(f"modes: expected an iterable of mode names (some of {sorted(MODES)}), got {modes!r}")
+    chosen = [mode_of(m).name for m in modes]
+    if not chosen:
+        raise ValueError(f"modes: expected at least one of {sorted(MODES)}, got none")
+    return chosen
+
+
+def _check_options(max_examples: Any, profile: Any, seed: Any) -> None:
+    if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
+                                     or max_examples < 1):
+        raise ValueError(f"max_examples: expected a positive int or None, got {max_examples!r}")
+    if profile is not None and profile not in PROFILES:
+        raise ValueError(f"profile: expected one of {PROFILES} or None, got {profile!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed: expected an int or None, got {seed!r}")

@@ -3,115 +3,146 @@
 ``gmm-harness check`` (or ``python -m property_tests.main check``) prints a
 kernel x mode table, one row per (kernel, family): ``pass (n examples)``,
 ``FAIL [note]``, ``n/a [note]`` or ``known bug [note]``, the notes below the
-table, plus a goldens column; it exits 1 if anything fails. With ``-v`` every
-failure's full report and reproducer follows the table.
+table, plus a goldens column; it exits 1 if anything fails, 2 on a usage error
+(or when nothing could be checked for a kernel it was asked for). With ``-v``
+every failure's full report and reproducer follows the table.
+
+The cells are computed in a worker process (``property_tests.worker``): a
+kernel that hangs past ``--timeout`` or crashes the process is reported as a
+failure of the cell it was in, with the last problem it was given, and the run
+goes on with the next cell in a fresh worker. Examples come from the
+derandomized ``ci`` profile (the same verdict every run) unless ``--seed`` is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from gmm_kernels import KernelAdapter, Result, Status, resolve_kernels
-from golden import check_goldens
-from golden.cli import default_directory
-from property_tests.checking import check_mode
+from gmm_kernels import KernelAdapter, resolve_kernels
 from property_tests.modes import MODES
-from property_tests.profiles import register_profiles
+from property_tests.table import GOLDENS, Table, cells_of, render, run_cell
 
-__all__ = ["main", "render", "run_checks"]
+__all__ = ["main"]
 
-_WIDTH = 110
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= _WIDTH else text[: _WIDTH - 3] + "..."
+_ENVIRON = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
 
 
-def _golden_cell(kernel: KernelAdapter, why: str | None) -> tuple[str, list[Result]]:
-    if why:
-        return f"n/a: {why}", []
-    results = check_goldens(kernel, default_directory())
-    if not results:
-        return "n/a: no golden case in this convention", []
-    fails = [r for r in results if r.status is Status.FAILED]
-    passes = [r for r in results if r.status is Status.PASSED]
-    if fails:
-        return f"FAIL: {len(fails)}/{len(results)} cases; {_short(fails[0].detail)}", fails
-    if not passes:
-        return f"n/a: every golden case unsupported ({results[0].detail})", []
-    return f"pass ({len(passes)}/{len(results)})", []
+def _ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
 
 
-def _cell(result: Result) -> str:
-    if result.status is Status.FAILED:
-        return f"FAIL: {_short(result.detail)}"
-    return result.cell()
+class _Supervisor:
+    """Runs the cells in worker processes, restarting one after a crash or a hang."""
+
+    def __init__(self, request: dict[str, Any], table: Table, timeout: float, verbose: bool) -> None:
+        self.request, self.table, self.timeout, self.verbose = request, table, timeout, verbose
+        self.workdir = Path(tempfile.mkdtemp(prefix="gmm-harness-"))
+
+    #: after this many crashed or hung cells, a kernel's other cells are not run
+    MAX_LOST = 2
+
+    def run(self, cells: list[tuple[str, str | None, str]]) -> None:
+        pending = list(cells)
+        lost: dict[str, int] = {}
+        while pending:
+            done, failed = self._worker(pending)
+            if failed:
+                kernel = pending[done][0]
+                lost[kernel] = lost.get(kernel, 0) + 1
+                pending = pending[done + 1:]
+                if lost[kernel] >= self.MAX_LOST:
+                    for k, family, column in [c for c in pending if c[0] == kernel]:
+                        self.table.put(k, family, column, f"n/a: not run: {kernel} crashed or hung in "
+                                                          f"{lost[kernel]} cells already (see their notes)")
+                    pending = [c for c in pending if c[0] != kernel]
+            else:
+                pending = pending[done:]
+
+    def _worker(self, cells: list[tuple[str, str | None, str]]) -> tuple[int, bool]:
+        """Run a worker on ``cells``; (cells completed, whether it died or hung in the next one)."""
+        request_path, events_path = self.workdir / "request.json", self.workdir / "events.jsonl"
+        request_path.write_text(json.dumps({**self.request, "cells": cells}))
+        events_path.write_text("")
+        proc = subprocess.Popen([sys.executable, "-m", "property_tests.worker", str(request_path), str(events_path)],
+                                env={**_ENVIRON, **os.environ})
+        state = {"done": 0, "started": time.monotonic(), "problem": "", "cell": None}
+        with events_path.open() as events:
+            while True:
+                line = events.readline()
+                if line:
+                    self._event(json.loads(line), state)
+                    continue
+                if proc.poll() is not None:
+                    break
+                if state["cell"] is not None and time.monotonic() - state["started"] > self.timeout:
+                    proc.kill()
+                    proc.wait()
+                    self._lost(state, f"timed out after {self.timeout:g} s")
+                    return state["done"], True
+                time.sleep(0.02)
+        if proc.returncode != 0 and state["done"] < len(cells):
+            state["cell"] = state["cell"] or cells[state["done"]]  # it died before it began the cell
+            self._lost(state, f"crashed: the process {_ended(proc.returncode)}")
+            return state["done"], True
+        return state["done"], False
+
+    def _event(self, event: dict[str, Any], state: dict[str, Any]) -> None:
+        if event["event"] == "start":
+            state.update(cell=(event["kernel"], event["family"], event["column"]), started=time.monotonic(),
+                         problem="")
+        elif event["event"] == "problem":
+            state["problem"] = event["text"]
+        elif event["event"] == "cell":
+            self.table.put(event["kernel"], event["family"], event["column"], event["text"])
+            self.table.details += event["details"]
+            state.update(done=state["done"] + 1, cell=None)
+            if self.verbose:
+                print(f"  {event['kernel']:<34} {event['family'] or '':<9} {event['column']:<17} "
+                      f"{event['text'][:70]}  [{event['seconds']:.1f}s]", file=sys.stderr, flush=True)
+
+    def _lost(self, state: dict[str, Any], what: str) -> None:
+        kernel, family, column = state["cell"]
+        last = f"; the last problem it was given: {state['problem']}" if state["problem"] else ""
+        self.table.put(kernel, family, column, f"FAIL: {what}{last}")
+        self.table.details.append(f"== {kernel} / {family} / {column}\nthe kernel {what}{last}")
 
 
-def _kernel_rows(k: KernelAdapter, max_examples: int, details: list[str]) -> list[dict[str, Any]]:
-    why = k.available()
-    rows = []
-    for fam in k.spec.families:
-        row: dict[str, Any] = {"kernel": k.name, "family": fam}
-        for m in MODES:
-            if why:
-                row[m] = f"n/a: {why}"
-                continue
-            result = check_mode(k, m, family=fam, max_examples=max_examples)
-            row[m] = _cell(result)
-            if result.status is Status.FAILED:
-                details.append(f"== {k.name} / {fam} / {m}\n{result.full_report()}")
-            print(f"  {k.name:<34} {fam:<9} {m:<17} {row[m][:70]}  [{result.seconds:.1f}s]",
-                  file=sys.stderr, flush=True)
-        rows.append(row)
-    return rows
+class _Once(argparse.Action):
+    """An option that may be given once: a repeated one is a usage error, not silently the last."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string}: given twice (it takes one value)")
+        setattr(namespace, self.dest, values)
 
 
-def run_checks(kernels: list[KernelAdapter], *, max_examples: int, goldens: bool
-               ) -> tuple[list[dict[str, Any]], list[str]]:
-    """One row per (kernel, family) with a cell per mode (and goldens); the full failure reports."""
-    from hypothesis import settings
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
 
-    register_profiles()
-    settings.load_profile("ci")
-    rows: list[dict[str, Any]] = []
-    details: list[str] = []
-    for k in kernels:
-        mine = _kernel_rows(k, max_examples, details)
-        if goldens:
-            status, fails = _golden_cell(k, k.available())
-            for r in mine:
-                r["goldens"] = status
-            details += [f"== {k.name} / goldens / {r.check}\n{r.full_report()}" for r in fails]
-        rows += mine
-    return rows, details
-
-
-def render(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """The table; a FAIL, n/a or known-bug cell shows a footnote number, the footnotes follow."""
-    notes: dict[str, int] = {}
-
-    def cell(v: Any) -> str:
-        v = str(v)
-        for prefix in ("FAIL", "n/a", "known bug"):
-            if v.startswith(prefix):
-                n = notes.setdefault(v, len(notes) + 1)
-                return f"{prefix} [{n}]"
-        return v
-
-    table = [["kernel", "family", *columns]]
-    table += [[r["kernel"], r["family"], *[cell(r.get(c, "")) for c in columns]] for r in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    out = [" | ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) for line in table]
-    out.insert(1, "-+-".join("-" * w for w in widths))
-    out.append("")
-    out += [f"[{n}] {text}" for text, n in notes.items()]
-    return "\n".join(out)
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,34 +150,61 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", help="check kernels against the reference and the goldens")
     c.add_argument("--kernel", action="append", default=[], help="built-in adapter name or pkg.module:fn (repeatable)")
-    c.add_argument("--convention", default=None, help="convention of the pkg.module:fn kernels")
-    c.add_argument("--tiling", default=None, help="TM,TK,TN")
-    c.add_argument("--max-examples", type=int, default=8, help="examples per (kernel, family, mode)")
+    c.add_argument("--convention", default=None, action=_Once, help="convention of the pkg.module:fn kernels")
+    c.add_argument("--tiling", default=None, action=_Once, help="TM,TK,TN")
+    c.add_argument("--max-examples", type=_positive(int), default=8, help="examples per (kernel, family, mode)")
+    c.add_argument("--seed", type=int, default=None,
+                   help="explore with this seed (default: the derandomized ci profile)")
+    c.add_argument("--timeout", type=_positive(float), default=900.0,
+                   help="seconds one cell may run before the kernel is reported as hung (default 900)")
+    c.add_argument("--in-process", action="store_true", help="run the kernels in this process (no isolation)")
     c.add_argument("--no-goldens", action="store_true", help="skip the goldens column")
     c.add_argument("-v", "--verbose", action="store_true", help="print every failure's full report")
     return parser
 
 
+def _run(args: argparse.Namespace, kernels: list[KernelAdapter], table: Table) -> None:
+    cells = [c for k in kernels for c in cells_of(k, goldens=not args.no_goldens)]
+    table.plan(cells)
+    if args.in_process:
+        for k in kernels:
+            for _, family, column in cells_of(k, goldens=not args.no_goldens):
+                text, details, _ = run_cell(k, family, column, max_examples=args.max_examples, seed=args.seed)
+                table.put(k.name, family, column, text)
+                table.details += details
+        return
+    request = {"kernels": args.kernel or [k.name for k in kernels], "convention": args.convention,
+               "tiling": args.tiling, "max_examples": args.max_examples, "seed": args.seed, "environ": _ENVIRON}
+    _Supervisor(request, table, args.timeout, verbose=True).run(cells)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    # 8 virtual CPU devices for sharded kernels, set before anything imports jax (nothing above does)
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    for name, value in _ENVIRON.items():  # 8 virtual CPU devices, set before anything imports jax
+        os.environ.setdefault(name, value)
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.convention is not None and not args.kernel:
+        parser.error("--convention: given without --kernel, which it applies to")
     try:
         kernels = resolve_kernels(args.kernel, convention=args.convention, tiling=args.tiling)
     except (ValueError, TypeError, ImportError) as exc:
         parser.error(str(exc))
     t0 = time.perf_counter()
-    rows, details = run_checks(kernels, max_examples=args.max_examples, goldens=not args.no_goldens)
-    columns = list(MODES) + ([] if args.no_goldens else ["goldens"])
-    print(render(rows, columns))
-    n_fail = sum(str(v).startswith("FAIL") for r in rows for v in r.values())
-    n_pass = sum(str(v).startswith("pass") for r in rows for v in r.values())
-    print(f"\n{n_pass} passed, {n_fail} failed  ({time.perf_counter() - t0:.0f} s; 'n/a' cells give their reason)")
-    if details and args.verbose:
-        print("\n" + "\n\n".join(details))
-    elif details:
+    table = Table()
+    _run(args, kernels, table)
+    columns = list(MODES) + ([] if args.no_goldens else [GOLDENS])
+    print(render(table.as_rows(), columns))
+    idle = [k.name for k in kernels if args.kernel and table.checked_nothing(k.name)]
+    if idle:
+        parser.error(f"--kernel: nothing was checked for {', '.join(idle)}: every cell is n/a (see the notes)")
+    n_fail = sum(v.startswith("FAIL") for v in table.values())
+    n_pass = sum(v.startswith("pass") for v in table.values())
+    run = f"seed {args.seed}" if args.seed is not None else "ci profile, derandomized"
+    print(f"\n{n_pass} passed, {n_fail} failed  ({time.perf_counter() - t0:.0f} s; {run}; "
+          "'n/a' cells give their reason)")
+    if table.details and args.verbose:
+        print("\n" + "\n\n".join(table.details))
+    elif table.details:
         print("run with -v for the full mismatch reports and reproducers")
     return 1 if n_fail else 0
 

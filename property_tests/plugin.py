@@ -68,13 +68,26 @@ def selected_kernels(config: pytest.Config) -> list[Any]:
     return kernels
 
 
+def _check_options(config: pytest.Config) -> None:
+    """Every --gmm-* option is checked whenever it is given: one usage error, before collection."""
+    kernels = config.getoption("--gmm-kernel")
+    for option in ("--gmm-convention", "--gmm-tiling"):
+        if config.getoption(option) is not None and not kernels:
+            raise pytest.UsageError(f"{option}: given without --gmm-kernel, which it applies to")
+    convention = config.getoption("--gmm-convention")
+    if convention is not None and convention not in conventions.names():
+        raise pytest.UsageError(f"--gmm-convention: expected one of {conventions.names()}, got {convention!r}")
+    _tiling(config)
+    if kernels:
+        selected_kernels(config)  # fail fast on a bad import path
+
+
 def pytest_configure(config: pytest.Config) -> None:
     register_profiles()
     if config.getoption("hypothesis_profile", None) is None:
         settings.load_profile("ci")  # deterministic unless asked otherwise
     config.addinivalue_line("markers", "kernel: checks a real kernel against the reference")
-    if config.getoption("--gmm-kernel"):
-        selected_kernels(config)  # fail fast on a bad import path
+    _check_options(config)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

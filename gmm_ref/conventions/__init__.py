@@ -16,6 +16,7 @@ import functools
 from importlib import metadata
 from typing import Any
 
+from gmm_ref import problem
 from gmm_ref.conventions.base import Convention
 from gmm_ref.conventions.megablox import GMM, TGMM
 from gmm_ref.conventions.ragged_dot import RAGGED_DOT, RAGGED_DOT_GENERAL
@@ -71,3 +72,6 @@ def arguments(p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
 def problem_from_arguments(convention: str, *args: Any, **kwargs: Any) -> Problem:
     """The problem a convention's kernel call describes (inverse of :func:`arguments`)."""
     return get(convention).parse(*args, **kwargs)
+
+
+problem.known_conventions(names)

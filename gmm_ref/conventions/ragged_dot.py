@@ -31,10 +31,31 @@ class RaggedDotDimensionNumbers(NamedTuple):
     rhs_group_dimensions: Sequence[int]
 
 
+_PRECISIONS = ("default", "high", "highest", "bfloat16", "tensorfloat32", "float32")
+
+
+def _check_precision(value: Any) -> None:
+    """jax's ``precision``: None, a Precision / DotAlgorithm(Preset), one of its names, or a pair.
+
+    The reference is exact whatever it says; a kernel adapter decides what it may run.
+    """
+    if value is None or type(value).__module__.startswith(("jax", "jaxlib")):
+        return
+    if isinstance(value, str) and value.lower() in _PRECISIONS:
+        return
+    if isinstance(value, (tuple, list)) and len(value) == 2 and not any(isinstance(v, (tuple, list)) for v in value):
+        for v in value:
+            _check_precision(v)
+        return
+    raise ValueError(f"precision: expected None, a jax.lax.Precision, one of {_PRECISIONS} or a pair of them, "
+                     f"got {value!r}")
+
+
 class _RaggedDot(Convention):
     def parse(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None,
               preferred_element_type: Any = None) -> Problem:
         """``jax.lax.ragged_dot``: ``lhs [M, K]``, ``rhs [G, K, N]``, sizes ``[G]`` -> ``[M, N]``."""
+        _check_precision(precision)
         lhs, rhs = base.as_array("lhs", lhs), base.as_array("rhs", rhs)
         base.expect_ndim("lhs", lhs, 2)
         base.expect_ndim("rhs", rhs, 3)
@@ -100,6 +121,7 @@ class _RaggedDotGeneral(Convention):
         mode 2 (ragged contracting): ``[b, m, k] x [b, k, n] -> [g, b, m, n]``;
         mode 3 (ragged batch): a plain batched product, ``group_sizes`` ignored.
         """
+        _check_precision(precision)
         lhs, rhs = base.as_array("lhs", lhs), base.as_array("rhs", rhs)
         lc, rc, lb, rb, lr, rg = _dn_fields(ragged_dot_dimension_numbers)
         gs = base.as_sizes("group_sizes", group_sizes, ndim1=False)

@@ -12,9 +12,14 @@ from hypothesis.strategies import SearchStrategy
 
 from gmm_ref import as_tiling
 
-__all__ = ["BOOLEANS", "SEEDS", "SMALL_TILE", "check_int", "check_tiling", "integers", "resolve", "sampled"]
+__all__ = ["BOOLEANS", "MAX_EXTENT", "MAX_GROUPS", "SEEDS", "SMALL_TILE", "check_bool", "check_int", "check_tiling",
+           "concrete", "integers", "resolve", "sampled"]
 
 SMALL_TILE = 8  # the tile edges drawn around when no tiling is given
+#: the largest extent a strategy draws around (group sizes are int32 in every kernel API)
+MAX_EXTENT = 2**31 - 1
+#: the most groups a strategy draws (each group costs a list element per draw)
+MAX_GROUPS = 4096
 BOOLEANS = st.booleans()
 SEEDS = st.integers(0, 2**32 - 1)
 
@@ -24,12 +29,28 @@ def resolve(draw: Any, value: Any) -> Any:
     return draw(value) if isinstance(value, SearchStrategy) else value
 
 
-def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
+def concrete(*values: Any) -> bool:
+    """No value is a strategy: the arguments can be checked when the strategy is built."""
+    return not any(isinstance(v, SearchStrategy) for v in values)
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidArgument(f"{name}={value!r}, but it must be an int")
     if minimum is not None and value < minimum:
         raise InvalidArgument(f"{name}={value!r}, but it must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise InvalidArgument(f"{name}={value!r}, but it must be at most {maximum}")
     return int(value)
+
+
+def check_bool(name: str, value: Any, *, allow_none: bool = False) -> bool | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        expected = "None, True or False" if allow_none else "True or False"
+        raise InvalidArgument(f"{name}={value!r}, but it must be {expected}")
+    return bool(value)
 
 
 def check_tiling(value: Any, name: str = "tiling") -> tuple[int, int, int]:

@@ -12,7 +12,15 @@ from gmm_ref import FAMILIES, conventions
 from gmm_ref import dtypes as _dt
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import TRANSPOSES, packed_layouts
-from property_tests.strategies._common import SMALL_TILE, check_int, check_tiling, resolve
+from property_tests.strategies._common import (
+    MAX_EXTENT,
+    MAX_GROUPS,
+    SMALL_TILE,
+    check_bool,
+    check_int,
+    check_tiling,
+    resolve,
+)
 from property_tests.strategies._static import Config
 
 __all__ = ["ANY", "config", "rules_of"]
@@ -96,9 +104,7 @@ def _families(families: Any, rules: Convention, convention: str | None) -> tuple
     return tuple(dict.fromkeys(fams))
 
 
-def _sharding(sh: Any, rules: Convention, convention: str | None, hi: int, fams: tuple[str, ...]) -> None:
-    if sh is not None and not isinstance(sh, bool):
-        raise InvalidArgument(f"sharding={sh!r}, but it must be None, True or False")
+def _sharding(sh: bool | None, rules: Convention, convention: str | None, hi: int, fams: tuple[str, ...]) -> None:
     if sh and not rules.sharding:
         raise InvalidArgument(f"sharding=True, but convention={convention!r} has no group_offset (no sharded groups)")
     if sh and hi < 2:
@@ -136,32 +142,31 @@ def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling
     """The validated :class:`Config` of ``problems()``'s arguments (strategy arguments drawn in order)."""
     rules = rules_of(convention)
     fams = _families(families, rules, convention)
+    check_bool("vary_out_dtype", vary_out_dtype, allow_none=True)
     pairs = _dtype_pairs(resolve(draw, dtypes), rules, convention, vary_out_dtype)
     t = resolve(draw, tiling)
     given_t = t is not None
     t = check_tiling(t) if given_t else (rules.default_tiling or (SMALL_TILE,) * 3)
-    lo = check_int("min_groups", resolve(draw, min_groups), minimum=1)
-    hi = check_int("max_groups", resolve(draw, max_groups), minimum=1)
+    lo = check_int("min_groups", resolve(draw, min_groups), minimum=1, maximum=MAX_GROUPS)
+    hi = check_int("max_groups", resolve(draw, max_groups), minimum=1, maximum=MAX_GROUPS)
     if lo > hi:
         raise InvalidArgument(f"min_groups={lo} is greater than max_groups={hi}")
     counts = tuple(sorted({v for v in (lo, 2, 3, 4, hi) if lo <= v <= hi}))
     me = resolve(draw, max_extent)
-    me = 2 * max(t) + 16 if me is None else check_int("max_extent", me, minimum=1)
+    me = 2 * max(t) + 16 if me is None else check_int("max_extent", me, minimum=1, maximum=MAX_EXTENT)
     mbd = resolve(draw, max_batch_dims)
     mbd = rules.max_batch_dims if mbd is None else check_int("max_batch_dims", mbd, minimum=0)
     if mbd > rules.max_batch_dims:
         raise InvalidArgument(
             f"max_batch_dims={mbd}, but convention={convention!r} takes at most {rules.max_batch_dims} batch dims")
-    sh = resolve(draw, sharding)
+    sh = check_bool("sharding", resolve(draw, sharding), allow_none=True)
     _sharding(sh, rules, convention, hi, fams)
-    ms = check_int("max_shards", resolve(draw, max_shards), minimum=1)
+    ms = check_int("max_shards", resolve(draw, max_shards), minimum=1, maximum=MAX_GROUPS)
     if sh and ms < 2:
         raise InvalidArgument(f"sharding=True, but max_shards={ms} allows only one shard")
     if sh:
         counts = tuple(c for c in counts if any(c % s == 0 for s in range(2, ms + 1))) or counts
-    ex = resolve(draw, existing_out)
-    if ex is not None and not isinstance(ex, bool):
-        raise InvalidArgument(f"existing_out={ex!r}, but it must be None, True or False")
+    ex = check_bool("existing_out", resolve(draw, existing_out), allow_none=True)
     if ex and rules.existing_policy is None:
         raise InvalidArgument(f"existing_out=True, but convention={convention!r} takes no existing output")
     shp = _shapes(shapes, resolve(draw, shapes), rules, convention, fams, pairs, t)

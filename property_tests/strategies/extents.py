@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
-from property_tests.strategies._common import SMALL_TILE, check_int, integers, resolve, sampled
+from property_tests.strategies._common import (
+    MAX_EXTENT,
+    SMALL_TILE,
+    check_int,
+    concrete,
+    integers,
+    resolve,
+    sampled,
+)
 
 __all__ = ["Extents", "cached_extents", "extent_candidates", "extents", "tilings"]
 
@@ -36,14 +44,20 @@ def tilings(*, min_tile: int = 8, max_tile: int = 512) -> SearchStrategy[tuple[i
 
     Shrinks towards ``(min_tile, min_tile, min_tile)`` rounded up to a power of two.
     """
+    def powers(lo: Any, hi: Any) -> tuple[int, ...]:
+        lo = check_int("min_tile", lo, minimum=1, maximum=MAX_EXTENT)
+        hi = check_int("max_tile", hi, minimum=1, maximum=MAX_EXTENT)
+        found = tuple(1 << e for e in range(31) if lo <= (1 << e) <= hi)
+        if not found:
+            raise InvalidArgument(f"min_tile={lo}, max_tile={hi}, but no power of two lies between them")
+        return found
+
+    if concrete(min_tile, max_tile):
+        powers(min_tile, max_tile)
+
     @st.composite
     def _draw(draw: Any) -> Any:
-        lo = check_int("min_tile", resolve(draw, min_tile), minimum=1)
-        hi = check_int("max_tile", resolve(draw, max_tile), minimum=1)
-        powers = [1 << e for e in range(31) if lo <= (1 << e) <= hi]
-        if not powers:
-            raise InvalidArgument(f"min_tile={lo}, max_tile={hi}, but no power of two lies between them")
-        one = sampled(tuple(powers))
+        one = sampled(powers(resolve(draw, min_tile), resolve(draw, max_tile)))
         return (draw(one), draw(one), draw(one))
 
     return _draw()
@@ -61,20 +75,25 @@ def extents(
     any multiple of ``multiple_of`` in ``[min_value, max_value]`` (default
     ``max_value``: three tiles). Shrinks towards the smallest such extent.
     """
-    @st.composite
-    def _draw(draw: Any) -> Any:
-        t = check_int("tile", resolve(draw, tile), minimum=1)
-        lo = check_int("min_value", resolve(draw, min_value), minimum=0)
-        hi = 3 * t + 1 if max_value is None else check_int("max_value", resolve(draw, max_value), minimum=0)
-        mult = check_int("multiple_of", resolve(draw, multiple_of), minimum=1)
+    def checked(t: Any, lo: Any, hi: Any, mult: Any) -> tuple[int, int, int, int]:
+        t = check_int("tile", t, minimum=1, maximum=MAX_EXTENT)
+        lo = check_int("min_value", lo, minimum=0, maximum=MAX_EXTENT)
+        hi = 3 * t + 1 if hi is None else check_int("max_value", hi, minimum=0, maximum=MAX_EXTENT)
+        mult = check_int("multiple_of", mult, minimum=1, maximum=MAX_EXTENT)
         if lo > hi:
             raise InvalidArgument(f"min_value={lo} is greater than max_value={hi}")
-        cands = extent_candidates(t, lo, hi, mult)
-        if not cands:
+        if not extent_candidates(t, lo, hi, mult):
             raise InvalidArgument(
-                f"multiple_of={mult}, but no multiple of it lies in [min_value, max_value] = [{lo}, {hi}]"
-            )
-        return draw(_extent_strategy(t, lo, hi, mult))
+                f"multiple_of={mult}, but no multiple of it lies in [min_value, max_value] = [{lo}, {hi}]")
+        return t, lo, hi, mult
+
+    if concrete(tile, min_value, max_value, multiple_of):
+        checked(tile, min_value, max_value, multiple_of)
+
+    @st.composite
+    def _draw(draw: Any) -> Any:
+        args = [resolve(draw, v) for v in (tile, min_value, max_value, multiple_of)]
+        return draw(_extent_strategy(*checked(*args)))
 
     return _draw()
 

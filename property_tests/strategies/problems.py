@@ -12,7 +12,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 import gmm_ref
-from property_tests.strategies._common import BOOLEANS, SEEDS, integers, resolve, sampled
+from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, integers, resolve, sampled
 from property_tests.strategies._config import config
 from property_tests.strategies._static import Config, Static, buckets, draw_free_static
 from property_tests.strategies.sizes import draw_sizes
@@ -67,6 +67,12 @@ def problems(
     reads). ``sharding``/``existing_out``: True always, False never, None
     either (where the convention has them). ``allow_tail=None`` allows
     ``sum(sizes) <`` extent unless the convention needs full sums.
+    ``all_empty=True``: every group empty; where the sum must equal the
+    extent (``allow_tail=False``), every group but one, which holds it all.
+
+    Arguments are checked when the strategy is built (at draw time for those
+    given as strategies): ``InvalidArgument`` names the argument. Limits:
+    ``max_groups`` <= 4096, ``max_extent`` <= 2**31 - 1.
 
     Shrinks towards the simplest bucket (fewest groups, smallest shapes, no
     shards, no existing output), sizes of 0, one shard, exact values and
@@ -74,13 +80,22 @@ def problems(
     """
     config_args = (convention, families, dtypes, tiling, min_groups, max_groups, max_extent,
                    max_batch_dims, sharding, max_shards, existing_out, shapes, max_buckets, vary_out_dtype)
-    drawer = _Drawer(config_args, values, allow_tail, all_empty)
+    drawer = _Drawer(config_args, values, check_bool("allow_tail", allow_tail, allow_none=True),
+                     check_bool("all_empty", all_empty))
+    if drawer.fixed:
+        drawer.config(_no_draw)  # concrete arguments are checked when the strategy is built
+    if not isinstance(values, SearchStrategy):
+        drawer.kinds(_no_draw)
 
     @st.composite
     def _draw(draw: Any) -> gmm_ref.Problem:
         return drawer(draw)
 
     return _draw()
+
+
+def _no_draw(strategy: Any) -> Any:  # pragma: no cover - only reached if an argument were a strategy
+    raise AssertionError(f"cannot draw from {strategy!r} while the strategy is built")
 
 
 class _Drawer:
@@ -160,8 +175,8 @@ def _sizes(draw: Any, cfg: Config, s: Static, kind: str, tail_ok: bool, all_empt
     extent, tile = {"ragged_m": (m, tm), "ragged_n": (n, tn), "ragged_k": (k, tk)}[fam]
     pattern = "all_empty" if all_empty else None
     n_rows = math.prod(b) if s.sizes_batched else 1
-    # poisoned values want padding to poison: a sum below the extent where allowed
-    rows = [draw_sizes(draw, g, extent, tile, tail_ok, pattern, want_tail=kind == "poisoned")
+    # poisoned values and all_empty want the padding (all groups empty) where it is allowed
+    rows = [draw_sizes(draw, g, extent, tile, tail_ok, pattern, want_tail=kind == "poisoned" or all_empty)
             for _ in range(n_rows)]
     if s.shards > 1 and draw(BOOLEANS):
         for r in rows:  # the shard's first group is empty; its rows go to a neighbour

@@ -10,7 +10,19 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
-from property_tests.strategies._common import BOOLEANS, SEEDS, SMALL_TILE, check_int, integers, resolve, sampled
+from property_tests.strategies._common import (
+    BOOLEANS,
+    MAX_EXTENT,
+    MAX_GROUPS,
+    SEEDS,
+    SMALL_TILE,
+    check_bool,
+    check_int,
+    concrete,
+    integers,
+    resolve,
+    sampled,
+)
 from property_tests.strategies.extents import cached_extents
 
 __all__ = ["draw_sizes", "group_sizes", "shardings"]
@@ -18,6 +30,15 @@ __all__ = ["draw_sizes", "group_sizes", "shardings"]
 SHAPE_PATTERNS = ("free", "edges", "empty_run", "one_group", "all_empty")
 PATTERNS = st.sampled_from(SHAPE_PATTERNS)
 _LIST_LIMIT = 16  # more groups than this: free sizes come from one drawn seed, for speed
+_EDGE_TILES = 64  # group ends are drawn near the first (and last) this many tile edges
+
+
+def _edges(extent: int, tile: int) -> list[int]:
+    """Group ends one below, at and one above tile edges: the first and last few tiles of the extent."""
+    last = extent // tile + 1
+    tiles = range(1, last + 1) if last <= 2 * _EDGE_TILES else [*range(1, _EDGE_TILES + 1),
+                                                                   *range(last - _EDGE_TILES + 1, last + 1)]
+    return sorted({e for j in tiles for d in (-1, 0, 1) if 0 <= (e := j * tile + d) <= extent})
 
 
 def _seeded_size_lists(seed: int, g: int, extent: int, tile: int) -> tuple[list[int], list[int]]:
@@ -27,9 +48,7 @@ def _seeded_size_lists(seed: int, g: int, extent: int, tile: int) -> tuple[list[
     branch = rng.integers(0, 3, size=g)
     free = np.where(branch == 0, rng.integers(0, min(extent, 3) + 1, size=g),
                     np.where(branch == 1, rng.choice(specials, size=g), rng.integers(0, extent + 1, size=g)))
-    edges = np.array([j * tile + d for j in range(1, extent // tile + 2) for d in (-1, 0, 1)])
-    edges = edges[(edges >= 0) & (edges <= extent)]
-    edges = edges if edges.size else np.zeros(1, int)
+    edges = np.array(_edges(extent, tile) or [0])
     cuts = np.where(rng.random(size=g) < 0.5, rng.choice(edges, size=g), rng.integers(0, extent + 1, size=g))
     return free.tolist(), cuts.tolist()
 
@@ -39,8 +58,7 @@ def _size_lists(g: int, extent: int, tile: int) -> tuple[SearchStrategy[list[int
     """(free sizes, group ends near tile edges) for G groups over extent."""
     specials = sorted({v for v in (1, tile - 1, tile, tile + 1) if 0 <= v <= extent})
     elem = st.one_of(st.integers(0, min(extent, 3)), st.sampled_from(specials or [0]), st.integers(0, extent))
-    edges = sorted({j * tile + d for j in range(1, extent // tile + 2) for d in (-1, 0, 1)})
-    edges = [e for e in edges if 0 <= e <= extent] or [0]
+    edges = _edges(extent, tile) or [0]
     cut = st.one_of(st.sampled_from(edges), st.integers(0, extent))
     return st.lists(elem, min_size=g, max_size=g), st.lists(cut, min_size=g, max_size=g)
 
@@ -123,25 +141,36 @@ def group_sizes(
     when all are empty); otherwise it equals it. ``extent`` defaults to
     :func:`extents` around ``tile``. Shrinks towards ``min_groups`` groups,
     free sizes, and sizes of 0 (or ``[extent]`` when the sum must be full).
+    Limits: ``num_groups`` / ``max_groups`` <= 4096, ``extent`` <= 2**31 - 1
+    (sizes are int32); arguments are checked when the strategy is built.
     """
+    lo = check_int("min_groups", min_groups, minimum=0, maximum=MAX_GROUPS)
+    hi = check_int("max_groups", max_groups, minimum=0, maximum=MAX_GROUPS)
+    t = check_int("tile", tile, minimum=1, maximum=MAX_EXTENT)
+    tail = check_bool("allow_tail", allow_tail)
+    if num_groups is None and lo > hi:
+        raise InvalidArgument(f"min_groups={lo} is greater than max_groups={hi}")
+
+    def checked(g: Any, e: Any) -> tuple[int, int]:
+        g = check_int("num_groups", g, minimum=0, maximum=MAX_GROUPS)
+        e = check_int("extent", e, minimum=0, maximum=MAX_EXTENT)
+        if g == 0 and e and not tail:
+            raise InvalidArgument(f"num_groups=0 and allow_tail=False, but extent={e} > 0 cannot be covered")
+        return g, e
+
+    if num_groups is not None and extent is not None and concrete(num_groups, extent):
+        checked(num_groups, extent)
+    elif num_groups is not None and concrete(num_groups):
+        check_int("num_groups", num_groups, minimum=0, maximum=MAX_GROUPS)
+    elif extent is not None and concrete(extent):
+        check_int("extent", extent, minimum=0, maximum=MAX_EXTENT)
+
     @st.composite
     def _draw(draw: Any) -> Any:
-        lo = check_int("min_groups", min_groups, minimum=0)
-        hi = check_int("max_groups", max_groups, minimum=0)
-        t = check_int("tile", tile, minimum=1)
-        if num_groups is None:
-            if lo > hi:
-                raise InvalidArgument(f"min_groups={lo} is greater than max_groups={hi}")
-            g = draw(integers(lo, hi))
-        else:
-            g = check_int("num_groups", resolve(draw, num_groups), minimum=0)
-        if extent is None:
-            e = cached_extents(t, 0, 3 * t + 1, 1)(draw)
-        else:
-            e = check_int("extent", resolve(draw, extent), minimum=0)
-        if g == 0 and e and not allow_tail:
-            raise InvalidArgument(f"num_groups=0 and allow_tail=False, but extent={e} > 0 cannot be covered")
-        return np.array(draw_sizes(draw, g, e, t, bool(allow_tail)), np.int32)
+        g = draw(integers(lo, hi)) if num_groups is None else resolve(draw, num_groups)
+        e = cached_extents(t, 0, 3 * t + 1, 1)(draw) if extent is None else resolve(draw, extent)
+        g, e = checked(g, e)
+        return np.array(draw_sizes(draw, g, e, t, tail), np.int32)
 
     return _draw()
 
@@ -155,18 +184,24 @@ def shardings(
     S is a divisor of G in ``[min_shards, max_shards]``; the shard index is
     any of the S. Shrinks towards one shard (``(0, num_groups)``), then the first.
     """
+    lo = check_int("min_shards", min_shards, minimum=1, maximum=MAX_GROUPS)
+    top = None if max_shards is None else check_int("max_shards", max_shards, minimum=1, maximum=MAX_GROUPS)
+
+    def divisors(g: Any) -> tuple[int, ...]:
+        g = check_int("num_groups", g, minimum=1, maximum=MAX_GROUPS)
+        found = tuple(s for s in range(lo, min(g if top is None else top, g) + 1) if g % s == 0)
+        if not found:
+            raise InvalidArgument(
+                f"min_shards={lo}, max_shards={max_shards}, but no shard count in that range divides num_groups={g}")
+        return found
+
+    if concrete(num_groups):
+        divisors(num_groups)
+
     @st.composite
     def _draw(draw: Any) -> Any:
-        g = check_int("num_groups", resolve(draw, num_groups), minimum=1)
-        lo = check_int("min_shards", min_shards, minimum=1)
-        hi = g if max_shards is None else check_int("max_shards", max_shards, minimum=1)
-        divisors = [s for s in range(lo, min(hi, g) + 1) if g % s == 0]
-        if not divisors:
-            raise InvalidArgument(
-                f"min_shards={lo}, max_shards={max_shards}, but no shard count in that range divides "
-                f"num_groups={g}"
-            )
-        s = draw(sampled(tuple(divisors)))
+        g = resolve(draw, num_groups)
+        s = draw(sampled(divisors(g)))
         local = g // s
         return draw(integers(0, s - 1)) * local, local
 

@@ -90,18 +90,21 @@ def _wide_bits(rng: np.random.Generator, shape: Any, dtype: np.dtype, fin: Any, 
 
 def unused_elements(family: str, lhs_shape: Any, rhs_shape: Any, sizes: Any, common: dict
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Masks of the lhs and rhs elements that no (local) group reads."""
-    lm = np.zeros(lhs_shape, np.int8)
-    rm = np.zeros(rhs_shape, np.int8)
-    q = gmm_ref.Problem(family, lm, rm, sizes, **{**common, "out_dtype": np.int32, "existing_out": None,
-                                                  "existing_policy": "overwrite"})
+    """Masks of the lhs and rhs elements that no (local) group reads: an element is read when it
+    meets a block that produces at least one output element (an empty group's weights are not)."""
+    lhs_index = np.arange(math.prod(lhs_shape), dtype=np.float64).reshape(lhs_shape)
+    rhs_index = np.arange(math.prod(rhs_shape), dtype=np.float64).reshape(rhs_shape)
+    q = gmm_ref.Problem(family, lhs_index, rhs_index, sizes, **{**common, "out_dtype": np.float64,
+                                                                "existing_out": None,
+                                                                "existing_policy": "overwrite"})
+    lu = np.ones(lhs_index.size, bool)
+    ru = np.ones(rhs_index.size, bool)
     for blk in _blocks(q):
-        # blocks are views of the buffers; an empty group's weights reach no output element
         if blk.b.shape[1] > 0:
-            blk.a[...] = 1
+            lu[blk.a.astype(np.int64).ravel()] = False
         if blk.a.shape[0] > 0:
-            blk.b[...] = 1
-    return lm == 0, rm == 0
+            ru[blk.b.astype(np.int64).ravel()] = False
+    return lu.reshape(lhs_shape), ru.reshape(rhs_shape)
 
 
 def few(rng: np.random.Generator, where: np.ndarray, most: int = 2) -> np.ndarray:

@@ -25,6 +25,7 @@ from golden import generator
 from golden.case import Case, build_problem
 from golden.cli import main as golden_main
 from golden.judge import check_goldens
+from golden.lock import LOCK_NAME
 from golden.regeneration import regenerate
 from golden.store import MANIFEST, GoldenStore, array_sha256
 from golden.verification import verify
@@ -137,13 +138,14 @@ def small(tmp_path):
 
 
 def _snapshot(d: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+    """The golden data of a directory (its lock file is no golden)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.name != LOCK_NAME}
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
 def test_a_corrupted_or_truncated_file_is_detected(small, damage):
     man = GoldenStore(small).manifest()
-    victim = small / man["cases"]["b-gmm-bf16"]["file"]
+    victim = small / man["cases"]["b-gmm-bf16"]["reference"]["file"]
     data = bytearray(victim.read_bytes())
     if damage == "flip":
         data[-40] ^= 0x01
@@ -170,17 +172,17 @@ def test_verify_detects_reference_drift(small):
     # a stored golden that the reference no longer reproduces (same hashes, other bits)
     store = GoldenStore(small)
     man = store.manifest()
-    g = store.load("a-rd")
+    g = store.load("a-rd", man["cases"]["a-rd"]["reference"])
     out = g.out.copy()
     out[0, 0] = np.nextafter(out[0, 0], np.float32(np.inf))
     rc, text = regenerate(_small_corpus(), small, stream=io.StringIO())  # unchanged: a no-op
     assert rc == 0 and "up to date" in text
     data = GoldenStore.encode(out, g.mask)
     sha = hashlib.sha256(data).hexdigest()
-    entry = dict(man["cases"]["a-rd"], file=f"a-rd-{sha[:10]}.npz", file_sha256=sha,
+    entry = dict(man["cases"]["a-rd"]["reference"], file=f"a-rd-{sha[:10]}.npz", file_sha256=sha,
                  output_sha256=array_sha256(out))
     (small / entry["file"]).write_bytes(data)
-    man["cases"]["a-rd"] = entry
+    man["cases"]["a-rd"]["reference"] = entry
     import json
     (small / MANIFEST).write_text(json.dumps(man))
     rc, text = verify(small)
@@ -224,7 +226,7 @@ def test_an_interrupted_regeneration_loses_nothing(small, monkeypatch, where):
     monkeypatch.undo()
     after = _snapshot(small)
     assert {n: h for n, h in after.items() if n in before} == before  # nothing overwritten
-    assert not [n for n in after if n.startswith(".")], "temporary files left behind"
+    assert not [n for n in after if n.startswith(".")], "temporary files left behind"  # (the run cleaned up)
     rc, text = verify(small, _small_corpus(), stream=io.StringIO())
     assert rc == 0, text
     # the next run completes, and clears what the interrupted one left
@@ -310,7 +312,8 @@ def test_bit_for_bit_when_the_golden_is_the_kernels_own(tmp_path):
     assert rc in (0, 1)  # same bits as the reference, or a change that needs --update
     rc, text = regenerate(corpus, tmp_path, kernel=k, update=True, stream=io.StringIO())
     assert rc == 0, text
-    assert GoldenStore(tmp_path).manifest()["cases"]["b-gmm-bf16"]["producer"]["name"] == "np-gmm"
+    goldens = GoldenStore(tmp_path).manifest()["cases"]["b-gmm-bf16"]
+    assert {e["producer"]["name"] for e in goldens.values()} == {"reference", "np-gmm"}  # side by side
     (res,) = check_goldens(k, tmp_path)
     assert (res.status, res.criterion) == (Status.PASSED, "bit-for-bit")
 

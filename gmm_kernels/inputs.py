@@ -1,0 +1,77 @@
+"""A kernel gets copies of its inputs, and writing to them is a reported failure.
+
+The harness keeps its own pristine arrays (a ``gmm_ref.Problem`` holds
+read-only copies) and hands a kernel fresh, writable copies. After the call
+each copy is compared bit for bit with the pristine array: a kernel that wrote
+to an input, even after computing its output, is reported naming the argument
+and the first changed elements. A jax kernel that donates an input (its buffer
+is deleted by the call) is reported as well.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+
+from gmm_ref import Mismatch
+from gmm_ref.conventions import Convention
+
+__all__ = ["donated", "fresh", "modified"]
+
+_MAX_LISTED = 4
+
+
+def _copy(x: Any) -> Any:
+    return np.array(x, copy=True, order="K") if isinstance(x, np.ndarray) else x
+
+
+def fresh(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Writable copies of every array among the arguments (same layout), other values as they are."""
+    return tuple(_copy(a) for a in args), {k: _copy(v) for k, v in kwargs.items()}
+
+
+def _names(convention: Convention, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    params = list(inspect.signature(convention.parse).parameters)
+    named = [(params[i] if i < len(params) else f"argument {i}", a) for i, a in enumerate(args)]
+    return named + list(kwargs.items())
+
+
+def _changed(name: str, before: np.ndarray, after: np.ndarray) -> str | None:
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return f"{name} (now shape {after.shape} {after.dtype}, was {before.shape} {before.dtype})"
+    width = before.dtype.itemsize
+    view = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(width)
+    if view is None:
+        diff = before.tobytes() != after.tobytes()
+        return f"{name} (its bytes differ)" if diff else None
+    bad = np.ascontiguousarray(before).view(view) != np.ascontiguousarray(after).view(view)
+    if not bad.any():
+        return None
+    idx = np.argwhere(bad)[:_MAX_LISTED]
+    where = ", ".join(f"{list(map(int, i))}: {after[tuple(i)].item()!r} (was {before[tuple(i)].item()!r})"
+                      for i in idx)
+    return f"{name}: {int(bad.sum())} of {bad.size} elements changed, first at {where}"
+
+
+def modified(kernel: str, convention: Convention, pristine: tuple[tuple, dict], given: tuple[tuple, dict]) -> None:
+    """Raise ``gmm_ref.Mismatch`` (kind ``"modified_input"``) if the kernel changed an array it was given."""
+    __tracebackhide__ = True
+    before = _names(convention, *pristine)
+    after = dict(_names(convention, *given))
+    changes = [c for name, b in before if isinstance(b, np.ndarray)
+               and (c := _changed(name, b, np.asarray(after[name]))) is not None]
+    if changes:
+        raise Mismatch(f"kernel {kernel} modified its input in place (a kernel must not write to its inputs):\n"
+                       + "\n".join("  " + c for c in changes), kind="modified_input")
+
+
+def donated(kernel: str, convention: Convention, args: tuple, kwargs: dict) -> None:
+    """Raise ``gmm_ref.Mismatch`` (kind ``"donated_input"``) if a call deleted a jax array it was given."""
+    __tracebackhide__ = True
+    gone = [name for name, a in _names(convention, args, kwargs)
+            if callable(getattr(a, "is_deleted", None)) and a.is_deleted()]
+    if gone:
+        raise Mismatch(f"kernel {kernel} donated its input {', '.join(gone)}: the call deleted the jax buffer "
+                       "it was given (a kernel checked here must leave its inputs alive)", kind="donated_input")

@@ -1,0 +1,118 @@
+"""The main job's table: one row per (kernel, family), a cell per mode and one for the goldens.
+
+A cell is computed by :func:`run_cell` (in the main job's worker process) and
+added to a :class:`Table`, which also records cells a crashed or hung kernel
+never finished. :func:`render` prints the table with footnotes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gmm_kernels import KernelAdapter, Result, Status
+from golden import check_goldens
+from golden.cli import default_directory
+from property_tests.checking import check_mode
+from property_tests.modes import MODES
+
+__all__ = ["GOLDENS", "Table", "cells_of", "render", "run_cell"]
+
+GOLDENS = "goldens"
+_WIDTH = 110
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _WIDTH else text[: _WIDTH - 3] + "..."
+
+
+def cells_of(kernel: KernelAdapter, *, goldens: bool) -> list[tuple[str, str | None, str]]:
+    """Every ``(kernel, family, column)`` cell of a kernel, in table order (goldens: one per kernel)."""
+    cells: list[tuple[str, str | None, str]] = [(kernel.name, f, m) for f in kernel.spec.families for m in MODES]
+    return cells + ([(kernel.name, None, GOLDENS)] if goldens else [])
+
+
+def _golden_cell(kernel: KernelAdapter) -> tuple[str, list[str]]:
+    results = check_goldens(kernel, default_directory())
+    if not results:
+        return "n/a: no golden case in this convention", []
+    fails = [r for r in results if r.status is Status.FAILED]
+    passes = [r for r in results if r.status is Status.PASSED]
+    if fails:
+        details = [f"== {kernel.name} / goldens / {r.check}\n{r.full_report()}" for r in fails]
+        return f"FAIL: {len(fails)}/{len(results)} cases; {_short(fails[0].detail)}", details
+    if not passes:
+        return f"n/a: every golden case unsupported ({results[0].detail})", []
+    return f"pass ({len(passes)}/{len(results)})", []
+
+
+def _mode_cell(result: Result) -> str:
+    if result.status is Status.FAILED:
+        return f"FAIL: {_short(result.detail)}"
+    return result.cell()
+
+
+def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_examples: int,
+             seed: int | None = None) -> tuple[str, list[str], float]:
+    """(cell text, full failure reports, seconds) of one cell."""
+    why = kernel.available()
+    if why:
+        return f"n/a: {why}", [], 0.0
+    if column == GOLDENS:
+        text, details = _golden_cell(kernel)
+        return text, details, 0.0
+    result = check_mode(kernel, column, family=family, max_examples=max_examples,
+                        profile="ci" if seed is None else None, seed=seed)
+    details = [f"== {kernel.name} / {family} / {column}\n{result.full_report()}"] \
+        if result.status is Status.FAILED else []
+    return _mode_cell(result), details, result.seconds
+
+
+@dataclass
+class Table:
+    """Rows being filled, cell by cell, and the full failure reports."""
+
+    rows: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    details: list[str] = field(default_factory=list)
+
+    def plan(self, cells: list[tuple[str, str | None, str]]) -> None:
+        for kernel, family, _ in cells:
+            if family is not None:
+                self.rows.setdefault((kernel, family), {})
+
+    def put(self, kernel: str, family: str | None, column: str, text: str) -> None:
+        for (k, f), row in self.rows.items():
+            if k == kernel and (family is None or f == family):
+                row[column] = text
+
+    def values(self) -> list[str]:
+        return [v for row in self.rows.values() for v in row.values()]
+
+    def checked_nothing(self, kernel: str) -> bool:
+        cells = [v for (k, _), row in self.rows.items() if k == kernel for v in row.values()]
+        return all(c.startswith("n/a") for c in cells)
+
+    def as_rows(self) -> list[dict[str, Any]]:
+        return [{"kernel": k, "family": f, **row} for (k, f), row in self.rows.items()]
+
+
+def render(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """The table; a FAIL, n/a or known-bug cell shows a footnote number, the footnotes follow."""
+    notes: dict[str, int] = {}
+
+    def cell(v: Any) -> str:
+        v = str(v)
+        for prefix in ("FAIL", "n/a", "known bug"):
+            if v.startswith(prefix):
+                n = notes.setdefault(v, len(notes) + 1)
+                return f"{prefix} [{n}]"
+        return v
+
+    table = [["kernel", "family", *columns]]
+    table += [[r["kernel"], r["family"], *[cell(r.get(c, "")) for c in columns]] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    out = [" | ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) for line in table]
+    out.insert(1, "-+-".join("-" * w for w in widths))
+    out.append("")
+    out += [f"[{n}] {text}" for text, n in notes.items()]
+    return "\n".join(out)
