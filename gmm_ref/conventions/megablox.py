@@ -33,7 +33,12 @@ _DEFAULT_TILING = (128, 128, 128)
 def _group_offset(value: Any) -> int:
     if value is None:
         return 0
-    arr = np.asarray(value) if isinstance(value, (int, np.integer)) else base.as_array("group_offset", value)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        arr = np.asarray(value)
+    elif isinstance(value, (np.ndarray, list, tuple)) or type(value).__module__.startswith(("jax", "torch")):
+        arr = base.as_array("group_offset", value)
+    else:
+        arr = np.asarray(0.5)  # not an integer of any kind: refused below
     if not np.issubdtype(arr.dtype, np.integer) or arr.size != 1:
         raise TypeError(f"group_offset: expected an integer scalar or shape-(1,) integer array, got {value!r}")
     return int(arr.reshape(()))

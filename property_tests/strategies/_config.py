@@ -166,6 +166,7 @@ def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling
         raise InvalidArgument(f"sharding=True, but max_shards={ms} allows only one shard")
     if sh:
         counts = tuple(c for c in counts if any(c % s == 0 for s in range(2, ms + 1))) or counts
+        fams = tuple(f for f in fams if f != "batch")  # sharded always: the batch family has no shards
     ex = check_bool("existing_out", resolve(draw, existing_out), allow_none=True)
     if ex and rules.existing_policy is None:
         raise InvalidArgument(f"existing_out=True, but convention={convention!r} takes no existing output")
