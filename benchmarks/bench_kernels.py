@@ -30,7 +30,7 @@ def main() -> None:
     from property_tests.profiles import register_profiles
 
     register_profiles()
-    settings.load_profile("ci")
+    settings.load_profile("gmm-ci")
     print(f"{'kernel':<34} {'mode':<7} {'cold ex/s':>10} {'warm ex/s':>10} {'examples':>9}")
     for k in resolve_kernels(args.kernel):
         why = k.available()

@@ -27,10 +27,10 @@ def _ci_profile() -> settings:
     try:
         from property_tests.profiles import register_profiles
     except ImportError:  # an older harness: the same profile, registered here
-        settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True, max_examples=25)
+        settings.register_profile("gmm-ci", derandomize=True, deadline=None, print_blob=True, max_examples=25)
     else:
         register_profiles()
-    return settings.get_profile("ci")
+    return settings.get_profile("gmm-ci")
 
 
 def draw_rate(strategy, n: int) -> tuple[float, float]:
@@ -108,7 +108,7 @@ def main() -> None:
     except ImportError:
         print("jax not installed: skipping the ragged_dot check rate")
         return
-    print(f"checked against jax.lax.ragged_dot, ci profile, {count} examples (target >= 50/s):")
+    print(f"checked against jax.lax.ragged_dot, gmm-ci profile, {count} examples (target >= 50/s):")
     print(f"  {cold[0]:6.0f}/s wall {cold[1]:6.0f}/s cpu  including {compiles} compilations")
     print(f"  {warm[0]:6.0f}/s wall {warm[1]:6.0f}/s cpu  warm")
 

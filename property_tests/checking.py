@@ -190,7 +190,7 @@ def check_kernel(
     modes: Iterable[str] | None = None,
     numerics: gmm_ref.Numerics | None = None,
     name: str | None = None,
-    profile: str | None = "ci",
+    profile: str | None = "gmm-ci",
     seed: int | None = None,
     raise_on_failure: bool = True,
 ) -> Report:
@@ -202,8 +202,8 @@ def check_kernel(
     name, ``"pkg.module:fn"`` or a ``KernelAdapter``. With ``raise_on_failure``
     (the default) the first failing mode raises its exception (a
     :class:`gmm_ref.Mismatch` after shrinking); otherwise failures are results.
-    ``profile`` names a registered Hypothesis profile (``"ci"``, the default: derandomized,
-    so the same verdict every run; ``"dev"``, ``"thorough"``; None: the settings in force);
+    ``profile`` names a registered Hypothesis profile (``"gmm-ci"``, the default: derandomized,
+    so the same verdict every run; ``"gmm-dev"``, ``"gmm-thorough"``; None: the settings in force);
     ``seed`` explores other examples. Every result names the profile or seed it ran under.
     """
     __tracebackhide__ = True

@@ -154,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--tiling", default=None, action=_Once, help="TM,TK,TN")
     c.add_argument("--max-examples", type=_positive(int), default=8, help="examples per (kernel, family, mode)")
     c.add_argument("--seed", type=int, default=None,
-                   help="explore with this seed (default: the derandomized ci profile)")
+                   help="explore with this seed (default: the derandomized gmm-ci profile)")
     c.add_argument("--timeout", type=_positive(float), default=900.0,
                    help="seconds one cell may run before the kernel is reported as hung (default 900)")
     c.add_argument("--in-process", action="store_true", help="run the kernels in this process (no isolation)")
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--kernel: nothing was checked for {', '.join(idle)}: every cell is n/a (see the notes)")
     n_fail = sum(v.startswith("FAIL") for v in table.values())
     n_pass = sum(v.startswith("pass") for v in table.values())
-    run = f"seed {args.seed}" if args.seed is not None else "ci profile, derandomized"
+    run = f"seed {args.seed}" if args.seed is not None else "gmm-ci profile, derandomized"
     print(f"\n{n_pass} passed, {n_fail} failed  ({time.perf_counter() - t0:.0f} s; {run}; "
           "'n/a' cells give their reason)")
     if table.details and args.verbose:

@@ -1,13 +1,20 @@
-"""The gmm-harness pytest plugin (registered through ``pytest11``).
+"""The gmm-harness pytest plugin (registered through ``pytest11``), opt-in.
 
-- Hypothesis profiles ``ci`` (derandomized, no deadline, print_blob), ``dev``
-  and ``thorough`` (``property_tests.profiles``), registered when pytest starts.
+Installing it changes nothing for a pytest run that does not use it: no
+profile is loaded, no header printed, no test added. It is *in use* when
+``--gmm-kernel`` is given, or when a project sets ``gmm_harness = true`` in
+its pytest configuration (this repository does). Then:
+
+- the ``gmm-ci`` Hypothesis profile is loaded (derandomized, no deadline)
+  unless ``--hypothesis-profile`` names another; ``gmm-dev`` and
+  ``gmm-thorough`` are there to pick (``property_tests.profiles``);
 - ``--gmm-kernel`` (repeatable: a built-in adapter name or ``pkg.module:fn``),
-  ``--gmm-convention`` and ``--gmm-tiling``: which kernels the kernel checks
-  run on. With ``--gmm-kernel`` given, only the kernel checks run.
-- The ``gmm_kernel`` fixture parametrizes a test over the selected kernels;
-  a kernel that cannot run here is skipped with its reason.
+  ``--gmm-convention`` and ``--gmm-tiling`` select the kernels the kernel
+  checks run on; with ``--gmm-kernel`` only the kernel checks run;
+- the ``gmm_kernel`` fixture parametrizes a test over the selected kernels;
 - ``pytest_report_header`` lists the kernels under test and why any is skipped.
+
+``--gmm-*`` options are checked whenever they are given: a bad one is one usage error.
 """
 
 from __future__ import annotations
@@ -15,18 +22,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import settings
 
-from gmm_kernels import resolve_kernels
-from gmm_ref import as_tiling, conventions
-from property_tests.profiles import register_profiles
+from property_tests.profiles import DEFAULT, register_profiles
 
 __all__: list[str] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     # registered here, the earliest hook, so that Hypothesis' own plugin can load
-    # --hypothesis-profile=ci|dev|thorough in its pytest_configure
+    # --hypothesis-profile=gmm-ci|gmm-dev|gmm-thorough in its pytest_configure; registering loads nothing
     register_profiles()
     group = parser.getgroup("gmm-harness", "grouped GEMM kernel checks")
     group.addoption(
@@ -35,15 +39,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--gmm-convention", default=None, metavar="CONV",
-        help=f"calling convention of the --gmm-kernel import paths ({', '.join(conventions.names())})",
+        help="calling convention of the --gmm-kernel import paths (see gmm_ref.conventions.names())",
     )
     group.addoption(
         "--gmm-tiling", default=None, metavar="TM,TK,TN",
         help="tiling the kernel uses; strategies draw extents around its tile edges",
     )
+    parser.addini("gmm_harness", type="bool", default=False,
+                  help="use the gmm-harness plugin in every run (its gmm-ci profile and report header)")
+
+
+def in_use(config: pytest.Config) -> bool:
+    """Whether this run uses the plugin (``--gmm-kernel``, or ``gmm_harness = true``)."""
+    return bool(config.getoption("--gmm-kernel")) or bool(config.getini("gmm_harness"))
 
 
 def _tiling(config: pytest.Config) -> tuple[int, int, int] | None:
+    from gmm_ref import as_tiling
+
     raw = config.getoption("--gmm-tiling")
     if raw is None:
         return None
@@ -55,6 +68,8 @@ def _tiling(config: pytest.Config) -> tuple[int, int, int] | None:
 
 def selected_kernels(config: pytest.Config) -> list[Any]:
     """The adapters this run checks (cached on the config)."""
+    from gmm_kernels import resolve_kernels
+
     cached = getattr(config, "_gmm_kernels", None)
     if cached is not None:
         return cached
@@ -70,6 +85,8 @@ def selected_kernels(config: pytest.Config) -> list[Any]:
 
 def _check_options(config: pytest.Config) -> None:
     """Every --gmm-* option is checked whenever it is given: one usage error, before collection."""
+    from gmm_ref import conventions
+
     kernels = config.getoption("--gmm-kernel")
     for option in ("--gmm-convention", "--gmm-tiling"):
         if config.getoption(option) is not None and not kernels:
@@ -83,14 +100,17 @@ def _check_options(config: pytest.Config) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    register_profiles()
-    if config.getoption("hypothesis_profile", None) is None:
-        settings.load_profile("ci")  # deterministic unless asked otherwise
     config.addinivalue_line("markers", "kernel: checks a real kernel against the reference")
     _check_options(config)
+    if in_use(config) and config.getoption("hypothesis_profile", None) is None:
+        from hypothesis import settings
+
+        settings.load_profile(DEFAULT)  # deterministic unless asked otherwise
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    if not in_use(config):
+        return []
     lines = []
     for k in selected_kernels(config):
         why = k.available()

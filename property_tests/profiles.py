@@ -1,31 +1,36 @@
-"""The harness's Hypothesis profiles, registered on request (never at import).
+"""The harness's Hypothesis profiles, under names of their own, registered on request (never at import).
 
-- ``ci``: 50 examples, derandomized (the same examples on every run and
+- ``gmm-ci``: 50 examples, derandomized (the same examples on every run and
   every xdist worker), no deadline, ``print_blob``;
-- ``dev``: 15 random examples, for a quick local loop;
-- ``thorough``: 400 random examples.
+- ``gmm-dev``: 15 random examples, for a quick local loop;
+- ``gmm-thorough``: 400 random examples.
+
+Registering them changes no setting in force: a project's own ``ci`` profile
+(or Hypothesis' default) stays as it is until one of these is loaded
+(``--hypothesis-profile=gmm-ci``, ``--gmm-kernel``, or a project's conftest).
 """
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 
-__all__ = ["PROFILES", "profile", "register_profiles"]
+__all__ = ["DEFAULT", "PROFILES", "profile", "register_profiles"]
 
-PROFILES = ("ci", "dev", "thorough")
+PROFILES = ("gmm-ci", "gmm-dev", "gmm-thorough")
+DEFAULT = "gmm-ci"
 _registered = False
 
 
 def register_profiles() -> None:
-    """Register the ``ci``, ``dev`` and ``thorough`` Hypothesis profiles (idempotent)."""
+    """Register the ``gmm-ci``, ``gmm-dev`` and ``gmm-thorough`` Hypothesis profiles (idempotent)."""
     global _registered
     if _registered:
         return
     # derandomize is explicit: under CI=true Hypothesis' defaults (which profiles inherit) derandomize
     common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("ci", derandomize=True, max_examples=50, **common)
-    settings.register_profile("dev", derandomize=False, max_examples=15, **common)
-    settings.register_profile("thorough", derandomize=False, max_examples=400, **common)
+    settings.register_profile("gmm-ci", derandomize=True, max_examples=50, **common)
+    settings.register_profile("gmm-dev", derandomize=False, max_examples=15, **common)
+    settings.register_profile("gmm-thorough", derandomize=False, max_examples=400, **common)
     _registered = True
 
 

@@ -62,7 +62,7 @@ def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_exam
         text, details = _golden_cell(kernel)
         return text, details, 0.0
     result = check_mode(kernel, column, family=family, max_examples=max_examples,
-                        profile="ci" if seed is None else None, seed=seed)
+                        profile="gmm-ci" if seed is None else None, seed=seed)
     details = [f"== {kernel.name} / {family} / {column}\n{result.full_report()}"] \
         if result.status is Status.FAILED else []
     return _mode_cell(result), details, result.seconds

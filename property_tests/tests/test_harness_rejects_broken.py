@@ -18,7 +18,7 @@ CASES = [pytest.param(conv, fn, id=fn.__name__) for conv, fns in BROKEN.items() 
 @pytest.mark.parametrize(("convention", "fn"), CASES)
 def test_broken_kernel_is_rejected(convention, fn):
     with pytest.raises(gmm_ref.Mismatch) as info:
-        check_kernel(fn, convention=convention, profile="ci")  # the bar: the ci profile rejects it
+        check_kernel(fn, convention=convention, profile="gmm-ci")  # the bar: the ci profile rejects it
     message = str(info.value)
     if info.value.kind != "shape":
         assert "Wrong groups:" in message
@@ -29,7 +29,7 @@ def test_broken_kernel_is_rejected(convention, fn):
 
 @pytest.mark.parametrize("convention", sorted(CORRECT))
 def test_correct_twin_passes(convention):
-    report = check_kernel(CORRECT[convention], convention=convention, profile="ci")
+    report = check_kernel(CORRECT[convention], convention=convention, profile="gmm-ci")
     assert any(r.status is Status.PASSED for r in report), report
     assert all(r.status in (Status.PASSED, Status.UNSUPPORTED) for r in report), report
 
@@ -40,7 +40,7 @@ GRAD_CASES = [pytest.param(conv, fn, id=fn.__name__) for conv, fns in BROKEN_GRA
 @pytest.mark.parametrize(("convention", "fn"), GRAD_CASES)
 def test_broken_gradient_is_rejected(convention, fn):
     with pytest.raises(gmm_ref.Mismatch) as info:
-        check_kernel(fn, convention=convention, modes=["grad"], profile="ci")
+        check_kernel(fn, convention=convention, modes=["grad"], profile="gmm-ci")
     message = str(info.value)
     assert "d/drhs" in message.splitlines()[0]
     assert "Wrong groups:" in message and "group " in message.split("Wrong groups:")[1]
@@ -48,6 +48,6 @@ def test_broken_gradient_is_rejected(convention, fn):
 
 def test_forward_of_the_broken_gradient_kernel_passes():
     (fn,) = BROKEN_GRADIENTS["ragged_dot"]
-    report = check_kernel(fn, convention="ragged_dot", modes=["exact", "normal"], profile="ci")
+    report = check_kernel(fn, convention="ragged_dot", modes=["exact", "normal"], profile="gmm-ci")
     assert {m: r.status for m, r in report.by_check().items()} == {"exact": Status.PASSED, "normal": Status.PASSED}
     assert report.ok and report.count(Status.PASSED) == 2 and not report.failures

@@ -1,7 +1,8 @@
-"""The pytest plugin: profiles selectable from the command line, ci by default, bad options refused."""
+"""The pytest plugin: opt-in, profiles of its own selectable from the command line, bad options refused."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -13,24 +14,54 @@ from hypothesis import settings
 def test_profile():
     print("PROFILE", settings().max_examples, settings().derandomize)
 '''
+USER_CI = '''
+from hypothesis import settings
+
+settings.register_profile("ci", max_examples=7, derandomize=False)
+settings.load_profile("ci")
+'''
 
 
-def _run(tmp_path, *args):
+def _run(tmp_path, *args, conftest=None, env=None):
     (tmp_path / "test_probe.py").write_text(PROBE)
+    if conftest is not None:
+        (tmp_path / "conftest.py").write_text(conftest)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist",
                            str(tmp_path / "test_probe.py"), *args],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, **(env or {})})
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    ((), "PROFILE 50 True"),
-    (("--hypothesis-profile=dev",), "PROFILE 15 False"),
-    (("--hypothesis-profile=thorough",), "PROFILE 400 False"),
+    (("--hypothesis-profile=gmm-ci",), "PROFILE 50 True"),
+    (("--hypothesis-profile=gmm-dev",), "PROFILE 15 False"),
+    (("--hypothesis-profile=gmm-thorough",), "PROFILE 400 False"),
+    (("--gmm-kernel=jax.ragged_dot",), "deselected"),  # in use: only the kernel checks run
 ])
 def test_profiles_are_selectable(tmp_path, args, expected):
     proc = _run(tmp_path, *args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode in (0, 5), proc.stdout + proc.stderr
     assert expected in proc.stdout
+
+
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_installing_the_plugin_changes_nothing_for_a_run_that_does_not_use_it(tmp_path, ci):
+    env = {"CI": ci} if ci else {}
+    without = _run(tmp_path, "-p", "no:gmm_harness", env=env)
+    with_it = _run(tmp_path, env=env)
+    assert with_it.returncode == without.returncode == 0, with_it.stdout + with_it.stderr
+    profile = [line for line in with_it.stdout.splitlines() if line.startswith("PROFILE")]
+    assert profile == [line for line in without.stdout.splitlines() if line.startswith("PROFILE")]
+    assert "gmm kernel" not in _run(tmp_path, "-v", env=env).stdout  # no header
+    # a project's own profile named ci survives
+    own = _run(tmp_path, conftest=USER_CI, env=env)
+    assert "PROFILE 7 False" in own.stdout, own.stdout + own.stderr
+
+
+def test_a_project_opts_in_with_its_configuration(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\ngmm_harness = true\n")
+    proc = _run(tmp_path, "-v")  # (-q hides the header)
+    assert "PROFILE 50 True" in proc.stdout and "gmm kernel jax.ragged_dot (ragged_dot)" in proc.stdout
 
 
 def test_bad_tiling_is_a_usage_error(tmp_path):
