@@ -72,12 +72,13 @@ class Numerics:
 
     @classmethod
     def default_for(cls, lhs_dtype: Any, rhs_dtype: Any, out_dtype: Any) -> Numerics:
-        """Exact products, accumulation in the widest of float32, inputs and output."""
+        """The one default (docs/numerics.md): exact products, accumulation in the widest of
+        float32, the inputs and the output (int32 for integers), subnormals possibly flushed."""
         dts = [np.dtype(lhs_dtype), np.dtype(rhs_dtype), np.dtype(out_dtype)]
         if all(_dt.is_integer(d) for d in dts):
-            return cls(multiply=None, accumulate=np.int32)
+            return cls(multiply=None, accumulate=np.int32, flush_subnormals=True)
         wide = np.float64 if np.dtype(np.float64) in dts else np.float32
-        return cls(multiply=None, accumulate=wide)
+        return cls(multiply=None, accumulate=wide, flush_subnormals=True)
 
     def u_in(self, *input_dtypes: Any) -> float:
         if self.multiply is None:

@@ -172,8 +172,6 @@ def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling
         raise InvalidArgument(f"existing_out=True, but convention={convention!r} takes no existing output")
     shp = _shapes(shapes, resolve(draw, shapes), rules, convention, fams, pairs, t)
     mb = resolve(draw, max_buckets)
-    if mb == "auto":
-        mb = None if convention is None else 8
     if mb is not None:
         mb = check_int("max_buckets", mb, minimum=1)
     return Config(convention, rules, fams, pairs, t, given_t, counts, lo, hi, me, mbd, sh, ms, ex, shp, mb)

@@ -20,9 +20,6 @@ from property_tests.strategies.values import VALUE_KINDS, few, fill, poison, unu
 
 __all__ = ["problems"]
 
-_VALUE_ALIASES = {"integers": "exact", "poison": "poisoned"}
-
-
 def problems(
     *,
     convention: str | None = None,
@@ -41,7 +38,7 @@ def problems(
     all_empty: bool = False,
     vary_out_dtype: bool | None = None,
     shapes: Sequence[tuple[int, int, int]] | None = None,
-    max_buckets: int | str | None = "auto",
+    max_buckets: int | None = 8,
 ) -> SearchStrategy[gmm_ref.Problem]:
     """:class:`gmm_ref.Problem` instances that ``convention``'s real kernel takes.
 
@@ -55,8 +52,8 @@ def problems(
 
     Static parameters (family, layout, batch shape, ``(M, K, N)``, G, shard
     count, dtypes, whether ``existing_out`` is passed) come from at most
-    ``max_buckets`` fixed signatures per strategy (``None``: drawn freely;
-    the default ``"auto"`` is 8 with a convention, free without one);
+    ``max_buckets`` fixed signatures per strategy (``None``: drawn freely,
+    as reference-only tests that compile nothing may prefer);
     extents sit around the edges of ``tiling`` (multiples, +-1, below one
     tile) unless ``shapes`` lists them. Group sizes (see :func:`group_sizes`),
     the shard offset and values vary freely. ``dtypes`` lists input dtypes or
@@ -115,7 +112,6 @@ class _Drawer:
             return self.memo["kinds"]
         kinds = resolve(draw, self.values)
         kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-        kinds = tuple(_VALUE_ALIASES.get(v, v) for v in kinds)
         if not kinds or any(v not in VALUE_KINDS for v in kinds):
             raise InvalidArgument(f"values={self.values!r}, but each must be one of {VALUE_KINDS}")
         if not isinstance(self.values, SearchStrategy):

@@ -190,11 +190,12 @@ def _flush_problem():
     return gmm_ref.Problem("ragged_m", lhs, rhs, np.array([1]), out_dtype=np.float32)
 
 
-def test_flushed_subnormal_input_passes_only_when_declared():
+def test_flushed_subnormal_input_passes_only_when_flushing_is_allowed():
     p = _flush_problem()
     flushed = np.zeros((1, 1), np.float32)  # XLA on CPU gives this
-    assert not gmm_ref.check(flushed, p).ok
+    assert not gmm_ref.check(flushed, p, numerics=gmm_ref.Numerics(flush_subnormals=False)).ok
     assert gmm_ref.check(flushed, p, numerics=gmm_ref.Numerics(flush_subnormals=True)).ok
+    assert gmm_ref.check(flushed, p).ok  # the one default allows it, as XLA, GPUs and TPUs do (docs/numerics.md)
 
 
 def test_flush_declaration_still_catches_a_wrong_value():
