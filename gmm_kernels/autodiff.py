@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from gmm_kernels.convert import jax_x64, to_framework, to_torch, uses_64bit
+from gmm_ref import Mismatch
 from gmm_ref.conventions import Convention
 from gmm_ref.dtypes import as_numpy
 
@@ -29,6 +30,14 @@ def vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs: dic
     if convention.framework == "torch":
         return _torch_vjp(fn, args, kwargs, cotangent, name)
     return _jax_vjp(fn, convention, args, kwargs, cotangent, name)
+
+
+def _same_shape(out: Any, cotangent: Any, name: str) -> None:
+    """The backward pass needs the forward output in the cotangent's shape: a Mismatch if it is not."""
+    shape = tuple(getattr(out, "shape", ()))
+    if shape != tuple(np.shape(cotangent)):
+        raise Mismatch(f"kernel {name} (forward, before its backward pass)\nshape/dtype mismatch: ACTUAL {shape} "
+                       f"{getattr(out, 'dtype', '?')}, DESIRED {tuple(np.shape(cotangent))}", kind="shape")
 
 
 def _jax_vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs: dict, cotangent: Any,
@@ -48,6 +57,7 @@ def _jax_vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs
         primals = (a[0], a[1]) + ((existing,) if existing is not None else ())
         try:
             out, pullback = jax.vjp(f, *primals)
+            _same_shape(out, cotangent, name)
             cts = pullback(jnp.asarray(np.asarray(cotangent)).astype(out.dtype))
         except (NotImplementedError, jax.errors.TracerArrayConversionError,
                 jax.errors.ConcretizationTypeError) as exc:  # not differentiable with jax
@@ -61,6 +71,7 @@ def _torch_vjp(fn: Callable[..., Any], args: tuple, kwargs: dict, cotangent: Any
     a, kw = to_framework("torch", args, kwargs)
     lhs, rhs = (t.detach().clone().requires_grad_(True) for t in a[:2])
     out = fn(lhs, rhs, *a[2:], **kw)
+    _same_shape(out, cotangent, name)
     if not getattr(out, "requires_grad", False):
         raise NotImplementedError(f"{name}: its output carries no autograd graph")
     try:

@@ -17,7 +17,7 @@ The base class does everything adapters share, from declarations:
 
 A subclass states only what is its own: ``name``, ``convention``, how to call
 the kernel (:meth:`~KernelAdapter.call`), a tiling or interpret mode, extra
-refusals, and ``known_issues`` (mode -> the upstream bug, with its repro).
+refusals, and ``known_issues`` (the upstream bugs, with their repro and versions).
 Nothing here imports jax or torch; subclasses import them lazily.
 """
 
@@ -33,6 +33,7 @@ import numpy as np
 
 from gmm_kernels import autodiff, inputs
 from gmm_kernels.known_issues import xla_nan_leak_issues
+from gmm_kernels.scope import KnownIssue, Scope
 from gmm_ref import Numerics, Problem, conventions
 from gmm_ref.dtypes import as_numpy
 
@@ -107,17 +108,37 @@ class KernelAdapter:
     deterministic: ClassVar[bool] = True
     #: a per-mode example budget for slow kernels (None: the profile's)
     max_examples: ClassVar[int | None] = None
-    #: mode -> the upstream bug that makes the kernel fail that mode (strict xfail, "known bug" cell)
-    known_issues: ClassVar[dict[str, str]] = {}
+    #: upstream bugs that make the kernel fail some modes, with the versions they are known on
+    #: (strict xfail in the suite, "known bug" cell in the main job, where they apply)
+    known_issues: ClassVar[tuple[KnownIssue, ...]] = ()
     #: input ("lhs", "rhs", "existing_out") -> the upstream bug in its gradient
-    known_gradient_issues: ClassVar[dict[str, str]] = {}
+    known_gradient_issues: ClassVar[dict[str, KnownIssue]] = {}
     tiling: tuple[int, int, int] | None = None
+    #: what the kernel declares it supports within its convention (None: all of it)
+    scope: Scope | None = None
+    #: the spec it was resolved from (a built-in name or pkg.module:obj), for reproducers
+    origin: str | None = None
 
     # ------------------------------------------------------------- capability
     @property
     def spec(self) -> conventions.Convention:
         """The :class:`gmm_ref.conventions.Convention` this kernel is called in."""
         return conventions.get(self.convention)
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The families the kernel is checked in: its convention's, narrowed by its scope."""
+        return self.spec.families if self.scope is None else self.scope.families_in(self.spec)
+
+    def known_issue(self, mode: str) -> str | None:
+        """The upstream bug that makes the kernel fail ``mode`` here, if one is declared and applies."""
+        declared = (*self.known_issues, *(self.scope.known_issues if self.scope is not None else ()))
+        return next((k.describe() for k in declared if mode in k.modes and k.applies()), None)
+
+    def known_gradient_issue(self, wrt: str) -> str | None:
+        """The upstream bug in the gradient w.r.t. ``wrt``, if one is declared and applies here."""
+        issue = self.known_gradient_issues.get(wrt)
+        return issue.describe() if issue is not None and issue.applies() else None
 
     def available(self) -> str | None:
         """None when the kernel can run here, else the reason it cannot."""
@@ -129,6 +150,7 @@ class KernelAdapter:
             return f"{self.name} takes the {self.convention!r} convention, not {problem.convention!r}"
         return (self.spec.refusal(problem)
                 or self.dtype_refusal(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
+                or (self.scope.refusal(problem) if self.scope is not None else None)
                 or self._refusal(problem))
 
     def dtype_refusal(self, lhs: Any, rhs: Any, out: Any) -> str | None:
@@ -149,6 +171,8 @@ class KernelAdapter:
 
     def numerics_for(self, problem: Problem) -> Numerics:
         """The arithmetic the kernel does for ``problem`` (bounds are derived from it)."""
+        if self.scope is not None and self.scope.numerics is not None:
+            return self.scope.numerics
         base = Numerics.default_for(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
         numerics = dataclasses.replace(base, flush_subnormals=self.flush_subnormals)
         return on_accelerator(numerics, problem) if self.default_precision else numerics
@@ -158,11 +182,12 @@ class KernelAdapter:
         problems the kernel takes: its dtype pairs among the convention's, plus
         :meth:`_strategy_options` (shapes, group counts, ...)."""
         opts = dict(self._strategy_options())
-        pairs = self.spec.dtype_pairs
+        declared = self.scope.strategy_options(self.spec) if self.scope is not None else {}
+        pairs = declared.pop("dtypes", self.spec.dtype_pairs)
         mine = tuple(pr for pr in pairs if self.dtype_refusal(pr[0], pr[0], pr[1]) is None)
-        if len(mine) < len(pairs):
+        if len(mine) < len(self.spec.dtype_pairs):
             opts.setdefault("dtypes", mine)
-        return opts
+        return {**opts, **declared}
 
     # ------------------------------------------------------------------ hooks
     def _unavailable(self) -> str | None:
@@ -196,6 +221,11 @@ class KernelAdapter:
             observer(self, problem)
         yield given
         inputs.modified(self.name, self.spec, pristine, given)
+
+    def primitives(self, problem: Problem) -> frozenset[str]:
+        """The jax primitives the kernel calls on ``problem`` (to match failures with known upstream bugs);
+        empty where that cannot be told."""
+        return frozenset()
 
     def differentiable_fn(self) -> Any:
         """The kernel as a function of its convention's (jax or torch) arguments that
@@ -237,7 +267,7 @@ class VariantAdapter(KernelAdapter):
         self.name = f"{self.family}[{implementation}]"  # type: ignore[misc]
 
     @property
-    def known_issues(self) -> dict[str, str]:  # type: ignore[override]
+    def known_issues(self) -> tuple[KnownIssue, ...]:  # type: ignore[override]
         if self.implementation != "xla" or not self.xla_via:
-            return {}
+            return ()
         return xla_nan_leak_issues(self.xla_via)

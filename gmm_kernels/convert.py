@@ -140,3 +140,35 @@ def jax_x64(enable: bool) -> Any:
     import jax
 
     return jax.enable_x64(True)
+
+
+def _walk(jaxpr: Any, found: set[str]) -> None:
+    for eqn in jaxpr.eqns:
+        found.add(eqn.primitive.name)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr holds its Jaxpr
+                if hasattr(inner, "eqns"):
+                    _walk(inner, found)
+
+
+def jax_primitives(fn: Any, args: tuple, kwargs: dict) -> frozenset[str]:
+    """The jax primitives ``fn(*args, **kwargs)`` binds, sub-computations included (jax arguments are traced,
+    the rest is closed over); empty if it cannot be traced (a NumPy kernel, a host callback)."""
+    import jax
+
+    traced = [i for i, a in enumerate(args) if isinstance(a, jax.Array)]
+
+    def call(*xs: Any) -> Any:
+        full = list(args)
+        for i, x in zip(traced, xs, strict=True):
+            full[i] = x
+        return fn(*full, **kwargs)
+
+    try:
+        closed = jax.make_jaxpr(call)(*[args[i] for i in traced])
+    except Exception:  # noqa: BLE001 - a kernel that cannot be traced says nothing about its primitives
+        return frozenset()
+    found: set[str] = set()
+    _walk(closed.jaxpr, found)
+    return frozenset(found)

@@ -17,6 +17,7 @@ import numpy as np
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import jax_x64, lax_dimension_numbers, uses_64bit
 from gmm_kernels.known_issues import xla_nan_leak_issues
+from gmm_kernels.scope import KnownIssue
 from gmm_ref import Problem
 
 __all__ = ["JaxRaggedDot", "JaxRaggedDotGeneral"]
@@ -73,7 +74,7 @@ class _JaxLax(KernelAdapter):
     default_precision = True
 
     @property
-    def known_issues(self) -> dict[str, str]:  # type: ignore[override]
+    def known_issues(self) -> tuple[KnownIssue, ...]:  # type: ignore[override]
         return xla_nan_leak_issues()
 
 

@@ -19,6 +19,8 @@ import numpy as np
 
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import jax_group_offset
+from gmm_kernels.known_issues import MEGABLOX_EXISTING_OUT_GRAD
+from gmm_kernels.scope import KnownIssue
 from gmm_ref import Problem
 
 __all__ = ["MegabloxGmm", "MegabloxTgmm", "backend_module", "gmm_grads", "ops_module"]
@@ -71,12 +73,7 @@ class MegabloxGmm(_Megablox):
 
     name = "megablox.gmm"
     convention = "megablox.gmm"
-    known_gradient_issues: ClassVar[dict[str, str]] = {
-        "existing_out": (
-            "upstream bug, jax 0.10.2 jax/experimental/pallas/ops/tpu/megablox/ops.py _gmm_bwd returns "
-            "the whole cotangent as the gradient of existing_out, also for the rows gmm overwrote "
-            "(their true gradient is 0)"),
-    }
+    known_gradient_issues: ClassVar[dict[str, KnownIssue]] = {"existing_out": MEGABLOX_EXISTING_OUT_GRAD}
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
              tiling: Any = _DEFAULT_TILING, group_offset: Any = None, existing_out: Any = None,

@@ -15,6 +15,7 @@ from typing import Any
 
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.registry import registry
+from gmm_kernels.scope import Scope
 from gmm_kernels.user import wrap
 from gmm_ref import Numerics, as_tiling, conventions
 
@@ -48,18 +49,21 @@ def _adapter(obj: Any) -> KernelAdapter | None:
 
 def _from_callable(fn: Callable[..., Any], convention: str | None, name: str | None, numerics: Numerics | None,
                    option: str, convention_option: str, spec: str) -> KernelAdapter:
+    """A function as an adapter; a function decorated with ``gmm_kernels.declare`` brings its
+    convention and scope."""
     if not callable(fn):
         raise TypeError(f"{option} {spec!r}: expected a function or a KernelAdapter, got {type(fn).__name__}")
+    convention = convention or getattr(fn, "__gmm_convention__", None)
     if convention is None:
         raise ValueError(f"{convention_option}: required with {option} {spec!r}; expected one of "
                          f"{conventions.names()}")
-    return wrap(fn, convention, name=name, numerics=numerics)
+    return wrap(fn, convention, name=name, numerics=numerics, scope=getattr(fn, "__gmm_scope__", None))
 
 
 def resolve_kernel(spec: Any, *, convention: str | None = None, tiling: Any = None, numerics: Numerics | None = None,
-                   name: str | None = None, option: str = "--kernel", convention_option: str = "--convention"
-                   ) -> KernelAdapter:
-    """The adapter ``spec`` names; ``tiling`` (three ints or ``"TM,TK,TN"``) is set on it.
+                   name: str | None = None, scope: Scope | None = None, option: str = "--kernel",
+                   convention_option: str = "--convention") -> KernelAdapter:
+    """The adapter ``spec`` names; ``tiling`` (three ints or ``"TM,TK,TN"``) and ``scope`` are set on it.
 
     ``convention``, ``numerics`` and ``name`` apply to plain functions. Errors are
     ValueError / TypeError / ImportError naming ``option`` / ``convention_option``.
@@ -78,15 +82,24 @@ def resolve_kernel(spec: Any, *, convention: str | None = None, tiling: Any = No
             adapter = builtin[spec]
     elif adapter is None:
         adapter = _from_callable(spec, convention, name, numerics, option, convention_option, repr(spec))
+    if isinstance(spec, str):
+        adapter.origin = spec
     if tiling is not None:
         adapter.tiling = as_tiling(tiling, name=option.replace("kernel", "tiling"))
+    if scope is not None:
+        if not isinstance(scope, Scope):
+            raise TypeError(f"scope: expected a gmm_kernels.Scope, got {type(scope).__name__}")
+        adapter.scope = scope.bind(adapter.spec)
     return adapter
 
 
 def resolve_kernels(specs: Sequence[Any], *, convention: str | None = None, tiling: Any = None,
-                    option: str = "--kernel", convention_option: str = "--convention") -> list[KernelAdapter]:
+                    scope: Scope | None = None, numerics: Numerics | None = None, option: str = "--kernel",
+                    convention_option: str = "--convention") -> list[KernelAdapter]:
     """Adapters for ``specs``; every known adapter when ``specs`` is empty."""
     if not specs:
+        if scope is not None or numerics is not None:
+            raise ValueError(f"{option}: a declared scope or numerics needs the kernel(s) it applies to")
         return registry()
-    return [resolve_kernel(s, convention=convention, tiling=tiling, option=option,
+    return [resolve_kernel(s, convention=convention, tiling=tiling, scope=scope, numerics=numerics, option=option,
                            convention_option=convention_option) for s in specs]

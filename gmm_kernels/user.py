@@ -15,7 +15,8 @@ from typing import Any
 
 from gmm_kernels import inputs
 from gmm_kernels.base import KernelAdapter
-from gmm_kernels.convert import jax_x64, to_framework, uses_64bit
+from gmm_kernels.convert import jax_primitives, jax_x64, to_framework, uses_64bit
+from gmm_kernels.scope import Scope
 from gmm_ref import Numerics, Problem, conventions
 
 __all__ = ["FunctionAdapter", "wrap"]
@@ -33,12 +34,15 @@ class FunctionAdapter(KernelAdapter):
     flush_subnormals = True
 
     def __init__(self, fn: Callable[..., Any], convention: str, *, name: str | None = None,
-                 numerics: Numerics | None = None, deterministic: bool = True) -> None:
+                 numerics: Numerics | None = None, deterministic: bool = True, scope: Scope | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
         if numerics is not None and not isinstance(numerics, Numerics):
             raise TypeError(f"numerics: expected a gmm_ref.Numerics, got {type(numerics).__name__}")
+        if scope is not None and not isinstance(scope, Scope):
+            raise TypeError(f"scope: expected a gmm_kernels.Scope, got {type(scope).__name__}")
         self.convention = conventions.get(convention).name  # type: ignore[misc]
+        self.scope = None if scope is None else scope.bind(self.spec)
         self.fn = fn
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"  # type: ignore[misc]
         self.numerics = numerics
@@ -48,6 +52,15 @@ class FunctionAdapter(KernelAdapter):
     def numerics_for(self, problem: Problem) -> Numerics:
         """The declared numerics, else the lenient default (see the class docstring)."""
         return self.numerics if self.numerics is not None else super().numerics_for(problem)
+
+    def primitives(self, problem: Problem) -> frozenset[str]:
+        """For a jax kernel, the primitives its jaxpr binds on ``problem``'s arguments."""
+        if self.spec.framework != "jax":
+            return frozenset()
+        args, kwargs = self.spec.arguments(self._own(problem))
+        with jax_x64(uses_64bit(*args, *kwargs.values())):
+            a, kw = to_framework("jax", args, kwargs)
+            return jax_primitives(self.fn, a, kw)
 
     def differentiable_fn(self) -> Any:
         return self.fn
@@ -65,5 +78,5 @@ class FunctionAdapter(KernelAdapter):
 
 
 def wrap(fn: Callable[..., Any], convention: str, **options: Any) -> FunctionAdapter:
-    """``fn`` as an adapter for ``convention`` (options: name, numerics, deterministic)."""
+    """``fn`` as an adapter for ``convention`` (options: name, numerics, deterministic, scope)."""
     return FunctionAdapter(fn, convention, **options)

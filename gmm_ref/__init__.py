@@ -10,7 +10,7 @@ the repository's docs/ (semantics.md, conventions.md, numerics.md).
 """
 
 from gmm_ref import conventions
-from gmm_ref.compare import Comparison, Mismatch, assert_matches_reference, check
+from gmm_ref.compare import Comparison, Mismatch, assert_deterministic, assert_matches_reference, check
 from gmm_ref.conventions import arguments, problem_from_arguments
 from gmm_ref.conventions.megablox import gmm, tgmm
 from gmm_ref.conventions.ragged_dot import RaggedDotDimensionNumbers, ragged_dot, ragged_dot_general
@@ -21,7 +21,7 @@ from gmm_ref.exact import Reference, reference
 from gmm_ref.gradients import Gradients, gradients
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import FAMILIES, Problem, as_tiling
-from gmm_ref.repro import reproducer
+from gmm_ref.repro import load_array, load_problem, reproducer, save_problem
 
 __all__ = [
     "FAMILIES",
@@ -35,18 +35,22 @@ __all__ = [
     "arguments",
     "as_numpy",
     "as_tiling",
+    "assert_deterministic",
     "assert_matches_reference",
     "check",
     "conventions",
     "gmm",
     "gradients",
     "grouped_mm",
+    "load_array",
+    "load_problem",
     "problem_from_arguments",
     "ragged_dot",
     "ragged_dot_general",
     "reference",
     "reproducer",
     "round_to",
+    "save_problem",
     "te_grouped_gemm",
     "tgmm",
     "unit_roundoff",

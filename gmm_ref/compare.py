@@ -17,9 +17,10 @@ from gmm_ref import dtypes as _dt
 from gmm_ref.exact import Reference, reference
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import Problem
-from gmm_ref.repro import reproducer
+from gmm_ref.repro import fenced, reproducer
 
-__all__ = ["Comparison", "Mismatch", "assert_matches_reference", "check", "group_of", "group_span", "groups_of"]
+__all__ = ["REPRODUCE", "Comparison", "Mismatch", "assert_deterministic", "assert_matches_reference", "check",
+           "group_of", "group_span", "groups_of"]
 
 DEFAULT_TILE = (128, 128, 128)
 MAX_LISTED = 8
@@ -61,6 +62,10 @@ class Mismatch(AssertionError):
     @property
     def kind(self) -> str:
         return self.comparison.kind
+
+
+#: the first line of the note that carries a reproducer
+REPRODUCE = "Reproduce with:\n"
 
 
 # ------------------------------------------------------------------------ groups
@@ -265,5 +270,18 @@ def assert_matches_reference(actual: Any, problem_or_expected: Problem | Referen
     out = check(actual, ref, numerics=numerics, kernel=kernel)
     if not out.ok:
         exc = Mismatch(out.message, comparison=out)
-        exc.add_note("Reproduce with:\n" + reproducer(ref.problem))
+        exc.add_note(REPRODUCE + fenced(reproducer(ref.problem, numerics=numerics)))
         raise exc
+
+
+def assert_deterministic(first: Any, second: Any, problem_or_expected: Problem | Reference, *,
+                         kernel: str | None = None) -> None:
+    """Raise :class:`Mismatch` (kind ``"determinism"``) unless two outputs of the same problem agree bit for
+    bit wherever the output is defined."""
+    __tracebackhide__ = True
+    ref = _as_reference(problem_or_expected)
+    a, b = _dt.as_numpy(first), _dt.as_numpy(second)
+    if a.shape != b.shape or a.dtype != b.dtype or not np.array_equal(
+            a[ref.mask].view(np.uint8), b[ref.mask].view(np.uint8)):
+        raise Mismatch(f"kernel {kernel or '?'} is declared deterministic but two runs of "
+                       f"{ref.problem.describe()} differ bit-wise", kind="determinism")

@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import InvalidArgument
 
 import gmm_ref
-from gmm_kernels import KernelAdapter, Report, Result, Status, resolve_kernel
+from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
+from property_tests import failures
 from property_tests.modes import MODES, Mode, Unsupported, mode_of, mode_strategy
 from property_tests.profiles import PROFILES
 from property_tests.profiles import profile as profile_settings
@@ -34,17 +35,19 @@ def _settings(max_examples: int | None, profile: str | None, cap: int | None, se
         max_examples=min(n, cap) if cap is not None else n,
         deadline=None,
         derandomize=base.derandomize if seed is None else False,
+        phases=[p for p in base.phases if p is not Phase.explain],  # it explains our property, not the kernel
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
     )
 
 
-def _run_setting(profile: str | None, seed: int | None) -> str:
+def _run_setting(profile: str | None, seed: int | None, max_examples: int | None = None) -> str:
     """How the examples were chosen, for the verdict: a seed, or a profile (and whether derandomized)."""
-    if seed is not None:
-        return f"seed={seed}"
     base = profile_settings(profile)
+    n = max_examples if max_examples is not None else base.max_examples
+    if seed is not None:
+        return f"seed={seed} ({n} examples)"
     name = profile or "settings in force"
-    return f"{name} profile ({'derandomized' if base.derandomize else 'random'}, {base.max_examples} examples)"
+    return f"{name} profile ({'derandomized' if base.derandomize else 'random'}, {n} examples)"
 
 
 def cotangent_for(problem: gmm_ref.Problem) -> np.ndarray:
@@ -58,36 +61,49 @@ def _check_gradients(adapter: KernelAdapter, problem: gmm_ref.Problem) -> None:
     """Compare ``adapter.vjp`` with gmm_ref's exact gradients (each its own problem and bound)."""
     __tracebackhide__ = True
     cot = cotangent_for(problem)
-    got = adapter.vjp(problem, cot)  # NotImplementedError: this kernel has no gradient
+    try:
+        got = adapter.vjp(problem, cot)  # NotImplementedError: this kernel has no gradient
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        failures.attach(exc, problem=problem, numerics=adapter.numerics_for(problem), wrt="lhs", cotangent=cot)
+        raise
     want = gmm_ref.gradients(problem, cot)
     for wrt, value in got.items():
-        if wrt in adapter.known_gradient_issues:  # a declared upstream bug, pinned by its own strict-xfail test
+        if adapter.known_gradient_issue(wrt):  # a declared upstream bug, pinned by its own strict-xfail test
             continue
         gp = want[wrt]
-        gmm_ref.assert_matches_reference(value, gp, numerics=adapter.numerics_for(gp),
-                                         kernel=f"{adapter.name} d/d{wrt}")
+        numerics = adapter.numerics_for(gp)
+        try:
+            gmm_ref.assert_matches_reference(value, gp, numerics=numerics, kernel=f"{adapter.name} d/d{wrt}")
+        except gmm_ref.Mismatch as exc:
+            failures.attach(exc, problem=problem, numerics=numerics, wrt=wrt, cotangent=cot)
+            raise
 
 
 def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode) -> None:
     __tracebackhide__ = True
     ref = gmm_ref.reference(problem)  # from the harness's own read-only problem, before the kernel runs
-    out = adapter.run(problem)
-    gmm_ref.assert_matches_reference(out, ref, numerics=adapter.numerics_for(problem), kernel=adapter.name)
-    if mode.name == "exact" and adapter.deterministic:
-        again = adapter.run(problem)
-        defined = ref.mask  # undefined elements may differ run to run
-        if not np.array_equal(out[defined].view(np.uint8), again[defined].view(np.uint8)):
-            raise gmm_ref.Mismatch(
-                f"kernel {adapter.name} is declared deterministic but two runs of "
-                f"{problem.describe()} differ bit-wise", kind="determinism")
+    numerics = adapter.numerics_for(problem)
+    try:
+        out = adapter.run(problem)
+        gmm_ref.assert_matches_reference(out, ref, numerics=numerics, kernel=adapter.name)
+        if mode.name == "exact" and adapter.deterministic:
+            gmm_ref.assert_deterministic(out, adapter.run(problem), ref, kernel=adapter.name)
+    except Exception as exc:
+        failures.attach(exc, problem=problem, numerics=numerics,
+                        determinism=getattr(exc, "kind", None) == "determinism")
+        raise
 
 
 def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_examples: int | None,
                   profile: str | None, seed: int | None = None) -> int:
-    """Run the mode's property; the number of examples checked. Raises the (shrunk) failure."""
+    """Run the mode's property; the number of examples checked. Raises the (shrunk) failure, or
+    :class:`failures.Repeated` when examples raised only an exception already reported for the kernel."""
     __tracebackhide__ = True
     checked = [0]
     declined: list[str] = []
+    repeated: list[tuple[str, BaseException]] = []
     try:
         strategy = mode_strategy(adapter, mode, family)
     except InvalidArgument as exc:  # the strategies cannot draw this mode for this convention
@@ -100,14 +116,22 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
         if reason is not None:
             declined.append(reason)
             return
-        if mode.name == "grad":
-            try:
+        try:
+            if mode.name == "grad":
                 _check_gradients(adapter, problem)
-            except NotImplementedError as exc:
-                declined.append(str(exc))
-                return
-        else:
-            _check_forward(adapter, problem, mode)
+            else:
+                _check_forward(adapter, problem, mode)
+        except NotImplementedError as exc:
+            if mode.name != "grad":
+                raise
+            declined.append(str(exc))
+            return
+        except Exception as exc:
+            where = failures.seen_before(adapter, exc)
+            if where is None:
+                raise
+            repeated.append((where, exc))  # reported once already: not shrunk again
+            return
         checked[0] += 1
 
     if seed is not None:
@@ -116,41 +140,15 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
         prop()
     except InvalidArgument as exc:  # the strategies cannot draw this mode for this convention
         raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
+    if repeated:
+        where, exc = repeated[0]
+        raise failures.Repeated(
+            f"raised again in {len(repeated)} of {len(repeated) + checked[0]} examples, as in {where} (reported "
+            f"there; not shrunk again): {failures.one_line(exc)}")
     if checked[0] == 0:
         reason = max(set(declined), key=declined.count) if declined else "no problem drawn"
         raise Unsupported(f"{adapter.name} declined every problem: {reason}")
     return checked[0]
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    group = getattr(exc, "exceptions", None)
-    if isinstance(group, (list, tuple)) and group and all(isinstance(e, BaseException) for e in group):
-        return [leaf for e in group for leaf in _leaves(e)]
-    return [exc]
-
-
-def _primary(exc: BaseException) -> BaseException:
-    """The one failure to report: Hypothesis raises a group when it found several distinct ones;
-    the first mismatch of the group then stands for it, with a note counting the others."""
-    leaves = _leaves(exc)
-    if len(leaves) == 1:
-        return leaves[0]
-    first = next((e for e in leaves if isinstance(e, gmm_ref.Mismatch)), leaves[0])
-    first.add_note(f"Hypothesis found {len(leaves)} distinct failures; this is one of them. The others:\n"
-                   + "\n".join(f"  - {_one_line(e)}" for e in leaves if e is not first))
-    return first
-
-
-def _one_line(exc: BaseException) -> str:
-    """The most telling line of a failure: the first wrong group, else the criterion, else the first line."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    pick = next((ln for ln in lines if ln.startswith(("group ", "tail "))), None)
-    if pick is None:
-        pick = next((ln for ln in lines if ln.startswith(("Not equal", "shape/dtype", "kernel "))),
-                    lines[0] if lines else "")
-    if not isinstance(exc, AssertionError):
-        pick = f"{type(exc).__name__}: {pick}"
-    return pick
 
 
 def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
@@ -160,22 +158,28 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     ``profile`` names a registered Hypothesis profile to run under (default: the
     settings in force); ``seed`` explores other examples than a derandomized
     profile's. A failure comes back as a ``FAILED`` result carrying the exception
-    (a ``gmm_ref.Mismatch`` after shrinking, or what the kernel raised), or
-    ``KNOWN_BUG`` when the adapter declares an upstream bug for this mode. The
-    result's ``setting`` names the profile or seed.
+    (a ``gmm_ref.Mismatch`` after shrinking, with a reproducer that calls the
+    kernel, or what the kernel raised), or ``KNOWN_BUG`` when the kernel declares
+    an upstream bug for this mode. The result's ``setting`` names the profile or seed.
     """
     mode = mode_of(mode)
     t0 = time.perf_counter()
-    common = dict(kernel=adapter.name, check=mode.name, family=family, setting=_run_setting(profile, seed))
+    common = dict(kernel=adapter.name, check=mode.name, family=family,
+                  setting=_run_setting(profile, seed, max_examples))
     try:
         n = _run_property(adapter, mode, family, max_examples, profile, seed)
     except Unsupported as exc:
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
     except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
-        exc = _primary(caught)
-        known = adapter.known_issues.get(mode.name)
-        status, detail = (Status.KNOWN_BUG, f"{known} (caught: {_one_line(exc)})") if known \
-            else (Status.FAILED, _one_line(exc))
+        exc, distinct = failures.primary(caught)
+        hints = failures.finish(exc, adapter, mode.name)
+        where = mode.name + (f" [{family}]" if family else "")
+        failures.record_raised(adapter, exc, where)
+        line = str(exc) if isinstance(exc, failures.Repeated) else failures.one_line(exc)
+        line += f" (+{distinct - 1} other distinct failure{'s' * (distinct > 2)})" if distinct > 1 else ""
+        line += "".join(f"; matches a known upstream bug of {h} (-v says which)" for h in hints)
+        known = adapter.known_issue(mode.name)
+        status, detail = (Status.KNOWN_BUG, f"{known} (caught: {line})") if known else (Status.FAILED, line)
         exc.add_note(f"Checked under the {common['setting']}.")
         return Result(status=status, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
     return Result(status=Status.PASSED, examples=n, seconds=time.perf_counter() - t0, **common)
@@ -190,6 +194,7 @@ def check_kernel(
     modes: Iterable[str] | None = None,
     numerics: gmm_ref.Numerics | None = None,
     name: str | None = None,
+    scope: Scope | None = None,
     profile: str | None = "gmm-ci",
     seed: int | None = None,
     raise_on_failure: bool = True,
@@ -202,15 +207,18 @@ def check_kernel(
     name, ``"pkg.module:fn"`` or a ``KernelAdapter``. With ``raise_on_failure``
     (the default) the first failing mode raises its exception (a
     :class:`gmm_ref.Mismatch` after shrinking); otherwise failures are results.
+    ``scope`` (a ``gmm_kernels.Scope``; a function decorated with ``gmm_kernels.declare`` brings
+    its own) says what the kernel supports: exactly that is checked.
     ``profile`` names a registered Hypothesis profile (``"gmm-ci"``, the default: derandomized,
     so the same verdict every run; ``"gmm-dev"``, ``"gmm-thorough"``; None: the settings in force);
     ``seed`` explores other examples. Every result names the profile or seed it ran under.
     """
     __tracebackhide__ = True
-    adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name,
+    adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name, scope=scope,
                              option="kernel", convention_option="convention")
     chosen = _modes(modes)
     _check_options(max_examples, profile, seed)
+    check_known_issue_modes(adapter, option="scope")
     why = adapter.available()
     if why:
         raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")
@@ -218,7 +226,7 @@ def check_kernel(
     for m in chosen:
         result = check_mode(adapter, m, max_examples=max_examples, profile=profile, seed=seed)
         if raise_on_failure and result.status is Status.FAILED:
-            result.raise_for_status()
+            failures.raise_failure(result)
         results.append(result)
     if all(r.status is Status.UNSUPPORTED for r in results):
         reasons = "; ".join(f"{r.check}: {r.detail}" for r in results)
@@ -236,6 +244,14 @@ def _modes(modes: Iterable[str] | None) -> list[str]:
     if not chosen:
         raise ValueError(f"modes: expected at least one of {sorted(MODES)}, got none")
     return chosen
+
+
+def check_known_issue_modes(adapter: KernelAdapter, *, option: str) -> None:
+    """ValueError naming ``option`` when the kernel's declared known issues name a mode that does not exist."""
+    declared = adapter.scope.known_issues if adapter.scope is not None else ()
+    bad = sorted({m for issue in declared for m in issue.modes if m not in MODES})
+    if bad:
+        raise ValueError(f"{option}: known_issues name the modes {bad}; expected some of {sorted(MODES)}")
 
 
 def _check_options(max_examples: Any, profile: Any, seed: Any) -> None:

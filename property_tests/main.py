@@ -181,6 +181,8 @@ def _run(args: argparse.Namespace, kernels: list[KernelAdapter], table: Table) -
 def main(argv: Sequence[str] | None = None) -> int:
     for name, value in _ENVIRON.items():  # 8 virtual CPU devices, set before anything imports jax
         os.environ.setdefault(name, value)
+    if not {"", os.getcwd()} & set(sys.path):  # as with python -m: --kernel mymodule:fn imports from here
+        sys.path.insert(0, os.getcwd())
     parser = _parser()
     args = parser.parse_args(argv)
     if args.convention is not None and not args.kernel:

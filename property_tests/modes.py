@@ -104,4 +104,6 @@ def mode_strategy(adapter: KernelAdapter, mode: Mode | str, family: str | None =
         kwargs["tiling"] = adapter.tiling
     if family is not None:
         kwargs["families"] = (family,)
+    elif adapter.families != adapter.spec.families:
+        kwargs["families"] = adapter.families
     return gst.problems(convention=adapter.convention, **kwargs)

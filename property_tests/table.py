@@ -28,7 +28,7 @@ def _short(text: str) -> str:
 
 def cells_of(kernel: KernelAdapter, *, goldens: bool) -> list[tuple[str, str | None, str]]:
     """Every ``(kernel, family, column)`` cell of a kernel, in table order (goldens: one per kernel)."""
-    cells: list[tuple[str, str | None, str]] = [(kernel.name, f, m) for f in kernel.spec.families for m in MODES]
+    cells: list[tuple[str, str | None, str]] = [(kernel.name, f, m) for f in kernel.families for m in MODES]
     return cells + ([(kernel.name, None, GOLDENS)] if goldens else [])
 
 

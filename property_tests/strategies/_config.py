@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -113,8 +114,21 @@ def _sharding(sh: bool | None, rules: Convention, convention: str | None, hi: in
         raise InvalidArgument("sharding=True, but families=('batch',) has no sharding")
 
 
+def _multiples(value: Any) -> tuple[tuple[str, int], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"multiple_of={value!r}, but it must be a mapping of axes ('m', 'k', 'n') to ints")
+    for axis, mult in value.items():
+        if axis not in ("m", "k", "n"):
+            raise InvalidArgument(f"multiple_of={dict(value)!r}, but {axis!r} is not an axis ('m', 'k', 'n')")
+        check_int(f"multiple_of[{axis!r}]", mult, minimum=1, maximum=MAX_EXTENT)
+    return tuple(sorted((str(a), int(m)) for a, m in value.items()))
+
+
 def _shapes(shapes: Any, shp: Any, rules: Convention, convention: str | None, fams: tuple[str, ...],
-            pairs: tuple, tiling: tuple[int, int, int]) -> tuple[tuple[int, int, int], ...] | None:
+            pairs: tuple, tiling: tuple[int, int, int], multiples: dict[str, int]
+            ) -> tuple[tuple[int, int, int], ...] | None:
     if shp is None:
         return None
     try:
@@ -127,7 +141,7 @@ def _shapes(shapes: Any, shp: Any, rules: Convention, convention: str | None, fa
         for f in fams:
             for i_dt, _ in pairs:
                 for i, axis in enumerate("mkn"):
-                    mult = rules.axis_multiple(axis, f, tiling, i_dt)
+                    mult = math.lcm(rules.axis_multiple(axis, f, tiling, i_dt), multiples.get(axis, 1))
                     if s[i] % mult:
                         raise InvalidArgument(
                             f"shapes={shapes!r}, but convention={convention!r} needs {axis.upper()} to be a "
@@ -138,7 +152,7 @@ def _shapes(shapes: Any, shp: Any, rules: Convention, convention: str | None, fa
 
 def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling: Any, min_groups: Any,
            max_groups: Any, max_extent: Any, max_batch_dims: Any, sharding: Any, max_shards: Any,
-           existing_out: Any, shapes: Any, max_buckets: Any, vary_out_dtype: Any) -> Config:
+           existing_out: Any, shapes: Any, max_buckets: Any, vary_out_dtype: Any, multiple_of: Any = None) -> Config:
     """The validated :class:`Config` of ``problems()``'s arguments (strategy arguments drawn in order)."""
     rules = rules_of(convention)
     fams = _families(families, rules, convention)
@@ -170,8 +184,9 @@ def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling
     ex = check_bool("existing_out", resolve(draw, existing_out), allow_none=True)
     if ex and rules.existing_policy is None:
         raise InvalidArgument(f"existing_out=True, but convention={convention!r} takes no existing output")
-    shp = _shapes(shapes, resolve(draw, shapes), rules, convention, fams, pairs, t)
+    multiples = _multiples(multiple_of)
+    shp = _shapes(shapes, resolve(draw, shapes), rules, convention, fams, pairs, t, dict(multiples))
     mb = resolve(draw, max_buckets)
     if mb is not None:
         mb = check_int("max_buckets", mb, minimum=1)
-    return Config(convention, rules, fams, pairs, t, given_t, counts, lo, hi, me, mbd, sh, ms, ex, shp, mb)
+    return Config(convention, rules, multiples, fams, pairs, t, given_t, counts, lo, hi, me, mbd, sh, ms, ex, shp, mb)

@@ -17,7 +17,7 @@ from gmm_ref.conventions import Convention
 from property_tests.strategies._common import BOOLEANS, integers, sampled
 from property_tests.strategies.extents import Extents, cached_extents, extent_candidates
 
-__all__ = ["MAX_ELEMENTS", "Config", "Static", "buckets", "draw_free_static"]
+__all__ = ["MAX_ELEMENTS", "Config", "Static", "axis_multiple", "buckets", "draw_free_static"]
 
 MAX_ELEMENTS = 1 << 20  # per buffer; keeps drawing fast
 
@@ -48,6 +48,7 @@ class Config:
 
     convention: str | None
     rules: Convention
+    multiples: tuple[tuple[str, int], ...]
     families: tuple[str, ...]
     dtype_pairs: tuple[tuple[np.dtype, np.dtype], ...]
     tiling: tuple[int, int, int]
@@ -64,10 +65,16 @@ class Config:
     max_buckets: int | None
 
 
+def axis_multiple(cfg: Config, axis: str, family: str, in_dtype: Any) -> int:
+    """What ``axis`` must be a multiple of: the convention's rule and the kernel's declared multiple."""
+    mult = cfg.rules.axis_multiple(axis, family, cfg.tiling, in_dtype)
+    return math.lcm(mult, dict(cfg.multiples).get(axis, 1))
+
+
 def _axis_candidates(cfg: Config, family: str, in_dtype: Any) -> list[list[int]]:
     out = []
     for i, axis in enumerate("mkn"):
-        mult = cfg.rules.axis_multiple(axis, family, cfg.tiling, in_dtype)
+        mult = axis_multiple(cfg, axis, family, in_dtype)
         cands = extent_candidates(cfg.tiling[i], 1, cfg.max_extent, mult)
         if not cands:
             raise InvalidArgument(
@@ -174,7 +181,7 @@ def _free_extents(cfg: Config, family: str, in_dtype: Any) -> tuple[Extents, ...
     """The M, K and N strategies for a family and input dtype, or why there are none."""
     out = []
     for i, axis in enumerate("mkn"):
-        mult = cfg.rules.axis_multiple(axis, family, cfg.tiling, in_dtype)
+        mult = axis_multiple(cfg, axis, family, in_dtype)
         if not extent_candidates(cfg.tiling[i], 1, cfg.max_extent, mult):
             return f"max_extent={cfg.max_extent}, but {axis.upper()} must be a multiple of {mult}"
         out.append(cached_extents(cfg.tiling[i], 1, cfg.max_extent, mult))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ def problems(
     vary_out_dtype: bool | None = None,
     shapes: Sequence[tuple[int, int, int]] | None = None,
     max_buckets: int | None = 8,
+    multiple_of: Mapping[str, int] | None = None,
 ) -> SearchStrategy[gmm_ref.Problem]:
     """:class:`gmm_ref.Problem` instances that ``convention``'s real kernel takes.
 
@@ -64,7 +65,8 @@ def problems(
     reads). ``sharding``/``existing_out``: True always, False never, None
     either (where the convention has them). ``allow_tail=None`` allows
     ``sum(sizes) <`` extent unless the convention needs full sums.
-    ``all_empty=True``: every group empty; where the sum must equal the
+    ``multiple_of`` (e.g. ``{"k": 32}``) adds a kernel's own multiple per axis
+    to its convention's. ``all_empty=True``: every group empty; where the sum must equal the
     extent (``allow_tail=False``), every group but one, which holds it all.
 
     Arguments are checked when the strategy is built (at draw time for those
@@ -76,7 +78,8 @@ def problems(
     seed 0 (all-ones operands).
     """
     config_args = (convention, families, dtypes, tiling, min_groups, max_groups, max_extent,
-                   max_batch_dims, sharding, max_shards, existing_out, shapes, max_buckets, vary_out_dtype)
+                   max_batch_dims, sharding, max_shards, existing_out, shapes, max_buckets, vary_out_dtype,
+                   multiple_of)
     drawer = _Drawer(config_args, values, check_bool("allow_tail", allow_tail, allow_none=True),
                      check_bool("all_empty", all_empty))
     if drawer.fixed:

@@ -277,3 +277,23 @@ def ragged_dot_weight_grad_misrouted(lhs, rhs, group_sizes, precision=None, pref
 
 
 BROKEN_GRADIENTS = {"ragged_dot": [ragged_dot_weight_grad_misrouted]}
+
+
+# ------------------------------------------------- for the reports' own tests
+def ragged_dot_always_raises(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Raises the same exception on every input (an unsupported-argument check gone wrong)."""
+    raise TypeError("always_raises: unsupported argument combination")
+
+
+def ragged_dot_one_row_short(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Returns one output row too few (a jax kernel, so that its gradient can be asked for too)."""
+    from jax import lax
+
+    return lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=preferred_element_type)[:-1]
+
+
+def ragged_dot_via_lax(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """A user kernel that calls lax.ragged_dot (and so inherits its upstream bugs on this backend)."""
+    from jax import lax
+
+    return lax.ragged_dot(lhs, rhs, group_sizes, precision=precision, preferred_element_type=preferred_element_type)

@@ -165,7 +165,9 @@ def test_reproducer_rebuilds_the_same_problem(big):
     out[3, 0] += 1
     _, note = _message(out, p)
     ns: dict = {}
-    exec(note.split("Reproduce with:\n", 1)[1], ns)
+    source = note.split("Reproduce with:\n", 1)[1]
+    assert source.startswith("```python\n") and source.endswith("\n```")
+    exec(source.removeprefix("```python\n").removesuffix("\n```"), ns)
     assert ns["problem"].describe() == p.describe()
 
 

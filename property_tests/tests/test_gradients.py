@@ -28,11 +28,7 @@ EXAMPLES = settings(max_examples=6, deadline=None)
 MEGABLOX = MegabloxGmm()
 RAGGED_DOT = JaxRaggedDot()
 
-MEGABLOX_EXISTING_OUT_BUG = (
-    "upstream bug, jax 0.10.2 jax/experimental/pallas/ops/tpu/megablox/ops.py _gmm_bwd: the custom VJP "
-    "returns the whole cotangent as the gradient of existing_out, also for the rows gmm overwrote "
-    "(their true gradient is 0)"
-)
+MEGABLOX_EXISTING_OUT_BUG = MEGABLOX.known_gradient_issue("existing_out")
 
 
 def _values(rng: np.random.Generator, shape, dtype, kind: str) -> np.ndarray:
@@ -103,7 +99,8 @@ def test_megablox_vjp_lhs_rhs_with_existing_out():
     prop()
 
 
-@pytest.mark.xfail(strict=True, raises=gmm_ref.Mismatch, reason=MEGABLOX_EXISTING_OUT_BUG)
+@pytest.mark.xfail(MEGABLOX_EXISTING_OUT_BUG is not None, strict=True, raises=gmm_ref.Mismatch,
+                   reason=MEGABLOX_EXISTING_OUT_BUG or "")
 def test_megablox_vjp_existing_out():
     @EXAMPLES
     @given(pc=problems_and_cotangents(convention="megablox.gmm", shards=2, existing=True))

@@ -76,6 +76,6 @@ def test_check_kernel_gives_the_same_verdict_every_run_and_names_it():
     runs = [check_kernel(_np_ragged_dot, convention="ragged_dot", modes=["exact", "normal"], max_examples=10)
             for _ in range(2)]
     assert [(r.status, r.examples) for r in runs[0]] == [(r.status, r.examples) for r in runs[1]]
-    assert all(r.setting == "gmm-ci profile (derandomized, 50 examples)" for r in runs[0])
+    assert all(r.setting == "gmm-ci profile (derandomized, 10 examples)" for r in runs[0])
     seeded = check_kernel(_np_ragged_dot, convention="ragged_dot", modes=["exact"], max_examples=10, seed=1234)
-    assert seeded.results[0].status is Status.PASSED and seeded.results[0].setting == "seed=1234"
+    assert seeded.results[0].status is Status.PASSED and seeded.results[0].setting == "seed=1234 (10 examples)"

@@ -1,0 +1,85 @@
+"""Reproducers that call the kernel: a script that imports it by its import path, rebuilds the
+failing problem (literals, or an ``.npz`` beside the report), calls it with the same arguments and
+checks it under the same numerics, so that running the script raises the same report.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import numpy as np
+
+from gmm_kernels.base import KernelAdapter
+from gmm_kernels.registry import names as builtin_names
+from gmm_kernels.resolve import load_object
+from gmm_kernels.user import FunctionAdapter
+from gmm_ref import Numerics, Problem
+from gmm_ref.repro import numerics_source, problem_source
+
+__all__ = ["kernel_reproducer", "locate"]
+
+
+def _importable(spec: str, obj: Any) -> bool:
+    try:
+        return load_object(spec) is obj
+    except Exception:  # noqa: BLE001 - anything that stops the import means "not by this path"
+        return False
+
+
+def locate(adapter: KernelAdapter) -> str | None:
+    """The spec ``gmm_kernels.resolve_kernel`` rebuilds ``adapter`` from in a fresh process: the one it
+    was resolved from, a built-in name, or the import path of its function or class; None if none."""
+    if adapter.origin is not None:
+        return adapter.origin
+    if isinstance(adapter, FunctionAdapter):
+        fn = adapter.fn
+        spec = f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', '')}"
+        return spec if "<" not in spec and not spec.startswith("__main__") and _importable(spec, fn) else None
+    if adapter.name in builtin_names():
+        return adapter.name
+    cls = type(adapter)
+    spec = f"{cls.__module__}:{cls.__qualname__}"
+    no_arguments = all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                       for p in inspect.signature(cls).parameters.values())
+    return spec if no_arguments and _importable(spec, cls) else None
+
+
+def _kernel_lines(adapter: KernelAdapter) -> list[str]:
+    spec = locate(adapter)
+    options = ""
+    if isinstance(adapter, FunctionAdapter):
+        options += f", convention={adapter.convention!r}"
+    if adapter.tiling is not None:
+        options += f", tiling={tuple(adapter.tiling)!r}"
+    if spec is None:
+        return [f"# {adapter.name} cannot be imported by path (defined in __main__ or inside a function):",
+                "# put your kernel function in place of YOUR_KERNEL",
+                f"kernel = gmm_kernels.resolve_kernel(YOUR_KERNEL{options})"]
+    return [f"kernel = gmm_kernels.resolve_kernel({spec!r}{options})  # imports it"]
+
+
+def kernel_reproducer(adapter: KernelAdapter, problem: Problem, *, numerics: Numerics, wrt: str | None = None,
+                      cotangent: np.ndarray | None = None, determinism: bool = False,
+                      directory: str | os.PathLike[str] | None = None) -> str:
+    """The script for a failure of ``adapter`` on ``problem``: its forward output (``determinism``: two runs
+    compared bit for bit), or with ``wrt`` and ``cotangent`` its gradient w.r.t. ``wrt``."""
+    extra = {"cotangent": cotangent} if wrt is not None and cotangent is not None else {}
+    imports, lines = problem_source(problem, extra=extra, directory=directory)
+    imports = [*imports, "import gmm_kernels"]
+    head = [f"# gmm-harness reproducer: {adapter.name} ({adapter.convention}); running it raises the same report"]
+    lines += _kernel_lines(adapter)
+    lines.append(f"numerics = {numerics_source(numerics)}")
+    label = adapter.name if wrt is None else f"{adapter.name} d/d{wrt}"
+    call = f"calls the kernel with {adapter.convention}'s arguments, gmm_ref.arguments(problem)"
+    if wrt is None:
+        lines += [f"out = kernel.run(problem)  # {call}",
+                  f"gmm_ref.assert_matches_reference(out, problem, numerics=numerics, kernel={label!r})"]
+        if determinism:
+            lines.append(f"gmm_ref.assert_deterministic(out, kernel.run(problem), problem, kernel={label!r})")
+    else:
+        lines += [f"grads = kernel.vjp(problem, cotangent)  # the kernel's backward: {call}, then this cotangent",
+                  f"want = gmm_ref.gradients(problem, cotangent)[{wrt!r}]  # d/d{wrt} as a problem of its own",
+                  f"gmm_ref.assert_matches_reference(grads[{wrt!r}], want, numerics=numerics, kernel={label!r})"]
+    return "\n".join([*head, *imports, *lines])

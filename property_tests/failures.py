@@ -1,0 +1,139 @@
+"""What a failing check reports: one failure (a count of the others), its one line, a reproducer that
+calls the kernel, a pointer to a known upstream bug whose signature it matches, and the same
+exception reported once per kernel.
+
+``check_mode`` attaches a *recipe* to each failure as it happens (:func:`attach`: the problem, the
+numerics, the gradient) and, once Hypothesis has shrunk it, :func:`finish` turns the recipe of the
+failure it reports into a script. Hypothesis' notes about its own test function (which a caller of
+``check_kernel`` does not have) are dropped; its one-line falsifying example stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any
+
+import gmm_ref
+from gmm_kernels import KernelAdapter
+from gmm_kernels.known_issues import matching
+from gmm_kernels.repro import kernel_reproducer
+from gmm_ref.compare import REPRODUCE
+from gmm_ref.repro import fenced
+
+__all__ = ["Repeated", "attach", "finish", "one_line", "primary", "raise_failure", "record_raised", "seen_before"]
+
+_RECIPE = "_gmm_recipe"
+_REPORTED = "_gmm_reported_errors"
+#: Hypothesis notes that speak of its own test function, not of the kernel
+_HYPOTHESIS_NOISE = ("Explanation:", "These lines were always", "You can reproduce this test case by",
+                     "You can add @seed")
+
+
+class Repeated(Exception):
+    """The kernel raised the same exception as in a check already reported; ``str()`` says which."""
+
+
+def attach(exc: BaseException, **recipe: Any) -> None:
+    """Remember how to reproduce ``exc`` (problem, numerics, wrt, cotangent, determinism); the first
+    recipe attached wins (the most specific one is attached closest to the failure)."""
+    if getattr(exc, _RECIPE, None) is None:
+        # an exception type with __slots__ takes no recipe: its report stays without a script
+        with contextlib.suppress(AttributeError):
+            setattr(exc, _RECIPE, recipe)
+
+
+# --------------------------------------------------------------- one failure
+def _leaves(exc: BaseException) -> list[BaseException]:
+    group = getattr(exc, "exceptions", None)
+    if isinstance(group, (list, tuple)) and group and all(isinstance(e, BaseException) for e in group):
+        return [leaf for e in group for leaf in _leaves(e)]
+    return [exc]
+
+
+def primary(exc: BaseException) -> tuple[BaseException, int]:
+    """(the failure to report, how many distinct failures Hypothesis found). Hypothesis raises a group
+    when it found several; the first mismatch of the group stands for it, with a note listing the others."""
+    leaves = _leaves(exc)
+    if len(leaves) == 1:
+        return leaves[0], 1
+    first = next((e for e in leaves if isinstance(e, gmm_ref.Mismatch)), leaves[0])
+    first.add_note(f"Hypothesis found {len(leaves)} distinct failures; this is one of them. The others:\n"
+                   + "\n".join(f"  - {one_line(e)}" for e in leaves if e is not first))
+    return first, len(leaves)
+
+
+def one_line(exc: BaseException) -> str:
+    """The most telling line of a failure: the gradient, then the first wrong group or tail, else the
+    criterion or shape line, else the first line; a kernel's own exception keeps its type."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    pick = next((ln for ln in lines if ln.startswith(("group ", "tail "))), None)
+    if pick is None:
+        pick = next((ln for ln in lines if ln.startswith(("shape/dtype", "Not equal", "non-finite"))),
+                    lines[0] if lines else "")
+    wrt = (getattr(exc, _RECIPE, None) or {}).get("wrt")
+    if isinstance(exc, gmm_ref.Mismatch) and wrt:
+        pick = f"d/d{wrt}: {pick}"
+    if not isinstance(exc, AssertionError):
+        pick = f"{type(exc).__name__}: {pick}"
+    return pick
+
+
+def raise_failure(result: Any) -> None:
+    """Raise a failed result's error as the documented ``gmm_ref.Mismatch`` (kind ``"raised"`` when the
+    kernel raised, chained to what it raised, with its notes); return if it did not fail."""
+    __tracebackhide__ = True
+    err = result.error
+    if result.ok or err is None:
+        return
+    if isinstance(err, gmm_ref.Mismatch):
+        raise err
+    exc = gmm_ref.Mismatch(f"kernel {result.kernel} / {result.check}: {result.detail}", kind="raised")
+    for note in getattr(err, "__notes__", []):
+        exc.add_note(note)
+    raise exc from err
+
+
+# --------------------------------------------------------------- the report
+def finish(exc: BaseException, adapter: KernelAdapter, mode: str) -> list[str]:
+    """Give ``exc`` its reproducer and drop notes that do not apply; the known upstream bugs (one line
+    each) whose signature the failure matches, also added as notes."""
+    recipe = getattr(exc, _RECIPE, None)
+    notes = [n for n in getattr(exc, "__notes__", []) if not n.lstrip().startswith(_HYPOTHESIS_NOISE)]
+    if recipe is not None:
+        notes = [n for n in notes if not n.startswith(REPRODUCE)]
+        try:
+            script = kernel_reproducer(adapter, **recipe)
+        except OSError as err:  # no writable place for the inputs: say so, keep the report
+            notes.append(f"No reproducer: {err}")
+        else:
+            notes.append(REPRODUCE + fenced(script))
+    hints = []
+    if recipe is not None:
+        for issue in matching(adapter, mode, exc, recipe["problem"]):
+            hints.append(issue.primitive)
+            notes.append(f"This failure matches a known upstream bug of jax's {issue.primitive} primitive, "
+                         f"which {adapter.name} calls: {issue.describe()}")
+    exc.__notes__ = notes
+    return hints
+
+
+# ------------------------------------------------------- the same exception
+def _signature(exc: BaseException) -> str:
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    return f"{type(exc).__qualname__}: {re.sub(r'[0-9]+', '#', first)}"
+
+
+def record_raised(adapter: KernelAdapter, exc: BaseException, where: str) -> None:
+    """The kernel raised ``exc`` (not a mismatch) in the check ``where``: later checks of the same kernel
+    skip the examples that raise it again (still checking the others) and say so in one line."""
+    if not isinstance(exc, (AssertionError, Repeated)):
+        vars(adapter).setdefault(_REPORTED, {}).setdefault(_signature(exc), (where, one_line(exc)))
+
+
+def seen_before(adapter: KernelAdapter, exc: BaseException) -> str | None:
+    """If ``exc`` is an exception the kernel already raised in a reported check, that check's name."""
+    if isinstance(exc, AssertionError):
+        return None
+    found = vars(adapter).get(_REPORTED, {}).get(_signature(exc))
+    return None if found is None else found[0]
