@@ -10,6 +10,7 @@ directory's manifest. docs/goldens.md documents the case format.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections import Counter
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import gmm_ref
-from gmm_kernels import load_object, resolve_kernel
+from gmm_kernels import Scope, load_object, resolve_kernel
+from gmm_kernels.scope import parse_numerics
 from golden.case import Case, GoldenError, select
 from golden.cases import CASES
 from golden.judge import check_goldens
@@ -80,8 +82,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                         help="a built-in kernel name (gmm_kernels.registry()) or 'pkg.module:function'")
         sp.add_argument("--convention", default=None, choices=gmm_ref.conventions.names(),
                         help="the calling convention of a 'pkg.module:function' kernel")
-        sp.add_argument("--multiply", default=None, help="declared multiply dtype of a function kernel")
-        sp.add_argument("--accumulate", default="float32", help="declared accumulator of a function kernel")
+        sp.add_argument("--numerics", default=None, metavar="SPEC",
+                        help="the kernel's arithmetic: accumulate=DTYPE[,multiply=DTYPE][,flush] "
+                             "(default: its adapter's, or docs/numerics.md's default for a function)")
         sp.add_argument("--kernel-version", default=None,
                         help="version recorded for the kernel (goldens match bit for bit only on the same one)")
 
@@ -103,10 +106,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def _kernel(args: argparse.Namespace) -> Any:
     if not args.kernel:
         return None
-    numerics = None
-    if ":" in args.kernel:
-        numerics = gmm_ref.Numerics(multiply=args.multiply, accumulate=args.accumulate)
-    kernel = resolve_kernel(args.kernel, convention=args.convention, numerics=numerics)
+    kernel = resolve_kernel(args.kernel, convention=args.convention)
+    numerics = parse_numerics(args.numerics)
+    if numerics is not None:
+        kernel.scope = dataclasses.replace(kernel.scope or Scope(), numerics=numerics)
     if args.kernel_version:
         kernel.version = args.kernel_version
     return kernel

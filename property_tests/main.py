@@ -28,11 +28,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gmm_kernels import KernelAdapter, resolve_kernels
+from gmm_kernels import KernelAdapter, Status, resolve_kernels
+from property_tests.checking import check_known_issue_modes
 from property_tests.modes import MODES
+from property_tests.options import SCOPE_OPTIONS, add_scope_options, apply_scope, scope_fields, split_list
 from property_tests.table import GOLDENS, Table, cells_of, render, run_cell
 
-__all__ = ["main"]
+__all__ = ["main", "resolve_request"]
 
 _ENVIRON = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
 
@@ -152,30 +154,107 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--kernel", action="append", default=[], help="built-in adapter name or pkg.module:fn (repeatable)")
     c.add_argument("--convention", default=None, action=_Once, help="convention of the pkg.module:fn kernels")
     c.add_argument("--tiling", default=None, action=_Once, help="TM,TK,TN")
+    c.add_argument("--modes", default=None, action=_Once, metavar="M,M",
+                   help=f"the modes to run (default: all of {', '.join(MODES)})")
     c.add_argument("--max-examples", type=_positive(int), default=8, help="examples per (kernel, family, mode)")
     c.add_argument("--seed", type=int, default=None,
                    help="explore with this seed (default: the derandomized gmm-ci profile)")
     c.add_argument("--timeout", type=_positive(float), default=900.0,
                    help="seconds one cell may run before the kernel is reported as hung (default 900)")
     c.add_argument("--in-process", action="store_true", help="run the kernels in this process (no isolation)")
-    c.add_argument("--no-goldens", action="store_true", help="skip the goldens column")
+    scope = c.add_argument_group("declared scope of the --kernel(s): exactly this is checked")
+    add_scope_options(lambda *a, **kw: scope.add_argument(*a, **kw, **({} if kw.get("action") else
+                                                                       {"action": _Once})))
+    goldens = c.add_argument_group("goldens")
+    goldens.add_argument("--no-goldens", action="store_true", help="skip the goldens column")
+    goldens.add_argument("--golden-dir", default=None, action=_Once,
+                         help="golden directory (default: this project's goldens, wherever it is installed)")
+    goldens.add_argument("--kernel-version", default=None, action=_Once,
+                         help="the --kernel's version: its own goldens must exist and match bit for bit")
+    c.add_argument("--json", default=None, action=_Once, metavar="FILE", help="also write the results as JSON")
     c.add_argument("-v", "--verbose", action="store_true", help="print every failure's full report")
     return parser
 
 
-def _run(args: argparse.Namespace, kernels: list[KernelAdapter], table: Table) -> None:
-    cells = [c for k in kernels for c in cells_of(k, goldens=not args.no_goldens)]
+def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """(modes, scope option values) after the checks no single option can make; usage errors via ``parser``."""
+    try:
+        modes = split_list(args.modes, "--modes") or list(MODES)
+    except ValueError as exc:
+        parser.error(str(exc))
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"--modes: expected some of {', '.join(MODES)}, got {unknown}")
+    values = {name: getattr(args, name.replace("-", "_")) for name, _ in SCOPE_OPTIONS}
+    given = [f"--{n}" for n, v in values.items() if v] + [o for o, v in (
+        ("--convention", args.convention), ("--kernel-version", args.kernel_version)) if v is not None]
+    if given and not args.kernel:
+        parser.error(f"{given[0]}: given without --kernel, which it applies to")
+    if args.kernel_version is not None and len(args.kernel) != 1:
+        parser.error("--kernel-version: applies to one --kernel, got " + str(len(args.kernel)))
+    if args.no_goldens and (args.golden_dir or args.kernel_version):
+        parser.error("--no-goldens: given with --golden-dir/--kernel-version, which need the goldens")
+    if args.golden_dir is not None and not Path(args.golden_dir, "manifest.json").is_file():
+        parser.error(f"--golden-dir: expected a golden directory with a manifest.json, got {args.golden_dir!r}")
+    return modes, values
+
+
+def resolve_request(request: dict[str, Any]) -> list[KernelAdapter]:
+    """The kernels of a request (here and in the worker): resolved, scoped, versioned."""
+    kernels = resolve_kernels(request["kernels"], convention=request.get("convention"), tiling=request.get("tiling"))
+    fields = scope_fields(request.get("scope") or {})
+    for k in kernels:
+        apply_scope(k, fields)
+        if request.get("kernel_version"):
+            k.version = request["kernel_version"]
+        if request.get("kernels"):
+            check_known_issue_modes(k, option="--kernel")
+    return kernels
+
+
+def _run(args: argparse.Namespace, request: dict[str, Any], kernels: list[KernelAdapter], table: Table) -> None:
+    cells = [c for k in kernels for c in cells_of(k, goldens=not args.no_goldens, modes=request["modes"])]
     table.plan(cells)
     if args.in_process:
-        for k in kernels:
-            for _, family, column in cells_of(k, goldens=not args.no_goldens):
-                text, details, _ = run_cell(k, family, column, max_examples=args.max_examples, seed=args.seed)
-                table.put(k.name, family, column, text)
-                table.details += details
+        by_name = {k.name: k for k in kernels}
+        for name, family, column in cells:
+            text, details, _ = run_cell(by_name[name], family, column, max_examples=args.max_examples,
+                                        seed=args.seed, golden_dir=request["golden_dir"],
+                                        require_own=request["require_own"])
+            table.put(name, family, column, text)
+            table.details += details
         return
-    request = {"kernels": args.kernel or [k.name for k in kernels], "convention": args.convention,
-               "tiling": args.tiling, "max_examples": args.max_examples, "seed": args.seed, "environ": _ENVIRON}
     _Supervisor(request, table, args.timeout, verbose=True).run(cells)
+
+
+def _header(kernels: list[KernelAdapter], request: dict[str, Any]) -> str:
+    lines = []
+    for k in kernels:
+        if k.scope is not None:
+            lines.append(f"{k.name} ({k.convention}) declared scope: {k.scope.describe()}")
+        if getattr(k, "version", None) and request.get("kernel_version"):
+            lines.append(f"{k.name} version {k.version}: its own goldens must match bit for bit")
+    if request["modes"] != list(MODES):
+        lines.append(f"modes: {', '.join(request['modes'])}")
+    return "\n".join(lines)
+
+
+def _status(text: str) -> str:
+    for status in Status:
+        if text.startswith(status.value):
+            return status.value
+    return "?"
+
+
+def _write_json(path: str, table: Table, kernels: list[KernelAdapter], request: dict[str, Any], summary: dict
+                ) -> None:
+    cells = [{"kernel": r["kernel"], "family": r["family"], "check": c, "status": _status(t), "text": t}
+             for r in table.as_rows() for c, t in r.items() if c not in ("kernel", "family")]
+    doc = {"kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
+                        "scope": None if k.scope is None else k.scope.to_json()} for k in kernels],
+           "modes": request["modes"], "max_examples": request["max_examples"], "seed": request["seed"],
+           "golden_dir": request["golden_dir"], "cells": cells, "failures": table.details, **summary}
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -185,25 +264,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.convention is not None and not args.kernel:
-        parser.error("--convention: given without --kernel, which it applies to")
+    modes, scope_values = _options(parser, args)
+    request = {"kernels": args.kernel, "convention": args.convention, "tiling": args.tiling, "modes": modes,
+               "scope": scope_values, "max_examples": args.max_examples, "seed": args.seed,
+               "golden_dir": None if args.golden_dir is None else str(Path(args.golden_dir).resolve()),
+               "kernel_version": args.kernel_version, "require_own": args.kernel_version is not None,
+               "environ": _ENVIRON}
     try:
-        kernels = resolve_kernels(args.kernel, convention=args.convention, tiling=args.tiling)
+        kernels = resolve_request(request)
     except (ValueError, TypeError, ImportError) as exc:
         parser.error(str(exc))
+    request["kernels"] = args.kernel or [k.name for k in kernels]
     t0 = time.perf_counter()
     table = Table()
-    _run(args, kernels, table)
-    columns = list(MODES) + ([] if args.no_goldens else [GOLDENS])
+    header = _header(kernels, request)
+    if header:
+        print(header + "\n")
+    _run(args, request, kernels, table)
+    columns = modes + ([] if args.no_goldens else [GOLDENS])
     print(render(table.as_rows(), columns))
-    idle = [k.name for k in kernels if args.kernel and table.checked_nothing(k.name)]
-    if idle:
-        parser.error(f"--kernel: nothing was checked for {', '.join(idle)}: every cell is n/a (see the notes)")
     n_fail = sum(v.startswith("FAIL") for v in table.values())
     n_pass = sum(v.startswith("pass") for v in table.values())
     run = f"seed {args.seed}" if args.seed is not None else "gmm-ci profile, derandomized"
-    print(f"\n{n_pass} passed, {n_fail} failed  ({time.perf_counter() - t0:.0f} s; {run}; "
-          "'n/a' cells give their reason)")
+    seconds = time.perf_counter() - t0
+    print(f"\n{n_pass} passed, {n_fail} failed  ({seconds:.0f} s; {run}; 'n/a' cells give their reason)")
+    idle = [k.name for k in kernels if args.kernel and table.checked_nothing(k.name)]
+    if args.json:
+        _write_json(args.json, table, kernels, request,
+                    {"passed": n_pass, "failed": n_fail, "seconds": round(seconds, 1), "checked_nothing": idle})
+    if idle:
+        parser.error(f"--kernel: nothing was checked for {', '.join(idle)}: every cell is n/a (see the notes)")
     if table.details and args.verbose:
         print("\n" + "\n\n".join(table.details))
     elif table.details:

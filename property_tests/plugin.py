@@ -11,6 +11,9 @@ its pytest configuration (this repository does). Then:
 - ``--gmm-kernel`` (repeatable: a built-in adapter name or ``pkg.module:fn``),
   ``--gmm-convention`` and ``--gmm-tiling`` select the kernels the kernel
   checks run on; with ``--gmm-kernel`` only the kernel checks run;
+- ``--gmm-families``, ``--gmm-dtypes``, ``--gmm-out-dtypes``, ``--gmm-multiple``,
+  ``--gmm-no-tail`` and ``--gmm-numerics`` declare the kernels' scope
+  (``property_tests.options``; the same as the main job's options without the prefix);
 - the ``gmm_kernel`` fixture parametrizes a test over the selected kernels;
 - ``pytest_report_header`` lists the kernels under test and why any is skipped.
 
@@ -23,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from property_tests.options import SCOPE_OPTIONS, add_scope_options
 from property_tests.profiles import DEFAULT, register_profiles
 
 __all__: list[str] = []
@@ -45,6 +49,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--gmm-tiling", default=None, metavar="TM,TK,TN",
         help="tiling the kernel uses; strategies draw extents around its tile edges",
     )
+    add_scope_options(group.addoption, prefix="--gmm-")
     parser.addini("gmm_harness", type="bool", default=False,
                   help="use the gmm-harness plugin in every run (its gmm-ci profile and report header)")
 
@@ -69,6 +74,8 @@ def _tiling(config: pytest.Config) -> tuple[int, int, int] | None:
 def selected_kernels(config: pytest.Config) -> list[Any]:
     """The adapters this run checks (cached on the config)."""
     from gmm_kernels import resolve_kernels
+    from property_tests.checking import check_known_issue_modes
+    from property_tests.options import apply_scope, scope_fields
 
     cached = getattr(config, "_gmm_kernels", None)
     if cached is not None:
@@ -77,10 +84,18 @@ def selected_kernels(config: pytest.Config) -> list[Any]:
         kernels = resolve_kernels(config.getoption("--gmm-kernel"), convention=config.getoption("--gmm-convention"),
                                   tiling=_tiling(config), option="--gmm-kernel",
                                   convention_option="--gmm-convention")
+        fields = scope_fields(_scope_values(config), prefix="--gmm-")
+        for k in kernels:
+            apply_scope(k, fields, prefix="--gmm-")
+            check_known_issue_modes(k, option="--gmm-kernel")
     except (ValueError, TypeError, ImportError) as exc:
         raise pytest.UsageError(str(exc)) from None
     config._gmm_kernels = kernels  # type: ignore[attr-defined]
     return kernels
+
+
+def _scope_values(config: pytest.Config) -> dict[str, Any]:
+    return {name: config.getoption("--gmm-" + name) for name, _ in SCOPE_OPTIONS}
 
 
 def _check_options(config: pytest.Config) -> None:
@@ -88,9 +103,10 @@ def _check_options(config: pytest.Config) -> None:
     from gmm_ref import conventions
 
     kernels = config.getoption("--gmm-kernel")
-    for option in ("--gmm-convention", "--gmm-tiling"):
-        if config.getoption(option) is not None and not kernels:
-            raise pytest.UsageError(f"{option}: given without --gmm-kernel, which it applies to")
+    given = [o for o in ("--gmm-convention", "--gmm-tiling") if config.getoption(o) is not None]
+    given += [f"--gmm-{n}" for n, v in _scope_values(config).items() if v]
+    if given and not kernels:
+        raise pytest.UsageError(f"{given[0]}: given without --gmm-kernel, which it applies to")
     convention = config.getoption("--gmm-convention")
     if convention is not None and convention not in conventions.names():
         raise pytest.UsageError(f"--gmm-convention: expected one of {conventions.names()}, got {convention!r}")
@@ -115,6 +131,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     for k in selected_kernels(config):
         why = k.available()
         lines.append(f"gmm kernel {k.name} ({k.convention}): " + ("available" if why is None else f"SKIPPED: {why}"))
+        if k.scope is not None:
+            lines.append(f"gmm kernel {k.name} declared scope: {k.scope.describe()}")
     tiling = _tiling(config)
     if tiling:
         lines.append(f"gmm tiling: {tiling}")

@@ -7,6 +7,7 @@ never finished. :func:`render` prints the table with footnotes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,16 +27,19 @@ def _short(text: str) -> str:
     return text if len(text) <= _WIDTH else text[: _WIDTH - 3] + "..."
 
 
-def cells_of(kernel: KernelAdapter, *, goldens: bool) -> list[tuple[str, str | None, str]]:
+def cells_of(kernel: KernelAdapter, *, goldens: bool, modes: Sequence[str] | None = None
+             ) -> list[tuple[str, str | None, str]]:
     """Every ``(kernel, family, column)`` cell of a kernel, in table order (goldens: one per kernel)."""
-    cells: list[tuple[str, str | None, str]] = [(kernel.name, f, m) for f in kernel.families for m in MODES]
+    cells: list[tuple[str, str | None, str]] = [(kernel.name, f, m) for f in kernel.families
+                                                 for m in (modes or MODES)]
     return cells + ([(kernel.name, None, GOLDENS)] if goldens else [])
 
 
-def _golden_cell(kernel: KernelAdapter) -> tuple[str, list[str]]:
-    results = check_goldens(kernel, default_directory())
+def _golden_cell(kernel: KernelAdapter, directory: str | None, require_own: bool) -> tuple[str, list[str]]:
+    where = directory or default_directory()
+    results = check_goldens(kernel, where, require_own=require_own)
     if not results:
-        return "n/a: no golden case in this convention", []
+        return f"n/a: no golden case of the {kernel.convention} convention in {where}", []
     fails = [r for r in results if r.status is Status.FAILED]
     passes = [r for r in results if r.status is Status.PASSED]
     if fails:
@@ -53,13 +57,15 @@ def _mode_cell(result: Result) -> str:
 
 
 def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_examples: int,
-             seed: int | None = None) -> tuple[str, list[str], float]:
-    """(cell text, full failure reports, seconds) of one cell."""
+             seed: int | None = None, golden_dir: str | None = None, require_own: bool = False
+             ) -> tuple[str, list[str], float]:
+    """(cell text, full failure reports, seconds) of one cell; ``golden_dir`` (default: this project's
+    goldens) and ``require_own`` (a missing golden of the kernel's own version fails) for the goldens."""
     why = kernel.available()
     if why:
         return f"n/a: {why}", [], 0.0
     if column == GOLDENS:
-        text, details = _golden_cell(kernel)
+        text, details = _golden_cell(kernel, golden_dir, require_own)
         return text, details, 0.0
     result = check_mode(kernel, column, family=family, max_examples=max_examples,
                         profile="gmm-ci" if seed is None else None, seed=seed)

@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     request: dict[str, Any] = json.loads(Path(request_path).read_text())
     for name, value in request.get("environ", {}).items():
         os.environ.setdefault(name, value)  # before anything imports jax
-    from gmm_kernels import resolve_kernels
     from gmm_kernels.base import observe_calls
+    from property_tests.main import resolve_request
     from property_tests.profiles import register_profiles
     from property_tests.table import run_cell
 
@@ -37,12 +37,12 @@ def main(argv: list[str] | None = None) -> int:
             events.flush()
 
         observe_calls(lambda adapter, problem: emit(event="problem", kernel=adapter.name, text=problem.describe()))
-        kernels = {k.name: k for k in resolve_kernels(request["kernels"], convention=request.get("convention"),
-                                                      tiling=request.get("tiling"))}
+        kernels = {k.name: k for k in resolve_request(request)}
         for kernel, family, column in request["cells"]:
             emit(event="start", kernel=kernel, family=family, column=column)
             text, details, seconds = run_cell(kernels[kernel], family, column, max_examples=request["max_examples"],
-                                              seed=request.get("seed"))
+                                              seed=request.get("seed"), golden_dir=request.get("golden_dir"),
+                                              require_own=request.get("require_own", False))
             emit(event="cell", kernel=kernel, family=family, column=column, text=text, details=details,
                  seconds=seconds)
     return 0

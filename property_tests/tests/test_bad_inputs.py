@@ -225,6 +225,25 @@ MAIN = [
     (["--kernel", "te.grouped_gemm", "--in-process", "--no-goldens"],
      "--kernel: nothing was checked for te.grouped_gemm"),
     (["--bogus-option"], "unrecognized arguments: --bogus-option"),
+    (["--modes", "exact,nope"], "--modes: expected some of exact, normal"),
+    (["--modes", ","], "--modes: expected a comma-separated list"),
+    (["--modes", "exact", "--modes", "normal"], "--modes: given twice"),
+    (["--dtypes", "bfloat16"], "--dtypes: given without --kernel"),
+    (["--no-tail"], "--no-tail: given without --kernel"),
+    (["--kernel-version", "1.0"], "--kernel-version: given without --kernel"),
+    (["--kernel", "jax.ragged_dot", "--kernel", "megablox.gmm", "--kernel-version", "1"],
+     "--kernel-version: applies to one --kernel, got 2"),
+    (["--kernel", "jax.ragged_dot", "--families", "ragged_k"],
+     "--families: ('ragged_k',) leaves none of ragged_dot's ('ragged_m',) (kernel jax.ragged_dot)"),
+    (["--kernel", "jax.ragged_dot", "--families", "ragged_x"], "--families: families: expected some of"),
+    (["--kernel", "jax.ragged_dot", "--dtypes", "float33"], "--dtypes: dtypes: expected one of"),
+    (["--kernel", "jax.ragged_dot", "--dtypes", "int8", "--out-dtypes", "float32"],
+     "leave none of ragged_dot's input/output dtypes"),
+    (["--kernel", "jax.ragged_dot", "--multiple", "k=x"], "--multiple: expected AXIS=N"),
+    (["--kernel", "jax.ragged_dot", "--numerics", "accumulate=float99"], "--numerics: accumulate"),
+    (["--kernel", "jax.ragged_dot", "--numerics", "fast"], "--numerics: expected accumulate=DTYPE"),
+    (["--golden-dir", "/no/such/dir"], "--golden-dir: expected a golden directory with a manifest.json"),
+    (["--no-goldens", "--golden-dir", "."], "--no-goldens: given with --golden-dir"),
 ]
 
 
@@ -266,6 +285,11 @@ PLUGIN = [
     (["--gmm-kernel=jax.ragged_dot", "--gmm-tiling=1,2"], "--gmm-tiling: expected three positive ints TM,TK,TN"),
     (["--gmm-kernel=jax.ragged_dot", "--gmm-convention=bogus"], "--gmm-convention: expected one of"),
     (["--gmm-kernel=no_such_kernel"], "--gmm-kernel: 'no_such_kernel' is neither a built-in adapter"),
+    (["--gmm-dtypes=bfloat16"], "--gmm-dtypes: given without --gmm-kernel"),
+    (["--gmm-kernel=jax.ragged_dot", "--gmm-families=ragged_k"],
+     "--gmm-families: ('ragged_k',) leaves none of ragged_dot's"),
+    (["--gmm-kernel=jax.ragged_dot", "--gmm-multiple=q=2"], "--gmm-multiple: expected AXIS=N"),
+    (["--gmm-kernel=jax.ragged_dot", "--gmm-numerics=fast"], "--gmm-numerics: expected accumulate=DTYPE"),
 ]
 
 

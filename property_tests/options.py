@@ -1,0 +1,80 @@
+"""The scope options the main job and the pytest plugin share (the plugin's carry a ``--gmm-`` prefix).
+
+``--families ragged_m --dtypes bfloat16 --out-dtypes float32 --multiple k=32 --no-tail
+--numerics accumulate=float32,flush`` declare what a kernel supports
+(``gmm_kernels.Scope``): they narrow the scope the kernel already declares
+(``gmm_kernels.declare``) field by field, and one that leaves nothing to check
+is a usage error naming the option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gmm_kernels import KernelAdapter, Scope
+from gmm_kernels.scope import parse_multiples, parse_numerics
+
+__all__ = ["SCOPE_OPTIONS", "add_scope_options", "apply_scope", "scope_fields", "split_list"]
+
+#: (option name without prefix, argparse keyword arguments)
+SCOPE_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("families", dict(metavar="F,F", help="families the kernel supports (ragged_m, ragged_n, ragged_k, batch)")),
+    ("dtypes", dict(metavar="D,D", help="input dtypes the kernel supports, e.g. bfloat16,float32")),
+    ("out-dtypes", dict(metavar="D,D", help="output dtypes the kernel supports")),
+    ("multiple", dict(action="append", metavar="AXIS=N",
+                      help="an extent the kernel needs a multiple of, e.g. k=32 (repeatable)")),
+    ("no-tail", dict(action="store_true", help="every row is in a group: no rows past the last group")),
+    ("numerics", dict(metavar="SPEC", help="the kernel's arithmetic: accumulate=DTYPE[,multiply=DTYPE][,flush]")),
+)
+
+
+def add_scope_options(add: Callable[..., Any], prefix: str = "--") -> None:
+    """Register the scope options with ``add`` (argparse's ``add_argument`` or pytest's ``addoption``)."""
+    for name, kwargs in SCOPE_OPTIONS:
+        extra = {} if kwargs.get("action") else {"default": None}
+        add(prefix + name, **kwargs, **extra)
+
+
+def split_list(text: str | None, option: str) -> list[str] | None:
+    """``"a,b"`` -> ``["a", "b"]``; ValueError naming ``option`` for an empty list."""
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"{option}: expected a comma-separated list, got {text!r}")
+    return items
+
+
+def scope_fields(values: Mapping[str, Any], prefix: str = "--") -> dict[str, Any]:
+    """The Scope fields the options in ``values`` (keyed by option name without prefix) set; ValueError
+    or TypeError naming the option."""
+    fields: dict[str, Any] = {}
+    for name, field in (("families", "families"), ("dtypes", "dtypes"), ("out-dtypes", "out_dtypes")):
+        items = split_list(values.get(name), prefix + name)
+        if items is not None:
+            try:
+                Scope(**{field: items})
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{prefix}{name}: {exc}") from None
+            fields[field] = items
+    if values.get("multiple"):
+        fields["multiples"] = parse_multiples(values["multiple"], option=prefix + "multiple")
+    if values.get("no-tail"):
+        fields["tail"] = False
+    numerics = parse_numerics(values.get("numerics"), option=prefix + "numerics")
+    if numerics is not None:
+        fields["numerics"] = numerics
+    return fields
+
+
+def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str = "--") -> KernelAdapter:
+    """Narrow ``adapter``'s declared scope by ``fields``; ValueError naming the option if nothing is left."""
+    if fields:
+        scope = dataclasses.replace(adapter.scope or Scope(), **fields)
+        try:
+            adapter.scope = scope.bind(adapter.spec)
+        except ValueError as exc:
+            raise ValueError(f"{prefix}{exc} (kernel {adapter.name})") from None
+    return adapter
