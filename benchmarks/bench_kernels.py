@@ -1,4 +1,4 @@
-"""Checked examples per second per kernel in the ``ci`` profile (a script, not a test).
+"""Checked examples per second per kernel in the ``gmm-ci`` profile (a script, not a test).
 
 Each available kernel runs its ``normal`` and ``exact`` modes twice: the first
 run pays for compiling each shape bucket, the second finds them compiled

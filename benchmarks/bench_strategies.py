@@ -5,7 +5,7 @@
 Prints examples drawn per second by each strategy alone (up to 64 groups;
 target >= 500/s; the best of R runs, since a shared machine's load varies
 from second to second) and examples checked per second against a jitted
-``jax.lax.ragged_dot`` under the ``ci`` profile (target >= 50/s), with the
+``jax.lax.ragged_dot`` under the ``gmm-ci`` profile (target >= 50/s), with the
 number of compilations.
 """
 

@@ -25,19 +25,10 @@ from golden.case import Case, GoldenError, select
 from golden.cases import CASES
 from golden.judge import check_goldens
 from golden.regeneration import regenerate
-from golden.store import GoldenStore, corpus_of, read_manifest
+from golden.store import PROG, GoldenStore, corpus_of, default_directory, read_manifest
 from golden.verification import verify
 
 __all__ = ["default_directory", "load_corpus", "main", "summary"]
-
-PROG = "python -m golden"
-
-
-def default_directory() -> Path:
-    """This project's golden data (``GMM_GOLDEN_DIR`` overrides), wherever the package is installed."""
-    env = os.environ.get("GMM_GOLDEN_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent / "data"
-
 
 def load_corpus(spec: str) -> list[Case]:
     """Cases from ``pkg.module:NAME`` (a list of Case or their JSON, or a function returning one),

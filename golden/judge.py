@@ -9,18 +9,29 @@ are apart and where.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 import gmm_ref
-from gmm_kernels import KernelAdapter, Result, Status, resolve_kernel
+from gmm_kernels import FunctionAdapter, KernelAdapter, Result, Status, resolve_kernel
+from gmm_kernels.repro import locate
 from gmm_ref import dtypes as _dt
 from gmm_ref.compare import group_span, groups_of
 from golden.case import GoldenError, build_problem, select
 from golden.producers import kernel_producer
-from golden.store import REFERENCE, VIEW_AS, Golden, GoldenStore, canonical_output, producer_key
+from golden.store import (
+    PROG,
+    REFERENCE,
+    VIEW_AS,
+    Golden,
+    GoldenStore,
+    canonical_output,
+    default_directory,
+    producer_key,
+)
 
 __all__ = ["bits", "check_goldens", "describe_bad", "drift"]
 
@@ -120,13 +131,26 @@ def compare_output(kernel: KernelAdapter, golden: Golden, problem: gmm_ref.Probl
     return _failed(name, case, f"case {case}: {line}; {crit}", "bound", outcome.message)
 
 
+def _regenerate_command(k: KernelAdapter, store: GoldenStore) -> str:
+    """The command that stores ``k``'s own goldens in ``store`` (its manifest is the corpus)."""
+    spec = locate(k) or "pkg.module:your_kernel"
+    parts = [PROG, "regenerate"]
+    if store.dir.resolve() != default_directory().resolve():
+        parts += ["--dir", shlex.quote(str(store.dir))]
+    parts += ["--kernel", shlex.quote(spec)]
+    if isinstance(k, FunctionAdapter) and getattr(k.fn, "__gmm_convention__", None) is None:
+        parts += ["--convention", k.convention]
+    parts += ["--kernel-version", shlex.quote(kernel_producer(k)["version"])]
+    return " ".join(parts)
+
+
 def _check_case(k: KernelAdapter, store: GoldenStore, name: str, goldens: dict[str, dict[str, Any]],
                 require_own: bool) -> Result:
     own = goldens.get(producer_key(kernel_producer(k)))
     if own is None and require_own:
         return Result(k.name, name, Status.FAILED, criterion="bit-for-bit",
-                      detail=f"case {name}: no golden of {producer_key(kernel_producer(k))} (missing; run "
-                             f"python -m golden regenerate --kernel ... --kernel-version ... to make them)")
+                      detail=f"case {name}: no golden of {producer_key(kernel_producer(k))} (missing; to make "
+                             f"them run: {_regenerate_command(k, store)})")
     entry = own or goldens.get(REFERENCE)
     if entry is None:
         return Result(k.name, name, Status.FAILED, detail=f"case {name}: no reference golden (missing)")

@@ -27,8 +27,8 @@ import gmm_ref
 from golden.case import Case, GoldenError, inputs_of
 from golden.generator import GENERATOR
 
-__all__ = ["FORMAT", "MANIFEST", "Golden", "GoldenStore", "array_sha256", "atomic_write", "canonical_output",
-           "file_sha256", "inputs_sha256"]
+__all__ = ["FORMAT", "MANIFEST", "PROG", "Golden", "GoldenStore", "array_sha256", "atomic_write", "canonical_output",
+           "default_directory", "file_sha256", "inputs_sha256"]
 
 FORMAT = 2
 MANIFEST = "manifest.json"
@@ -166,6 +166,16 @@ class Golden:
     out: np.ndarray
     mask: np.ndarray
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+#: how the golden command line is run (its suggestions name it)
+PROG = "python -m golden"
+
+
+def default_directory() -> Path:
+    """This project's golden data (``GMM_GOLDEN_DIR`` overrides), wherever the package is installed."""
+    env = os.environ.get("GMM_GOLDEN_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent / "data"
 
 
 class GoldenStore:

@@ -11,7 +11,7 @@ The cells are computed in a worker process (``property_tests.worker``): a
 kernel that hangs past ``--timeout`` or crashes the process is reported as a
 failure of the cell it was in, with the last problem it was given, and the run
 goes on with the next cell in a fresh worker. Examples come from the
-derandomized ``ci`` profile (the same verdict every run) unless ``--seed`` is given.
+derandomized ``gmm-ci`` profile (the same verdict every run) unless ``--seed`` is given.
 """
 
 from __future__ import annotations

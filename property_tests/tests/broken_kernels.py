@@ -1,6 +1,6 @@
 """Deliberately broken grouped-GEMM kernels, each carrying one bug seen in real kernels.
 
-The suite asserts that the ``ci`` profile rejects every one of them with a
+The suite asserts that the ``gmm-ci`` profile rejects every one of them with a
 message naming the wrong group, and that the correct twins here pass. They are
 NumPy functions in a convention's signature (jax arrays arrive and are read
 with ``np.asarray``), float32 accumulation, so they run without compiling.

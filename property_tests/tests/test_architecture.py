@@ -189,3 +189,36 @@ def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
         test_the_module_graph_has_no_cycle()
     (tmp_path / "long.py").write_text("def f():\n    \"\"\"doc\"\"\"\n" + "    x = 1\n" * (MAX_FUNCTION_LINES + 1))
     assert _long_functions(tmp_path / "long.py") == [f"long.py:1 f: {MAX_FUNCTION_LINES + 1} lines"]
+
+
+BLOCKER = '''
+import importlib.abc, sys
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("pytest", "_pytest", "jax", "jaxlib", "torch"):
+            raise ImportError(f"{name} is blocked in this test")
+        return None
+
+sys.meta_path.insert(0, Block())
+import gmm_ref, gmm_kernels, golden
+from property_tests import strategies as gst
+from property_tests.checking import check_kernel
+from hypothesis import given, settings
+
+@settings(max_examples=5, database=None)
+@given(gst.problems(convention="megablox.gmm", tiling=(8, 8, 8)))
+def draw(p):
+    gmm_ref.reference(p)
+
+draw()
+print("ok")
+'''
+
+
+def test_strategies_and_check_kernel_import_without_pytest_or_jax():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", BLOCKER], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import io
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -398,3 +399,18 @@ def test_downstream_entry_point_takes_a_corpus_by_import_path(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "golden verify ok: 9 case(s)" in proc.stdout
+
+
+def test_a_missing_kernel_golden_names_the_command_that_makes_it(small, capsys):
+    """--kernel-version without the kernel's own goldens fails, and the printed command makes them."""
+    pytest.importorskip("jax")
+    argv = ["check", "--dir", str(small), "--kernel", LOCAL_KERNEL, "--convention", "ragged_dot",
+            "--kernel-version", "7.1"]
+    assert golden_main(argv) == 1
+    out = capsys.readouterr().err  # a failing run reports on stderr
+    assert "(missing; to make them run: python -m golden regenerate" in out
+    command = out.split("to make them run: ")[1].split(")\n")[0]
+    assert golden_main(shlex.split(command)[3:]) == 0  # the command as printed, without "python -m golden"
+    capsys.readouterr()
+    assert golden_main(argv) == 0
+    assert "(bit-for-bit)" in capsys.readouterr().out

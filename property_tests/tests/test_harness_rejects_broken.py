@@ -18,7 +18,7 @@ CASES = [pytest.param(conv, fn, id=fn.__name__) for conv, fns in BROKEN.items() 
 @pytest.mark.parametrize(("convention", "fn"), CASES)
 def test_broken_kernel_is_rejected(convention, fn):
     with pytest.raises(gmm_ref.Mismatch) as info:
-        check_kernel(fn, convention=convention, profile="gmm-ci")  # the bar: the ci profile rejects it
+        check_kernel(fn, convention=convention, profile="gmm-ci")  # the bar: the gmm-ci profile rejects it
     message = str(info.value)
     if info.value.kind != "shape":
         assert "Wrong groups:" in message
