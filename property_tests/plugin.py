@@ -117,6 +117,7 @@ def _check_options(config: pytest.Config) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kernel: checks a real kernel against the reference")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
     _check_options(config)
     if in_use(config) and config.getoption("hypothesis_profile", None) is None:
         from hypothesis import settings
