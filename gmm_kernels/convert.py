@@ -50,6 +50,8 @@ def to_torch(x: Any) -> Any:
     if x is None or isinstance(x, torch.Tensor):
         return x
     a = np.asarray(x)
+    if a.size == 0:  # NumPy's strides of an empty array are arbitrary; torch checks them
+        return torch.empty(a.shape, dtype=torch_dtype(a.dtype))
     if any(s < 0 for s in a.strides):
         a = a.copy()
     if a.dtype == _BF16:

@@ -24,7 +24,18 @@ _MAX_LISTED = 4
 
 
 def _copy(x: Any) -> Any:
-    return np.array(x, copy=True, order="K") if isinstance(x, np.ndarray) else x
+    """A writable copy with the same memory layout: the same strides, and for a view into a wider
+    buffer (a slice, a chunk of a split) a copy of that whole buffer viewed the same way."""
+    if not isinstance(x, np.ndarray):
+        return x
+    owner = x
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    if owner is x or x.flags.c_contiguous or x.flags.f_contiguous or x.size == 0:
+        return np.array(x, copy=True, order="K")
+    buf = np.array(owner, copy=True, order="K")
+    offset = x.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+    return np.ndarray(x.shape, x.dtype, buffer=buf, offset=offset, strides=x.strides)
 
 
 def fresh(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

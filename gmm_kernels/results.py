@@ -48,6 +48,14 @@ class Result:
     criterion: str = ""
     #: how the examples were chosen: a Hypothesis profile or a seed
     setting: str = ""
+    #: the relations the checked examples reached ("factor=level", examples), see
+    #: ``property_tests.strategies.design``
+    coverage: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    #: the covering design's cells run and in all, and its pairs of relations reached and in all
+    cells: tuple[int, int] = field(default=(0, 0), compare=False)
+    pairs: tuple[int, int] = field(default=(0, 0), compare=False)
+    #: the design's pairs no checked example reached ("family: factor=level & factor=level")
+    missing: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def comparison(self) -> Any:
@@ -59,10 +67,25 @@ class Result:
         """Nothing failed: passed, unsupported, or a known upstream bug still caught."""
         return self.status is not Status.FAILED
 
+    def coverage_report(self) -> str:
+        """What the checked examples reached: cells and pairs of the covering design, the pairs never
+        reached, and each relation with its example count ('' when nothing was recorded)."""
+        if not self.cells[1]:
+            return ""
+        lines = [f"{self.examples} examples in {self.cells[0]} of {self.cells[1]} cells reached "
+                 f"{self.pairs[0]} of {self.pairs[1]} pairs of relations"]
+        lines += [f"  never reached: {m}" for m in self.missing[:20]]
+        if len(self.missing) > 20:
+            lines.append(f"  ... and {len(self.missing) - 20} more pairs never reached")
+        if self.coverage:
+            lines.append("  relations: " + ", ".join(f"{r} ({n})" for r, n in self.coverage))
+        return "\n".join(lines)
+
     def cell(self) -> str:
         """The main job's table cell: ``pass (n)``, ``FAIL: cause``, ``n/a: reason``, ``known bug: ...``."""
         if self.status is Status.PASSED:
-            return f"pass ({self.examples})"
+            partial = f"; {self.cells[0]}/{self.cells[1]} cells" if self.cells[0] < self.cells[1] else ""
+            return f"pass ({self.examples}{partial})"
         return f"{self.status.value}: {self.detail}"
 
     def line(self) -> str:

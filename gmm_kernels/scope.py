@@ -82,6 +82,17 @@ class KnownIssue:
         return self.text + (f" (known on {known})" if known else "")
 
 
+def _dtype_entry(value: Any) -> str:
+    """A dtypes entry: an input dtype (any output), or an (input, output) pair written ``"in->out"``."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        i, o = value
+    elif isinstance(value, str) and "->" in value:
+        i, o = value.split("->", 1)
+    else:
+        return str(as_dtype(value, name="dtypes"))
+    return f"{as_dtype(str(i).strip(), name='dtypes')}->{as_dtype(str(o).strip(), name='dtypes')}"
+
+
 def _names(name: str, values: Any, allowed: tuple[str, ...] | None = None) -> tuple[str, ...] | None:
     if values is None:
         return None
@@ -106,18 +117,26 @@ class Scope:
     tail: bool = True
     numerics: Numerics | None = None
     known_issues: tuple[KnownIssue, ...] = ()
+    #: the axes ("m", "k", "n") whose extent may be 0 (None: every one the convention takes)
+    zero_extents: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "families", _names("families", self.families, FAMILIES))
-        for name in ("dtypes", "out_dtypes"):
-            values = _names(name, getattr(self, name))
-            set_(self, name, None if values is None else tuple(str(as_dtype(v, name=name)) for v in values))
+        dtypes = _names("dtypes", self.dtypes)
+        set_(self, "dtypes", None if dtypes is None else tuple(_dtype_entry(v) for v in dtypes))
+        outs = _names("out_dtypes", self.out_dtypes)
+        set_(self, "out_dtypes", None if outs is None else tuple(str(as_dtype(v, name="out_dtypes")) for v in outs))
         multiples = dict(self.multiples)
         for axis, value in multiples.items():
             if axis not in _AXES or isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"multiples: expected {{axis: positive int}} with axes {_AXES}, got {dict(multiples)}")
         set_(self, "multiples", multiples)
+        if self.zero_extents is not None:
+            axes = (self.zero_extents,) if isinstance(self.zero_extents, str) else tuple(self.zero_extents)
+            if any(a not in _AXES for a in axes):
+                raise ValueError(f"zero_extents: expected some of the axes {_AXES}, got {self.zero_extents!r}")
+            set_(self, "zero_extents", tuple(a for a in _AXES if a in axes))
         if not isinstance(self.tail, bool):
             raise TypeError(f"tail: expected a bool, got {self.tail!r}")
         if self.numerics is not None and not isinstance(self.numerics, Numerics):
@@ -139,25 +158,32 @@ class Scope:
     def families_in(self, convention: Convention) -> tuple[str, ...]:
         return tuple(f for f in convention.families if self.families is None or f in self.families)
 
+    def takes(self, in_dtype: Any, out_dtype: Any) -> bool:
+        """Whether the scope takes inputs of ``in_dtype`` giving ``out_dtype``."""
+        i, o = str(in_dtype), str(out_dtype)
+        return ((self.dtypes is None or any(e in (i, f"{i}->{o}") for e in self.dtypes))
+                and (self.out_dtypes is None or o in self.out_dtypes))
+
     def dtype_pairs(self, convention: Convention) -> tuple[tuple[np.dtype, np.dtype], ...]:
-        return tuple((i, o) for i, o in convention.dtype_pairs
-                     if (self.dtypes is None or str(i) in self.dtypes)
-                     and (self.out_dtypes is None or str(o) in self.out_dtypes))
+        return tuple((i, o) for i, o in convention.dtype_pairs if self.takes(i, o))
 
     def refusal(self, p: Problem) -> str | None:
         """Why ``p`` is outside the declared scope, else None."""
         if self.families is not None and p.family not in self.families:
             return f"the declared scope has the families {self.families}, not {p.family!r}"
-        for name, have, allowed in (("dtypes", (str(p.lhs.dtype), str(p.rhs.dtype)), self.dtypes),
-                                    ("out_dtypes", (str(p.out_dtype),), self.out_dtypes)):
-            if allowed is not None and any(d not in allowed for d in have):
-                return f"the declared scope takes {name} {allowed}, not {have}"
+        if not (p.lhs.dtype == p.rhs.dtype and self.takes(p.lhs.dtype, p.out_dtype)):
+            have = f"{p.lhs.dtype} x {p.rhs.dtype} -> {p.out_dtype}"
+            return f"the declared scope takes dtypes {self.dtypes} / out_dtypes {self.out_dtypes}, not {have}"
         for axis, mult in self.multiples.items():
             extent = getattr(p, axis)
             if extent % mult:
                 return f"the declared scope needs {axis.upper()} to be a multiple of {mult}, got {extent}"
         if not self.tail and has_tail(p):
             return "the declared scope has no rows past the last group (no tail)"
+        if self.zero_extents is not None:
+            for axis in _AXES:
+                if getattr(p, axis) == 0 and axis not in self.zero_extents:
+                    return f"the declared scope takes no {axis.upper()} = 0"
         return None
 
     def strategy_options(self, convention: Convention) -> dict[str, Any]:
@@ -168,6 +194,8 @@ class Scope:
             opts["multiple_of"] = dict(self.multiples)
         if not self.tail:
             opts["allow_tail"] = False
+        if self.zero_extents is not None:
+            opts["zero_extents"] = self.zero_extents
         return opts
 
     def to_json(self) -> dict[str, Any]:
@@ -175,6 +203,7 @@ class Scope:
         n = self.numerics
         return {"families": self.families, "dtypes": self.dtypes, "out_dtypes": self.out_dtypes,
                 "multiples": dict(self.multiples), "tail": self.tail,
+                "zero_extents": None if self.zero_extents is None else list(self.zero_extents),
                 "numerics": None if n is None else {"multiply": None if n.multiply is None else str(n.multiply),
                                                     "accumulate": str(n.accumulate),
                                                     "flush_subnormals": n.flush_subnormals}}
@@ -183,7 +212,8 @@ class Scope:
     def from_json(cls, d: Mapping[str, Any]) -> Scope:
         numerics = None if d.get("numerics") is None else Numerics(**d["numerics"])
         return cls(families=d.get("families"), dtypes=d.get("dtypes"), out_dtypes=d.get("out_dtypes"),
-                   multiples=d.get("multiples") or {}, tail=d.get("tail", True), numerics=numerics)
+                   multiples=d.get("multiples") or {}, tail=d.get("tail", True), numerics=numerics,
+                   zero_extents=d.get("zero_extents"))
 
     def describe(self) -> str:
         parts = [f"families {','.join(self.families)}" if self.families else "",
@@ -191,6 +221,8 @@ class Scope:
                  f"out_dtypes {','.join(self.out_dtypes)}" if self.out_dtypes else "",
                  " ".join(f"{a}%{v}" for a, v in self.multiples.items()),
                  "" if self.tail else "no tail",
+                 "" if self.zero_extents is None else
+                 f"zero extents {','.join(self.zero_extents) or 'none'}",
                  f"numerics {self.numerics}" if self.numerics else "",
                  f"{len(self.known_issues)} known issue(s)" if self.known_issues else ""]
         return "; ".join(p for p in parts if p) or "the whole convention"

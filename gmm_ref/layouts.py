@@ -12,7 +12,7 @@ import numpy as np
 
 from gmm_ref.problem import Problem
 
-__all__ = ["Block", "blocks"]
+__all__ = ["Block", "blocks", "stored"]
 
 
 def _ragged_slice(mat: np.ndarray, axis: int, start: int, size: int, packed: bool) -> np.ndarray:
@@ -78,3 +78,26 @@ def blocks(p: Problem) -> Iterator[Block]:
             else:
                 out_index = (local, *bi)
             yield Block(g, local, bi, a, b, out_index, a.shape[1])
+
+
+def stored(a: np.ndarray, kind: str) -> np.ndarray:
+    """A fresh, writable array equal to ``a`` laid out as ``kind`` (:data:`gmm_ref.problem.STORAGES`) in its
+    last two axes: its own C-contiguous buffer, a transposed view of a contiguous buffer, a slice of a
+    buffer 16 bytes wider per row, or the second half of a buffer twice as wide (a chunk of a split).
+    Leading strides stay multiples of 16 bytes when ``a``'s rows are."""
+    if kind == "contiguous":
+        return np.array(a, copy=True, order="C")
+    if kind == "transposed":
+        return np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
+    cols = a.shape[-1]
+    if kind == "slice":
+        pad = max(1, 16 // a.dtype.itemsize)
+        buf = np.zeros((*a.shape[:-1], cols + pad), a.dtype)
+        view = buf[..., :cols]
+    elif kind == "chunk":
+        buf = np.zeros((*a.shape[:-1], 2 * cols), a.dtype)
+        view = buf[..., cols:]
+    else:
+        raise ValueError(f"kind: expected one of ('contiguous', 'transposed', 'slice', 'chunk'), got {kind!r}")
+    view[...] = a
+    return view

@@ -30,12 +30,15 @@ import numpy as np
 
 from gmm_ref import dtypes as _dt
 
-__all__ = ["FAMILIES", "Problem", "as_tiling"]
+__all__ = ["FAMILIES", "STORAGES", "Problem", "as_tiling"]
 
 FAMILIES = ("ragged_m", "ragged_n", "ragged_k", "batch")
 TAIL_POLICIES = ("zero", "undefined")
 EMPTY_POLICIES = ("zero", "untouched", "undefined")
 EXISTING_POLICIES = ("overwrite", "accumulate")
+#: how an operand argument is laid out in memory, where a convention's arguments carry strides:
+#: its own contiguous buffer, a transposed view of one, a slice of a wider buffer, a chunk of a split
+STORAGES = ("contiguous", "transposed", "slice", "chunk")
 
 Family = Literal["ragged_m", "ragged_n", "ragged_k", "batch"]
 
@@ -155,7 +158,9 @@ class Problem:
     shard; ``empty`` what an empty group's ``[M, N]`` block holds in
     ``ragged_k``. With ``existing_out``, every output element not computed
     keeps its value (``overwrite``) or the result is added to it
-    (``accumulate``).
+    (``accumulate``). ``storage`` says how the lhs and rhs arguments lie in
+    memory where a convention's arguments carry strides (torch tensors): one of
+    :data:`STORAGES` each; it changes no value.
     """
 
     family: Family
@@ -176,6 +181,7 @@ class Problem:
     num_local_groups: int | None = None
     convention: str | None = None
     tiling: tuple[int, int, int] | None = None
+    storage: tuple[str, str] = ("contiguous", "contiguous")
 
     # ---------------------------------------------------------------- validation
     def __post_init__(self) -> None:
@@ -194,7 +200,16 @@ class Problem:
         self._check_existing()
         if self.tiling is not None:
             _set(self, "tiling", as_tiling(self.tiling))
+        self._check_storage()
         _set(self, "convention", _convention_name(self.convention))
+
+    def _check_storage(self) -> None:
+        st = self.storage
+        if isinstance(st, str) or not isinstance(st, (tuple, list)) or len(st) != 2:
+            raise TypeError(f"storage: expected a pair (lhs, rhs) of {STORAGES}, got {st!r}")
+        for name, kind in zip(("lhs", "rhs"), st, strict=True):
+            _choice(f"storage[{name}]", kind, STORAGES)
+        _set(self, "storage", tuple(st))
 
     def _check_operands(self) -> None:
         for name in ("lhs", "rhs"):
@@ -398,6 +413,8 @@ class Problem:
             parts.append(f"existing_out({self.existing_policy})")
         if self.tiling:
             parts.append(f"tiling={self.tiling}")
+        if self.storage != ("contiguous", "contiguous"):
+            parts.append(f"storage={','.join(self.storage)}")
         return " ".join(parts)
 
     def __repr__(self) -> str:

@@ -9,32 +9,54 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import InvalidArgument
 
 import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
 from property_tests import failures
-from property_tests.modes import MODES, Mode, Unsupported, mode_of, mode_strategy
+from property_tests.modes import MODES, Mode, Unsupported, mode_covering, mode_of
 from property_tests.profiles import PROFILES
 from property_tests.profiles import profile as profile_settings
+from property_tests.strategies.design import observe, pairs_of
+from property_tests.strategies.problems import Covering
 
-__all__ = ["check_kernel", "check_mode", "cotangent_for"]
+__all__ = ["check_kernel", "check_mode", "cotangent_for", "coverage"]
 
 
-def _settings(max_examples: int | None, profile: str | None, cap: int | None, seed: int | None) -> settings:
+def _budgets(max_examples: int | None, profile: str | None, cap: int | None, cells: int) -> list[int]:
+    """Examples per cell of the covering design. Under a profile's budget (``max_examples`` None) every
+    cell runs, at least twice (Hypothesis' first example of a run is its simplest), so that every pair
+    of relations is reached: the budget is spread over the cells and raised where it is too small. A
+    limit given explicitly (``max_examples``, or the kernel's own cap ``adapter.max_examples``) is
+    kept: when it is below two per cell only the first cells run (the design's first cells cover the
+    most pairs) and the result says which pairs were missed."""
+    limits = [x for x in (max_examples, cap) if x is not None]
+    if not limits or min(limits) >= 2 * cells:
+        n = min(limits) if limits else profile_settings(profile).max_examples
+        per, extra = divmod(n, cells)
+        return [max(2, per + (i < extra)) for i in range(cells)]
+    n = min(limits)
+    run = max(1, n // 2)
+    return [n // run + (i < n % run) for i in range(run)]
+
+
+def _settings(profile: str | None, n: int, seeded: bool) -> settings:
     base = profile_settings(profile)
-    n = max_examples if max_examples is not None else base.max_examples
     return settings(
         base,
-        max_examples=min(n, cap) if cap is not None else n,
+        max_examples=n,
         deadline=None,
-        derandomize=base.derandomize if seed is None else False,
+        # each cell runs under a seed of its own (derived from the cell, or from the given seed), so that
+        # a derandomized profile stays deterministic while the cells draw different values
+        derandomize=False if seeded else base.derandomize,
+        database=None if seeded and base.derandomize else base.database,
         phases=[p for p in base.phases if p is not Phase.explain],  # it explains our property, not the kernel
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
     )
@@ -96,25 +118,40 @@ def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode)
         raise
 
 
-def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_examples: int | None,
-                  profile: str | None, seed: int | None = None) -> int:
-    """Run the mode's property; the number of examples checked. Raises the (shrunk) failure, or
-    :class:`failures.Repeated` when examples raised only an exception already reported for the kernel."""
-    __tracebackhide__ = True
-    checked = [0]
-    declined: list[str] = []
-    repeated: list[tuple[str, BaseException]] = []
-    try:
-        strategy = mode_strategy(adapter, mode, family)
-    except InvalidArgument as exc:  # the strategies cannot draw this mode for this convention
-        raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
+class _Tally:
+    """What a mode's cells found so far: examples checked, declined and repeated, relations reached."""
 
-    @given(problem=strategy)
-    @_settings(max_examples, profile, adapter.max_examples, seed)
+    def __init__(self) -> None:
+        self.checked = 0
+        self.declined: list[str] = []
+        self.repeated: list[tuple[str, BaseException]] = []
+        self.coverage: Counter[str] = Counter()
+        self.cells = (0, 0)  # cells run, cells in the design
+        self.reached: set[tuple[str, frozenset]] = set()  # (family, pair) of relations checked together
+        self.summary: tuple[tuple[int, int], tuple[str, ...]] = ((0, 0), ())
+
+    def pairs(self, cov: Covering) -> tuple[tuple[int, int], tuple[str, ...]]:
+        """(pairs reached, pairs in the designs) and the missing ones, described."""
+        wanted = {(fam, p) for fam, d in cov.designs.items() for p in d.pairs}
+        missing = sorted(f"{fam}: " + " & ".join(f"{f}={v}" for f, v in sorted(p)) for fam, p in wanted - self.reached)
+        return (len(wanted & self.reached), len(wanted)), tuple(missing)
+
+
+def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally,
+                   dry: bool = False) -> Callable[..., None]:
     def prop(problem: gmm_ref.Problem) -> None:
         reason = adapter.supports(problem)
         if reason is not None:
-            declined.append(reason)
+            tally.declined.append(reason)
+            return
+        seen = observe(problem, cov.config)
+        relations = [f"{f}={v}" for f, levels in seen.items() for v in sorted(levels)]
+        for r in relations:
+            event(r)
+        if dry:  # coverage only: what would be checked, without calling the kernel
+            tally.checked += 1
+            tally.coverage.update(relations)
+            tally.reached.update((problem.family, p) for p in pairs_of(seen))
             return
         try:
             if mode.name == "grad":
@@ -124,31 +161,56 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
         except NotImplementedError as exc:
             if mode.name != "grad":
                 raise
-            declined.append(str(exc))
+            tally.declined.append(str(exc))
             return
         except Exception as exc:
             where = failures.seen_before(adapter, exc)
             if where is None:
                 raise
-            repeated.append((where, exc))  # reported once already: not shrunk again
+            tally.repeated.append((where, exc))  # reported once already: not shrunk again
             return
-        checked[0] += 1
+        tally.checked += 1
+        tally.coverage.update(relations)
+        tally.reached.update((problem.family, p) for p in pairs_of(seen))
 
-    if seed is not None:
-        prop = hypothesis_seed(seed)(prop)
+    return prop
+
+
+def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_examples: int | None,
+                  profile: str | None, seed: int | None = None, dry: bool = False) -> _Tally:
+    """Run the mode's property over every cell of its covering design. Raises the (shrunk) failure of the
+    first failing cell, or :class:`failures.Repeated` when examples raised only an exception already
+    reported for the kernel, or :class:`Unsupported`."""
+    __tracebackhide__ = True
     try:
-        prop()
+        cov = mode_covering(adapter, mode, family)
     except InvalidArgument as exc:  # the strategies cannot draw this mode for this convention
         raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
-    if repeated:
-        where, exc = repeated[0]
+    tally = _Tally()
+    derandomized = profile_settings(profile).derandomize
+    budgets = _budgets(max_examples, profile, adapter.max_examples, len(cov.cells))
+    tally.cells = (len(budgets), len(cov.cells))
+    for i, (cc, n) in enumerate(zip(cov.cells[:len(budgets)], budgets, strict=True)):
+        prop = given(problem=cc.strategy)(_cell_property(adapter, mode, cov, tally, dry))
+        if seed is not None or derandomized:
+            cell_seed = zlib.crc32(f"{cc.family} {cc.cell.describe()}".encode()) ^ (seed or 0) ^ i
+            prop = hypothesis_seed(cell_seed)(_settings(profile, n, seeded=True)(prop))
+        else:
+            prop = _settings(profile, n, seeded=False)(prop)
+        try:
+            prop()
+        except InvalidArgument as exc:
+            raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
+    if tally.repeated:
+        where, exc = tally.repeated[0]
         raise failures.Repeated(
-            f"raised again in {len(repeated)} of {len(repeated) + checked[0]} examples, as in {where} (reported "
-            f"there; not shrunk again): {failures.one_line(exc)}")
-    if checked[0] == 0:
-        reason = max(set(declined), key=declined.count) if declined else "no problem drawn"
+            f"raised again in {len(tally.repeated)} of {len(tally.repeated) + tally.checked} examples, as in "
+            f"{where} (reported there; not shrunk again): {failures.one_line(exc)}")
+    if tally.checked == 0:
+        reason = max(set(tally.declined), key=tally.declined.count) if tally.declined else "no problem drawn"
         raise Unsupported(f"{adapter.name} declined every problem: {reason}")
-    return checked[0]
+    tally.summary = tally.pairs(cov)
+    return tally
 
 
 def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
@@ -167,7 +229,7 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     common = dict(kernel=adapter.name, check=mode.name, family=family,
                   setting=_run_setting(profile, seed, max_examples))
     try:
-        n = _run_property(adapter, mode, family, max_examples, profile, seed)
+        tally = _run_property(adapter, mode, family, max_examples, profile, seed)
     except Unsupported as exc:
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
     except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
@@ -182,7 +244,28 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         status, detail = (Status.KNOWN_BUG, f"{known} (caught: {line})") if known else (Status.FAILED, line)
         exc.add_note(f"Checked under the {common['setting']}.")
         return Result(status=status, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
-    return Result(status=Status.PASSED, examples=n, seconds=time.perf_counter() - t0, **common)
+    return Result(status=Status.PASSED, examples=tally.checked, seconds=time.perf_counter() - t0,
+                  coverage=tuple(sorted(tally.coverage.items())), cells=tally.cells, pairs=tally.summary[0],
+                  missing=tally.summary[1], **common)
+
+
+def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
+             max_examples: int | None = None, profile: str | None = None, seed: int | None = None) -> Result:
+    """What :func:`check_mode` would check, without calling the kernel: the examples it would draw,
+    the relations and pairs of relations they reach (``Result.coverage``, ``pairs``, ``missing``)."""
+    mode = mode_of(mode)
+    t0 = time.perf_counter()
+    common = dict(kernel=adapter.name, check=mode.name, family=family,
+                  setting=_run_setting(profile, seed, max_examples))
+    try:
+        tally = _run_property(adapter, mode, family, max_examples, profile, seed, dry=True)
+    except Unsupported as exc:
+        return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
+    status = Status.PASSED if not tally.summary[1] else Status.FAILED
+    detail = "" if status is Status.PASSED else f"{len(tally.summary[1])} pairs never reached"
+    return Result(status=status, detail=detail, examples=tally.checked, seconds=time.perf_counter() - t0,
+                  coverage=tuple(sorted(tally.coverage.items())), cells=tally.cells, pairs=tally.summary[0],
+                  missing=tally.summary[1], **common)
 
 
 def check_kernel(

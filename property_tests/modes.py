@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from gmm_kernels import KernelAdapter
 from property_tests import strategies as gst
+from property_tests.strategies.problems import Covering
 
-__all__ = ["MODES", "Mode", "Unsupported", "mode_strategy"]
+__all__ = ["MODES", "Mode", "Unsupported", "mode_arguments", "mode_covering", "mode_strategy"]
 
 
 class Unsupported(Exception):
@@ -85,6 +86,17 @@ def _dtypes(mode_dtypes: Any, adapter: KernelAdapter) -> Any:
 
 def mode_strategy(adapter: KernelAdapter, mode: Mode | str, family: str | None = None) -> st.SearchStrategy:
     """Problems in ``adapter``'s convention for ``mode``, within what the kernel declares it takes."""
+    return gst.problems(**mode_arguments(adapter, mode, family))
+
+
+def mode_covering(adapter: KernelAdapter, mode: Mode | str, family: str | None = None) -> Covering:
+    """The covering design of ``mode`` for ``adapter``: cells that reach every pair of relations the
+    kernel's convention and declared scope can express (``property_tests.strategies.design``)."""
+    return gst.covering(**mode_arguments(adapter, mode, family))
+
+
+def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None = None) -> dict[str, Any]:
+    """The ``problems()`` arguments of ``mode`` for ``adapter`` (its declared options and scope applied)."""
     mode = mode_of(mode)
     if mode.needs_sharding and not adapter.spec.sharding:
         raise Unsupported(f"{adapter.convention} has no group_offset (no sharded groups)")
@@ -106,4 +118,4 @@ def mode_strategy(adapter: KernelAdapter, mode: Mode | str, family: str | None =
         kwargs["families"] = (family,)
     elif adapter.families != adapter.spec.families:
         kwargs["families"] = adapter.families
-    return gst.problems(convention=adapter.convention, **kwargs)
+    return dict(convention=adapter.convention, **kwargs)

@@ -1,7 +1,7 @@
 """The scope options the main job and the pytest plugin share (the plugin's carry a ``--gmm-`` prefix).
 
 ``--families ragged_m --dtypes bfloat16 --out-dtypes float32 --multiple k=32 --no-tail
---numerics accumulate=float32,flush`` declare what a kernel supports
+--zero-extents none --numerics accumulate=float32,flush`` declare what a kernel supports
 (``gmm_kernels.Scope``): they narrow the scope the kernel already declares
 (``gmm_kernels.declare``) field by field, and one that leaves nothing to check
 is a usage error naming the option.
@@ -16,7 +16,7 @@ from typing import Any
 from gmm_kernels import KernelAdapter, Scope
 from gmm_kernels.scope import parse_multiples, parse_numerics
 
-__all__ = ["SCOPE_OPTIONS", "add_scope_options", "apply_scope", "scope_fields", "split_list"]
+__all__ = ["SCOPE_OPTIONS", "add_scope_options", "apply_scope", "modes_option", "scope_fields", "split_list"]
 
 #: (option name without prefix, argparse keyword arguments)
 SCOPE_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -26,6 +26,7 @@ SCOPE_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("multiple", dict(action="append", metavar="AXIS=N",
                       help="an extent the kernel needs a multiple of, e.g. k=32 (repeatable)")),
     ("no-tail", dict(action="store_true", help="every row is in a group: no rows past the last group")),
+    ("zero-extents", dict(metavar="AXES", help="the axes whose extent may be 0: some of m,k,n, or none")),
     ("numerics", dict(metavar="SPEC", help="the kernel's arithmetic: accumulate=DTYPE[,multiply=DTYPE][,flush]")),
 )
 
@@ -63,6 +64,12 @@ def scope_fields(values: Mapping[str, Any], prefix: str = "--") -> dict[str, Any
         fields["multiples"] = parse_multiples(values["multiple"], option=prefix + "multiple")
     if values.get("no-tail"):
         fields["tail"] = False
+    zero = values.get("zero-extents")
+    if zero is not None:
+        axes = [] if zero.strip() == "none" else split_list(zero, prefix + "zero-extents")
+        if any(a not in ("m", "k", "n") for a in axes):
+            raise ValueError(f"{prefix}zero-extents: expected some of m,k,n or none, got {zero!r}")
+        fields["zero_extents"] = tuple(axes)
     numerics = parse_numerics(values.get("numerics"), option=prefix + "numerics")
     if numerics is not None:
         fields["numerics"] = numerics
@@ -78,3 +85,17 @@ def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str =
         except ValueError as exc:
             raise ValueError(f"{prefix}{exc} (kernel {adapter.name})") from None
     return adapter
+
+
+def modes_option(text: str | None, known: Any, error: Callable[[str], Any]) -> list[str]:
+    """The modes of a ``--modes M,M`` option (all of ``known`` when not given); ``error`` (a parser's)
+    on a bad value."""
+    try:
+        modes = split_list(text, "--modes") or list(known)
+    except ValueError as exc:
+        error(str(exc))
+        raise
+    unknown = [m for m in modes if m not in known]
+    if unknown:
+        error(f"--modes: expected some of {', '.join(known)}, got {unknown}")
+    return modes

@@ -27,6 +27,7 @@ import numpy as np
 
 from gmm_ref import dtypes as _dt
 from gmm_ref.exact import Reference, reference
+from gmm_ref.layouts import stored
 from gmm_ref.problem import FAMILIES, Problem
 
 __all__ = [
@@ -91,9 +92,16 @@ class Convention:
     max_batch_dims: int = 0
     full_sums: bool = False
     out_dtype_is_input: bool = False
+    #: only the (input, output) pairs of ``dtype_pairs`` are taken (otherwise any output dtype is)
+    listed_pairs_only: bool = False
     multiple_of: tuple[tuple[str, Any], ...] = ()
     default_tiling: tuple[int, int, int] | None = None
     default_families: tuple[str, ...] | None = None
+    #: the arguments carry strides (torch tensors): lhs and rhs, its first two positional
+    #: arguments, are passed in the problem's ``storage`` (contiguous, transposed view, slice, chunk)
+    strided: bool = False
+    #: the axes ("m", "k", "n") whose extent may be 0 (every one unless the API cannot take it)
+    zero_extents: tuple[str, ...] = ("m", "k", "n")
     summary: str = ""
 
     def __post_init__(self) -> None:
@@ -149,7 +157,10 @@ class Convention:
         reason = self.refusal(p)
         if reason:
             raise ValueError(f"convention: {self.name!r} cannot express this problem: {reason}")
-        return self._arguments(p)
+        args, kwargs = self._arguments(p)
+        if self.strided:
+            args = (stored(args[0], p.storage[0]), stored(args[1], p.storage[1]), *args[2:])
+        return args, kwargs
 
     def parse(self, *args: Any, **kwargs: Any) -> Problem:
         """The problem a call of this convention's kernel describes (its own signature)."""
@@ -178,11 +189,29 @@ class Convention:
         if layout not in self.layouts_of(p.family):
             return (f"{self.name} takes the {p.family} layouts (lhs_transposed, rhs_transposed, packed) "
                     f"{list(self.layouts_of(p.family))}, not {layout}")
+        if p.storage != ("contiguous", "contiguous") and not self.strided:
+            return f"{self.name}'s arguments carry no strides (its operands are always contiguous), not {p.storage}"
+        for operand, kind, rows in (("lhs", p.storage[0], p.m), ("rhs", p.storage[1], p.k)):
+            why = self.storage_refusal(operand, kind, rows, p.lhs.dtype)
+            if why:
+                return why
         for i, axis in enumerate("mkn"):
             mult = self.axis_multiple(axis, p.family, p.tiling, p.lhs.dtype)
             extent = (p.m, p.k, p.n)[i]
+            if extent == 0 and axis not in self.zero_extents:
+                return f"{self.name} takes no {axis.upper()} = 0"
             if extent % mult:
                 return f"{self.name} needs {axis.upper()}={extent} to be a multiple of {mult}{self._why(axis, p)}"
+        return None
+
+    def storage_refusal(self, operand: str, kind: str, rows: int, dtype: Any) -> str | None:
+        """Why ``operand`` ("lhs" or "rhs") with ``rows`` rows in its last two axes cannot be passed stored as
+        ``kind``, or None. Under a 16-byte stride rule a transposed view's row count sets a stride."""
+        if kind == "transposed" and any(req == "16B" for _, req in self.multiple_of):
+            step = max(1, 16 // int(np.dtype(dtype).itemsize))
+            if rows % step:
+                return (f"{self.name} needs every stride to be a multiple of 16 bytes: a transposed {operand} "
+                        f"with {rows} rows of {np.dtype(dtype)} has a stride of {rows * np.dtype(dtype).itemsize}")
         return None
 
     def _why(self, axis: str, p: Problem) -> str:
@@ -215,6 +244,9 @@ class Convention:
         if self.out_dtype_is_input and (p.out_dtype != p.lhs.dtype or p.lhs.dtype != p.rhs.dtype):
             return (f"{self.name}: out_dtype must equal the input dtype, got {p.lhs.dtype} x {p.rhs.dtype} "
                     f"-> {p.out_dtype}")
+        if self.listed_pairs_only and (p.lhs.dtype, p.out_dtype) not in self.dtype_pairs:
+            return (f"{self.name} takes the (input, output) dtypes "
+                    f"{', '.join(f'{i}->{o}' for i, o in self.dtype_pairs)} only, got {p.lhs.dtype} -> {p.out_dtype}")
         return None
 
 

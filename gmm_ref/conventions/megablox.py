@@ -8,7 +8,8 @@
   which the last ``group_offset`` are never written.
 
 Both need the ragged extent to be a multiple of the row tile ``tm``
-(megablox raises ValueError otherwise).
+(megablox raises ValueError otherwise), and no extent may be 0 (megablox
+slices a tile of every operand; a zero-length one fails in ``lax.slice``).
 """
 
 from __future__ import annotations
@@ -159,13 +160,13 @@ GMM = _Gmm(
     name="megablox.gmm", framework="jax", families=("ragged_m",),
     layouts=(("ragged_m", ((False, False, False), (False, True, False))),), dtype_pairs=_PAIRS,
     tail="undefined", foreign="zero", existing_policy="overwrite", existing_argument="existing_out",
-    sharding=True, multiple_of=(("ragged", "tm"),), default_tiling=_DEFAULT_TILING,
+    sharding=True, multiple_of=(("ragged", "tm"),), default_tiling=_DEFAULT_TILING, zero_extents=(),
     summary="megablox gmm(lhs [M, K], rhs [L, K, N], group_sizes [G], ...) -> [M, N]",
 )
 TGMM = _Tgmm(
     name="megablox.tgmm", framework="jax", families=("ragged_k",), layouts=(("ragged_k", base.PLAIN),),
     dtype_pairs=_PAIRS, empty="zero", existing_policy="accumulate", existing_argument="existing_out",
-    sharding=True, multiple_of=(("ragged", "tm"),), default_tiling=_DEFAULT_TILING,
+    sharding=True, multiple_of=(("ragged", "tm"),), default_tiling=_DEFAULT_TILING, zero_extents=(),
     # megablox's tgmm calls the ragged (contracting) axis m and tiles it by tm
     summary="megablox tgmm(lhs [M, sum K], rhs [sum K, N], group_sizes [G], ...) -> [groups, M, N]",
 )

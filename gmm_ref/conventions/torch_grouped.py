@@ -2,8 +2,9 @@
 
 Rows (2d x 3d) or columns (3d x 2d) past ``offs[-1]`` are never written, on
 CUDA and on CPU alike (the output is ``torch.empty``): undefined. Every
-operand's leading stride must be a multiple of 16 bytes; ``out_dtype`` equals
-the input dtype (torch 2.13); no bias.
+operand's leading stride must be a multiple of 16 bytes; operands may be
+strided views (a transposed view, a slice, a chunk of a split); ``out_dtype``
+equals the input dtype, or float32 from bfloat16; no bias.
 """
 
 from __future__ import annotations
@@ -67,10 +68,14 @@ class _GroupedMM(Convention):
 
 GROUPED_MM = _GroupedMM(
     name="torch.grouped_mm", framework="torch", families=FAMILIES, layouts=tuple((f, base.PLAIN) for f in FAMILIES),
-    dtype_pairs=(("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "float16")),
-    tail="undefined", empty="zero", out_dtype_is_input=True,
+    # out_dtype float32 from bfloat16 is documented (the CUDA path takes it; torch 2.13's CPU path refuses it)
+    dtype_pairs=(("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32")),
+    listed_pairs_only=True, tail="undefined", empty="zero", strided=True,
     # every operand's and the output's leading stride is a multiple of 16 bytes
     multiple_of=(("k", "16B"), ("n", "16B")),
+    # a nominal tile (the CPU path has none; CUDA kernels tile by 64 or 128): extents are drawn around
+    # its edges, far enough apart that a 16-byte step (8 bfloat16) still lands off them
+    default_tiling=(32, 32, 32),
     summary="torch._grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None): 2d/3d x 2d/3d",
 )
 grouped_mm = base.front_end(GROUPED_MM, "grouped_mm")

@@ -86,6 +86,9 @@ def _check_pairs(value: Any, pairs: list, rules: Convention, convention: str | N
                 f"dtypes={value!r}, but convention={convention!r} takes inputs of "
                 f"{sorted(str(d) for d in allowed_in)} only"
             )
+        if rules.listed_pairs_only and (i, o) not in rules.dtype_pairs:
+            raise InvalidArgument(f"dtypes={value!r}, but {convention} takes the (input, output) pairs "
+                                  f"{[(str(a), str(b)) for a, b in rules.dtype_pairs]} only")
         if rules.out_dtype_is_input and o != i:
             raise InvalidArgument(f"dtypes={value!r}, but {convention} needs out_dtype equal to the input dtype")
         if _dt.is_integer(i) != _dt.is_integer(o) or i not in _dt.INPUT_DTYPES or o not in _dt.OUTPUT_DTYPES:
@@ -126,6 +129,15 @@ def _multiples(value: Any) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((str(a), int(m)) for a, m in value.items()))
 
 
+def _zero_extents(value: Any, rules: Convention) -> tuple[str, ...]:
+    if value is None:
+        return tuple(rules.zero_extents)
+    axes = (value,) if isinstance(value, str) else value
+    if not isinstance(axes, (tuple, list)) or any(a not in ("m", "k", "n") for a in axes):
+        raise InvalidArgument(f"zero_extents={value!r}, but it must be a sequence of axes ('m', 'k', 'n')")
+    return tuple(a for a in "mkn" if a in axes and a in rules.zero_extents)
+
+
 def _shapes(shapes: Any, shp: Any, rules: Convention, convention: str | None, fams: tuple[str, ...],
             pairs: tuple, tiling: tuple[int, int, int], multiples: dict[str, int]
             ) -> tuple[tuple[int, int, int], ...] | None:
@@ -152,7 +164,8 @@ def _shapes(shapes: Any, shp: Any, rules: Convention, convention: str | None, fa
 
 def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling: Any, min_groups: Any,
            max_groups: Any, max_extent: Any, max_batch_dims: Any, sharding: Any, max_shards: Any,
-           existing_out: Any, shapes: Any, max_buckets: Any, vary_out_dtype: Any, multiple_of: Any = None) -> Config:
+           existing_out: Any, shapes: Any, max_buckets: Any, vary_out_dtype: Any, multiple_of: Any = None,
+           zero_extents: Any = None) -> Config:
     """The validated :class:`Config` of ``problems()``'s arguments (strategy arguments drawn in order)."""
     rules = rules_of(convention)
     fams = _families(families, rules, convention)
@@ -167,7 +180,7 @@ def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling
         raise InvalidArgument(f"min_groups={lo} is greater than max_groups={hi}")
     counts = tuple(sorted({v for v in (lo, 2, 3, 4, hi) if lo <= v <= hi}))
     me = resolve(draw, max_extent)
-    me = 2 * max(t) + 16 if me is None else check_int("max_extent", me, minimum=1, maximum=MAX_EXTENT)
+    me = 3 * max(t) + 16 if me is None else check_int("max_extent", me, minimum=1, maximum=MAX_EXTENT)
     mbd = resolve(draw, max_batch_dims)
     mbd = rules.max_batch_dims if mbd is None else check_int("max_batch_dims", mbd, minimum=0)
     if mbd > rules.max_batch_dims:
@@ -189,4 +202,6 @@ def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling
     mb = resolve(draw, max_buckets)
     if mb is not None:
         mb = check_int("max_buckets", mb, minimum=1)
-    return Config(convention, rules, multiples, fams, pairs, t, given_t, counts, lo, hi, me, mbd, sh, ms, ex, shp, mb)
+    zero = _zero_extents(zero_extents, rules)
+    return Config(convention, rules, multiples, fams, pairs, t, given_t, counts, lo, hi, me, mbd, sh, ms, ex, shp, mb,
+                  zero)

@@ -17,7 +17,7 @@ from gmm_ref.conventions import Convention
 from property_tests.strategies._common import BOOLEANS, integers, sampled
 from property_tests.strategies.extents import Extents, cached_extents, extent_candidates
 
-__all__ = ["MAX_ELEMENTS", "Config", "Static", "axis_multiple", "buckets", "draw_free_static"]
+__all__ = ["MAX_ELEMENTS", "Config", "Static", "axis_multiple", "buckets", "draw_free_static", "fits"]
 
 MAX_ELEMENTS = 1 << 20  # per buffer; keeps drawing fast
 
@@ -63,6 +63,8 @@ class Config:
     existing: bool | None
     shapes: tuple[tuple[int, int, int], ...] | None
     max_buckets: int | None
+    #: the axes whose extent may be 0 (the convention's, narrowed by ``zero_extents``)
+    zero_extents: tuple[str, ...] = ("m", "k", "n")
 
 
 def axis_multiple(cfg: Config, axis: str, family: str, in_dtype: Any) -> int:
@@ -104,7 +106,7 @@ def _existing_options(cfg: Config) -> list[bool]:
     return [True] if cfg.existing else [False, True]
 
 
-def _fits(s: Static) -> bool:
+def fits(s: Static) -> bool:
     m, k, n = s.mkn
     b = math.prod(s.batch)
     g = s.groups
@@ -151,11 +153,11 @@ def buckets(cfg: Config) -> tuple[Static, ...]:
         batch = (2,) * nb
         s = Static(fam, layout, batch, bool(nb and fam in ("ragged_m", "ragged_k") and j % 2),
                     mkn, g, pick(shards, 6), in_dt, out_dt, pick(_existing_options(cfg), 7))
-        if not _fits(s):  # too big for this G: the smallest extents instead
+        if not fits(s):  # too big for this G: the smallest extents instead
             small = (min(cfg.shapes, key=sum) if cfg.shapes is not None
                      else tuple(c[0] for c in _axis_candidates(cfg, fam, in_dt)))
             s = dataclasses.replace(s, mkn=small)
-            if not _fits(s):
+            if not fits(s):
                 continue
         found.setdefault(s)
         if len(found) >= target:
@@ -212,7 +214,7 @@ def draw_free_static(draw: Any, cfg: Config) -> Static:
     batched = bool(nb) and fam in ("ragged_m", "ragged_k") and draw(BOOLEANS)
     existing = draw(sampled(tuple(_existing_options(cfg))))
     s = Static(fam, layout, batch, batched, mkn, g, shard_count, in_dt, out_dt, existing)
-    if not _fits(s):
+    if not fits(s):
         raise InvalidArgument(f"max_extent={cfg.max_extent}, max_groups: a drawn problem exceeds "
                               f"{MAX_ELEMENTS} elements per buffer; lower them")
     return s

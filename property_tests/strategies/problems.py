@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,13 +14,15 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 import gmm_ref
+from gmm_ref.problem import STORAGES
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, integers, resolve, sampled
 from property_tests.strategies._config import config
 from property_tests.strategies._static import Config, Static, buckets, draw_free_static
-from property_tests.strategies.sizes import draw_sizes
+from property_tests.strategies.design import Cell, Design, design
+from property_tests.strategies.sizes import draw_sizes, draw_span_sizes
 from property_tests.strategies.values import VALUE_KINDS, few, fill, poison, unused_elements
 
-__all__ = ["problems"]
+__all__ = ["Covering", "CoveringCell", "covering", "problems"]
 
 def problems(
     *,
@@ -40,6 +44,7 @@ def problems(
     shapes: Sequence[tuple[int, int, int]] | None = None,
     max_buckets: int | None = 8,
     multiple_of: Mapping[str, int] | None = None,
+    zero_extents: Sequence[str] | None = None,
 ) -> SearchStrategy[gmm_ref.Problem]:
     """:class:`gmm_ref.Problem` instances that ``convention``'s real kernel takes.
 
@@ -65,6 +70,8 @@ def problems(
     reads). ``sharding``/``existing_out``: True always, False never, None
     either (where the convention has them). ``allow_tail=None`` allows
     ``sum(sizes) <`` extent unless the convention needs full sums.
+    ``zero_extents`` lists the axes (``"m"``, ``"k"``, ``"n"``) whose extent may be drawn 0 (None:
+    every one the convention takes; ``()``: none).
     ``multiple_of`` (e.g. ``{"k": 32}``) adds a kernel's own multiple per axis
     to its convention's. ``all_empty=True``: every group empty; where the sum must equal the
     extent (``allow_tail=False``), every group but one, which holds it all.
@@ -75,23 +82,69 @@ def problems(
 
     Shrinks towards the simplest bucket (fewest groups, smallest shapes, no
     shards, no existing output), sizes of 0, one shard, exact values and
-    seed 0 (all-ones operands).
+    the values of seed 0 (never all ones: equal weights in every group would hide a misrouted group).
     """
-    config_args = (convention, families, dtypes, tiling, min_groups, max_groups, max_extent,
-                   max_batch_dims, sharding, max_shards, existing_out, shapes, max_buckets, vary_out_dtype,
-                   multiple_of)
-    drawer = _Drawer(config_args, values, check_bool("allow_tail", allow_tail, allow_none=True),
-                     check_bool("all_empty", all_empty))
-    if drawer.fixed:
-        drawer.config(_no_draw)  # concrete arguments are checked when the strategy is built
-    if not isinstance(values, SearchStrategy):
-        drawer.kinds(_no_draw)
+    drawer = _drawer(convention=convention, families=families, dtypes=dtypes, tiling=tiling,
+                     min_groups=min_groups, max_groups=max_groups, max_extent=max_extent,
+                     max_batch_dims=max_batch_dims, sharding=sharding, max_shards=max_shards,
+                     existing_out=existing_out, values=values, allow_tail=allow_tail, all_empty=all_empty,
+                     vary_out_dtype=vary_out_dtype, shapes=shapes, max_buckets=max_buckets, multiple_of=multiple_of,
+                     zero_extents=zero_extents)
 
     @st.composite
     def _draw(draw: Any) -> gmm_ref.Problem:
         return drawer(draw)
 
     return _draw()
+
+
+@dataclass(frozen=True)
+class CoveringCell:
+    """One cell of a covering design and the strategy of its problems."""
+
+    family: str
+    cell: Cell
+    strategy: SearchStrategy[gmm_ref.Problem]
+
+
+@dataclass(frozen=True)
+class Covering:
+    """The covering designs of one set of ``problems()`` arguments, a design per family."""
+
+    config: Config
+    designs: dict[str, Design]
+    cells: tuple[CoveringCell, ...]
+
+
+def covering(**kwargs: Any) -> Covering:
+    """The covering design of ``problems(**kwargs)``: per family, cells that together reach every pair
+    of relations (``property_tests.strategies.design``) the convention can express, each with the
+    strategy of its problems (static signature, group-size relation, shard and storage fixed; sizes
+    and values free). Run every cell's strategy to reach every pair whatever the example budget."""
+    kwargs.pop("max_buckets", None)
+    unknown = set(kwargs) - set(inspect.signature(problems).parameters)
+    if unknown:
+        raise InvalidArgument(f"covering(): unknown arguments {sorted(unknown)}; it takes problems()'s")
+    return _drawer(**kwargs).covering()
+
+
+def _drawer(*, convention: Any = None, families: Any = None, dtypes: Any = None, tiling: Any = None,
+            min_groups: Any = 1, max_groups: Any = 8, max_extent: Any = None, max_batch_dims: Any = None,
+            sharding: Any = None, max_shards: Any = 4, existing_out: Any = None,
+            values: Any = ("exact", "normal", "wide", "poisoned"), allow_tail: Any = None, all_empty: Any = False,
+            vary_out_dtype: Any = None, shapes: Any = None, max_buckets: Any = 8, multiple_of: Any = None,
+            zero_extents: Any = None) -> _Drawer:
+    """A drawer for ``problems()``'s arguments, checked where they are values."""
+    config_args = (convention, families, dtypes, tiling, min_groups, max_groups, max_extent,
+                   max_batch_dims, sharding, max_shards, existing_out, shapes, max_buckets, vary_out_dtype,
+                   multiple_of, zero_extents)
+    drawer = _Drawer(config_args, values, check_bool("allow_tail", allow_tail, allow_none=True),
+                     check_bool("all_empty", all_empty))
+    if drawer.fixed:
+        drawer.config(_no_draw)  # concrete arguments are checked when the strategy is built
+    if not isinstance(values, SearchStrategy):
+        drawer.kinds(_no_draw)
+    return drawer
 
 
 def _no_draw(strategy: Any) -> Any:  # pragma: no cover - only reached if an argument were a strategy
@@ -139,18 +192,33 @@ class _Drawer:
             self.memo["buckets"] = bucket_strategy
         return draw(bucket_strategy)
 
-    def __call__(self, draw: Any) -> gmm_ref.Problem:
-        cfg = self.config(draw)
-        kinds = self.kinds(draw)
+    def tail_ok(self, cfg: Config) -> bool:
         full_sums, convention = cfg.rules.full_sums, cfg.convention
-        tail_ok = full_sums is False if self.allow_tail is None else bool(self.allow_tail)
         if self.allow_tail and full_sums:
             raise InvalidArgument(
                 f"allow_tail=True, but convention={convention!r} needs sum(group_sizes) equal to the extent")
         if self.all_empty and full_sums:
             raise InvalidArgument(
                 f"all_empty=True, but convention={convention!r} needs sum(group_sizes) equal to the extent")
-        return _build(draw, cfg, self.static(draw, cfg), kinds, tail_ok, self.all_empty)
+        return full_sums is False if self.allow_tail is None else bool(self.allow_tail)
+
+    def __call__(self, draw: Any) -> gmm_ref.Problem:
+        cfg = self.config(draw)
+        kinds = self.kinds(draw)
+        return _build(draw, cfg, self.static(draw, cfg), kinds, self.tail_ok(cfg), self.all_empty)
+
+    def covering(self) -> Covering:
+        if not self.fixed or isinstance(self.values, SearchStrategy):
+            raise InvalidArgument("covering(): every argument must be a value, not a strategy")
+        cfg, kinds = self.config(_no_draw), self.kinds(_no_draw)
+        tail_ok = self.tail_ok(cfg)
+        designs = {f: design(cfg, f, tail_ok, self.all_empty) for f in cfg.families}
+
+        def strategy(cell: Cell) -> SearchStrategy[gmm_ref.Problem]:
+            return st.composite(lambda draw: _build(draw, cfg, cell.static, kinds, tail_ok, self.all_empty, cell))()
+
+        cells = tuple(CoveringCell(f, c, strategy(c)) for f, d in designs.items() for c in d.cells)
+        return Covering(cfg, designs, cells)
 
 
 def _policies(draw: Any, cfg: Config, family: str) -> dict[str, str]:
@@ -165,8 +233,8 @@ def _policies(draw: Any, cfg: Config, family: str) -> dict[str, str]:
     return policies
 
 
-def _sizes(draw: Any, cfg: Config, s: Static, kind: str, tail_ok: bool, all_empty: bool, offset: int
-           ) -> np.ndarray | None:
+def _sizes(draw: Any, cfg: Config, s: Static, kind: str, tail_ok: bool, all_empty: bool, offset: int,
+           span: str | None = None) -> np.ndarray | None:
     fam, (m, k, n), g, b = s.family, s.mkn, s.groups, s.batch
     if fam == "batch":
         return None
@@ -174,6 +242,9 @@ def _sizes(draw: Any, cfg: Config, s: Static, kind: str, tail_ok: bool, all_empt
     extent, tile = {"ragged_m": (m, tm), "ragged_n": (n, tn), "ragged_k": (k, tk)}[fam]
     pattern = "all_empty" if all_empty else None
     n_rows = math.prod(b) if s.sizes_batched else 1
+    if span is not None and not all_empty:  # a cell of the covering design: its relation, sizes free around it
+        rows = [draw_span_sizes(draw, span, g, extent, tile, tail_ok) for _ in range(n_rows)]
+        return np.array(rows[0] if not s.sizes_batched else np.reshape(rows, (*b, g)), np.int32)
     # poisoned values and all_empty want the padding (all groups empty) where it is allowed
     rows = [draw_sizes(draw, g, extent, tile, tail_ok, pattern, want_tail=kind == "poisoned" or all_empty)
             for _ in range(n_rows)]
@@ -184,16 +255,29 @@ def _sizes(draw: Any, cfg: Config, s: Static, kind: str, tail_ok: bool, all_empt
     return np.array(rows[0] if not s.sizes_batched else np.reshape(rows, (*b, g)), np.int32)
 
 
-def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: bool, all_empty: bool
-           ) -> gmm_ref.Problem:
+def _storages(cfg: Config, operand: str, rows: int, in_dtype: Any) -> tuple[str, ...]:
+    return tuple(x for x in STORAGES if not cfg.rules.storage_refusal(operand, x, rows, in_dtype))
+
+
+def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: bool, all_empty: bool,
+           cell: Cell | None = None) -> gmm_ref.Problem:
     fam, (lt, rt, packed) = s.family, s.layout
     m, k, n = s.mkn
     g, b = s.groups, s.batch
     local = g // s.shards
-    offset = draw(integers(0, s.shards - 1)) * local if s.shards > 1 else 0
+    if cell is not None:
+        offset = cell.shard_index * local
+    else:
+        offset = draw(integers(0, s.shards - 1)) * local if s.shards > 1 else 0
     policies = _policies(draw, cfg, fam)
     kind = draw(sampled(kinds))
-    sizes = _sizes(draw, cfg, s, kind, tail_ok, all_empty, offset)
+    sizes = _sizes(draw, cfg, s, kind, tail_ok, all_empty, offset, cell.span if cell is not None else None)
+    if cell is not None:
+        storage = cell.storage
+    elif cfg.rules.strided:  # any layout the convention takes for these shapes
+        storage = tuple(draw(sampled(_storages(cfg, op, rows, s.in_dtype))) for op, rows in (("lhs", m), ("rhs", k)))
+    else:
+        storage = ("contiguous", "contiguous")
     seed = draw(SEEDS)
     rng = np.random.default_rng(seed)
     value_kind = "normal" if kind == "poisoned" else kind
@@ -203,7 +287,7 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
     lhs = fill(rng, (*lead_l, *b, *((k, m) if lt else (m, k))), s.in_dtype, value_kind, k_eff, s.out_dtype, seed)
     rhs = fill(rng, (*lead_r, *b, *((n, k) if rt else (k, n))), s.in_dtype, value_kind, k_eff, s.out_dtype, seed)
     common: dict[str, Any] = dict(
-        lhs_transposed=lt, rhs_transposed=rt, packed=packed, batch_ndim=len(b), out_dtype=s.out_dtype,
+        lhs_transposed=lt, rhs_transposed=rt, packed=packed, batch_ndim=len(b), out_dtype=s.out_dtype, storage=storage,
         convention=cfg.convention, tiling=cfg.tiling if (cfg.tiling_given or cfg.rules.default_tiling) else None,
         **policies,
     )

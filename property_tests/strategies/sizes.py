@@ -25,7 +25,7 @@ from property_tests.strategies._common import (
 )
 from property_tests.strategies.extents import cached_extents
 
-__all__ = ["draw_sizes", "group_sizes", "shardings"]
+__all__ = ["draw_sizes", "draw_span_sizes", "group_sizes", "shardings"]
 
 SHAPE_PATTERNS = ("free", "edges", "empty_run", "one_group", "all_empty")
 PATTERNS = st.sampled_from(SHAPE_PATTERNS)
@@ -207,3 +207,64 @@ def shardings(
 
     return _draw()
 
+
+
+# ------------------------------------------------------------ one relation
+def _split(draw: Any, total: int, n: int, tile: int) -> list[int]:
+    """``n`` sizes summing to ``total``, cut points biased to tile edges +- 1."""
+    if n <= 0:
+        return []
+    if n == 1:
+        return [total]
+    edges = [e for e in _edges(total, tile) if 0 <= e <= total] or [0]
+    cut = st.one_of(st.sampled_from(edges), st.integers(0, total))
+    cuts = sorted(draw(st.lists(cut, min_size=n - 1, max_size=n - 1)) if n <= _LIST_LIMIT + 1 else
+                  np.random.default_rng(draw(SEEDS)).integers(0, total + 1, size=n - 1).tolist())
+    return [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+
+
+def _special(draw: Any, span: str, extent: int, tile: int, first: bool) -> tuple[int, int]:
+    """[start, end) of a non-final group showing ``span`` (``first``: it is group 0, so it starts at 0)."""
+    last_tile = (extent - 1) // tile
+    if span == "edge_off_by_one":
+        ends = [e for j in range(1, extent // tile + 2) for e in (j * tile - 1, j * tile + 1) if 1 <= e <= extent]
+        end = draw(st.sampled_from(ends))
+        return (0 if first else draw(st.integers(0, end - 1))), end
+    touch = {"one_tile": 1, "two_tiles": 2}.get(span) or draw(st.sampled_from(list(range(3, last_tile + 2, 2))))
+    i = 0 if first else draw(st.integers(0, last_tile + 1 - touch))
+    a = 0 if first else draw(st.integers(0, tile - 1))
+    start = i * tile + a
+    lo = (i + touch - 1) * tile + 1 if touch > 1 else start + 1
+    hi = min((i + touch) * tile, extent)
+    if start >= extent or lo > hi:  # the drawn start leaves too little: start the group on its tile's edge
+        start, lo = i * tile, max((i + touch - 1) * tile + 1, i * tile + 1)
+    return start, draw(st.integers(lo, hi))
+
+
+def _least(span: str, tile: int) -> int:
+    """The shortest extent that can show ``span`` in a non-final group."""
+    return {"one_tile": 1, "two_tiles": tile + 1, "several_odd": 2 * tile + 1,
+            "edge_off_by_one": tile - 1 if tile >= 2 else tile + 1}.get(span, 0)
+
+
+def draw_span_sizes(draw: Any, span: str, g: int, extent: int, tile: int, allow_tail: bool) -> list[int]:
+    """Sizes of ``g`` groups over ``extent`` that show the relation ``span`` (``design.SPAN_LEVELS``); the
+    other groups vary freely, the sum falls short of the extent only for ``"tail"`` (or when a tail is
+    allowed and drawn)."""
+    least = _least(span, tile)
+    if span == "tail":
+        total = draw(st.integers(0, extent - 1))
+    elif span == "full" or not allow_tail:
+        total = extent
+    else:
+        total = draw(st.sampled_from((extent, draw(st.integers(least, extent)))))
+    if span in ("full", "tail"):
+        return _split(draw, total, g, tile)
+    if span.startswith("empty_"):
+        where = {"empty_first": 0, "empty_last": g - 1}.get(span)
+        where = draw(st.integers(1, g - 2)) if where is None else where
+        rest = _split(draw, total, g - 1, tile)
+        return [*rest[:where], 0, *rest[where:]]
+    j = draw(st.integers(0, g - 2))
+    start, end = _special(draw, span, total, tile, j == 0)
+    return [*_split(draw, start, j, tile), end - start, *_split(draw, total - end, g - 1 - j, tile)]

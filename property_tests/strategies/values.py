@@ -25,14 +25,12 @@ def _sig_limit(dtype: Any) -> float:
 
 def fill(rng: np.random.Generator, shape: Any, dtype: Any, kind: str, k: int, out_dtype: Any, seed: int) -> np.ndarray:
     dtype = np.dtype(dtype)
-    if _dt.is_integer(dtype) and kind != "exact" and seed != 0:
+    if _dt.is_integer(dtype) and kind != "exact":
         # the whole int8 range: int32 accumulation stays exact (K < 2**17), while a kernel
         # that accumulates or stores in a narrower integer wraps
         info = np.iinfo(dtype)
         return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
     if kind == "exact" or _dt.is_integer(dtype):
-        if seed == 0:
-            return np.ones(shape, dtype)
         lim = min(_sig_limit(out_dtype), _sig_limit(np.float32), _sig_limit(dtype)) / 2
         a = int(max(1, min(4, math.isqrt(int(lim // max(k, 1))))))
         # |v| <= 4: int8 holds them and every dtype represents them exactly

@@ -69,7 +69,7 @@ SUPPORT_CASES = [
     ("megablox.gmm", dict(dtype=np.float16, tiling=(8, 8, 8)), "takes inputs of float32 / bfloat16, not lhs float16"),
     ("megablox.gmm", dict(m=12, sizes=(3, 0, 5), tiling=(8, 8, 8)), "needs M=12 to be a multiple of 8"),
     ("megablox.tgmm", dict(family="ragged_m"), "expresses the families ('ragged_k',), not 'ragged_m'"),
-    ("torch.grouped_mm", dict(out_dtype=np.float64), "out_dtype must equal the input dtype"),
+    ("torch.grouped_mm", dict(out_dtype=np.float64), "takes the (input, output) dtypes"),
     ("torch.grouped_mm", dict(k=6), "needs K=6 to be a multiple of 4 (16 bytes of the input dtype)"),
     ("jax.ragged_dot_mgpu", dict(sizes=(8,), m=8, k=8, n=8), "G=1 kills the process"),
     ("ejkernel.grouped_matmul[xla]", dict(existing_out=np.zeros((8, 4), np.float32), tiling=(8, 8, 8)),

@@ -222,7 +222,7 @@ def test_a_kernel_bug_shrinks_to_few_groups_and_rows():
     p = find(gst.problems(convention="megablox.gmm", tiling=(8, 8, 8)),
              lambda p: not gmm_ref.check(_drops_k_remainder(p), p).ok, settings=FIND)
     assert p.num_groups == 1 and p.group_sizes.sum() <= 8 and p.m == 8, p  # one group, one tile of rows
-    assert p.k % 8 != 0 and p.existing_out is None and np.all(p.lhs.astype(np.float32) == 1)
+    assert p.k % 8 != 0 and p.existing_out is None and np.abs(p.lhs.astype(np.float32)).max() <= 4
 
 
 def test_shard_with_empty_first_group_shrinks_small():
@@ -241,13 +241,14 @@ INVALID = [
     (gst.problems, {"convention": "megablox.gmm", "tiling": (128, 128, 128), "max_extent": 64}, "max_extent=64"),
     (gst.problems, {"convention": "ragged_dot", "families": ["ragged_k"]}, "families="),
     (gst.problems, {"convention": "megablox.gmm", "dtypes": ["float16"]}, "dtypes="),
-    (gst.problems, {"convention": "torch.grouped_mm", "dtypes": [("bfloat16", "float32")]}, "dtypes="),
+    (gst.problems, {"convention": "torch.grouped_mm", "dtypes": [("float16", "float32")]}, "dtypes="),
     (gst.problems, {"values": "fuzzy"}, "values="),
     (gst.problems, {"tiling": (0, 8, 8)}, "tiling="),
     (gst.problems, {"convention": "te.grouped_gemm", "allow_tail": True}, "allow_tail=True"),
     (gst.problems, {"convention": "megablox.gmm", "shapes": [(100, 128, 128)]}, "shapes="),
     (gst.problems, {"convention": "ragged_dot", "max_batch_dims": 1}, "max_batch_dims=1"),
-    (gst.problems, {"convention": "torch.grouped_mm", "vary_out_dtype": True}, "vary_out_dtype=True"),
+    (gst.problems, {"convention": "torch.grouped_mm", "dtypes": ["float32"], "vary_out_dtype": True},
+     "vary_out_dtype=True"),
     (gst.problems, {"sharding": True, "max_groups": 1}, "max_groups=1"),
     (gst.group_sizes, {"num_groups": 0, "extent": 5, "allow_tail": False}, "num_groups=0"),
     (gst.group_sizes, {"min_groups": 3, "max_groups": 1}, "min_groups=3"),
