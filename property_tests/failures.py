@@ -76,6 +76,10 @@ def one_line(exc: BaseException) -> str:
         pick = f"d/d{wrt}: {pick}"
     if not isinstance(exc, AssertionError):
         pick = f"{type(exc).__name__}: {pick}"
+        problem = (getattr(exc, _RECIPE, None) or {}).get("problem")
+        if problem is not None:  # what provoked it: the (shrunk) problem, group sizes included
+            what = problem.describe()
+            pick += f" [on {what if len(what) <= 400 else what[:397] + '...'}]"
     return pick
 
 

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from gmm_kernels import KernelAdapter, Status, resolve_kernels
+from property_tests import coverage
 from property_tests.checking import check_known_issue_modes
 from property_tests.modes import MODES
-from property_tests.options import SCOPE_OPTIONS, add_scope_options, apply_scope, scope_fields, split_list
+from property_tests.options import SCOPE_OPTIONS, add_scope_options, apply_scope, modes_option, scope_fields
 from property_tests.table import GOLDENS, Table, cells_of, render, run_cell
 
 __all__ = ["main", "resolve_request"]
@@ -112,6 +113,8 @@ class _Supervisor:
         elif event["event"] == "cell":
             self.table.put(event["kernel"], event["family"], event["column"], event["text"])
             self.table.details += event["details"]
+            if event.get("coverage"):
+                self.table.coverage.append(event["coverage"])
             state.update(done=state["done"] + 1, cell=None)
             if self.verbose:
                 print(f"  {event['kernel']:<34} {event['family'] or '':<9} {event['column']:<17} "
@@ -156,7 +159,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--tiling", default=None, action=_Once, help="TM,TK,TN")
     c.add_argument("--modes", default=None, action=_Once, metavar="M,M",
                    help=f"the modes to run (default: all of {', '.join(MODES)})")
-    c.add_argument("--max-examples", type=_positive(int), default=8, help="examples per (kernel, family, mode)")
+    c.add_argument("--max-examples", type=_positive(int), default=None,
+                   help="examples per (kernel, family, mode) at most (default: the gmm-ci profile's budget, at "
+                        "least two per cell of the covering design, so that every pair of relations is reached; "
+                        "fewer runs only the first cells, and -v lists the pairs missed)")
     c.add_argument("--seed", type=int, default=None,
                    help="explore with this seed (default: the derandomized gmm-ci profile)")
     c.add_argument("--timeout", type=_positive(float), default=900.0,
@@ -172,19 +178,15 @@ def _parser() -> argparse.ArgumentParser:
     goldens.add_argument("--kernel-version", default=None, action=_Once,
                          help="the --kernel's version: its own goldens must exist and match bit for bit")
     c.add_argument("--json", default=None, action=_Once, metavar="FILE", help="also write the results as JSON")
-    c.add_argument("-v", "--verbose", action="store_true", help="print every failure's full report")
+    c.add_argument("-v", "--verbose", action="store_true",
+                   help="print every failure's full report and every cell's coverage of relations")
+    coverage.add_parser(sub)
     return parser
 
 
 def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     """(modes, scope option values) after the checks no single option can make; usage errors via ``parser``."""
-    try:
-        modes = split_list(args.modes, "--modes") or list(MODES)
-    except ValueError as exc:
-        parser.error(str(exc))
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        parser.error(f"--modes: expected some of {', '.join(MODES)}, got {unknown}")
+    modes = modes_option(args.modes, MODES, parser.error)
     values = {name: getattr(args, name.replace("-", "_")) for name, _ in SCOPE_OPTIONS}
     given = [f"--{n}" for n, v in values.items() if v] + [o for o, v in (
         ("--convention", args.convention), ("--kernel-version", args.kernel_version)) if v is not None]
@@ -218,11 +220,12 @@ def _run(args: argparse.Namespace, request: dict[str, Any], kernels: list[Kernel
     if args.in_process:
         by_name = {k.name: k for k in kernels}
         for name, family, column in cells:
-            text, details, _ = run_cell(by_name[name], family, column, max_examples=args.max_examples,
-                                        seed=args.seed, golden_dir=request["golden_dir"],
-                                        require_own=request["require_own"])
+            text, details, _, covered = run_cell(by_name[name], family, column, max_examples=args.max_examples,
+                                                 seed=args.seed, golden_dir=request["golden_dir"],
+                                                 require_own=request["require_own"])
             table.put(name, family, column, text)
             table.details += details
+            table.coverage += [covered] if covered else []
         return
     _Supervisor(request, table, args.timeout, verbose=True).run(cells)
 
@@ -264,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "coverage":
+        return coverage.run(parser, args)
     modes, scope_values = _options(parser, args)
     request = {"kernels": args.kernel, "convention": args.convention, "tiling": args.tiling, "modes": modes,
                "scope": scope_values, "max_examples": args.max_examples, "seed": args.seed,
@@ -294,6 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     {"passed": n_pass, "failed": n_fail, "seconds": round(seconds, 1), "checked_nothing": idle})
     if idle:
         parser.error(f"--kernel: nothing was checked for {', '.join(idle)}: every cell is n/a (see the notes)")
+    if args.verbose and table.coverage:
+        print("\nCoverage (pairs of relations of the covering design, see property_tests.strategies.design):\n"
+              + "\n".join(table.coverage))
     if table.details and args.verbose:
         print("\n" + "\n\n".join(table.details))
     elif table.details:

@@ -58,20 +58,22 @@ def _mode_cell(result: Result) -> str:
 
 def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_examples: int,
              seed: int | None = None, golden_dir: str | None = None, require_own: bool = False
-             ) -> tuple[str, list[str], float]:
-    """(cell text, full failure reports, seconds) of one cell; ``golden_dir`` (default: this project's
+             ) -> tuple[str, list[str], float, str]:
+    """(cell text, full failure reports, seconds, coverage report) of one cell; ``golden_dir`` (default: this project's
     goldens) and ``require_own`` (a missing golden of the kernel's own version fails) for the goldens."""
     why = kernel.available()
     if why:
-        return f"n/a: {why}", [], 0.0
+        return f"n/a: {why}", [], 0.0, ""
     if column == GOLDENS:
         text, details = _golden_cell(kernel, golden_dir, require_own)
-        return text, details, 0.0
+        return text, details, 0.0, ""
     result = check_mode(kernel, column, family=family, max_examples=max_examples,
                         profile="gmm-ci" if seed is None else None, seed=seed)
     details = [f"== {kernel.name} / {family} / {column}\n{result.full_report()}"] \
         if result.status is Status.FAILED else []
-    return _mode_cell(result), details, result.seconds
+    covered = result.coverage_report()
+    covered = f"== {kernel.name} / {family} / {column}: {covered}" if covered else ""
+    return _mode_cell(result), details, result.seconds, covered
 
 
 @dataclass
@@ -80,6 +82,8 @@ class Table:
 
     rows: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     details: list[str] = field(default_factory=list)
+    #: per cell, what its examples reached of the covering design (``Result.coverage_report``)
+    coverage: list[str] = field(default_factory=list)
 
     def plan(self, cells: list[tuple[str, str | None, str]]) -> None:
         for kernel, family, _ in cells:

@@ -40,11 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         kernels = {k.name: k for k in resolve_request(request)}
         for kernel, family, column in request["cells"]:
             emit(event="start", kernel=kernel, family=family, column=column)
-            text, details, seconds = run_cell(kernels[kernel], family, column, max_examples=request["max_examples"],
-                                              seed=request.get("seed"), golden_dir=request.get("golden_dir"),
-                                              require_own=request.get("require_own", False))
+            text, details, seconds, covered = run_cell(kernels[kernel], family, column,
+                                                       max_examples=request["max_examples"], seed=request.get("seed"),
+                                                       golden_dir=request.get("golden_dir"),
+                                                       require_own=request.get("require_own", False))
             emit(event="cell", kernel=kernel, family=family, column=column, text=text, details=details,
-                 seconds=seconds)
+                 seconds=seconds, coverage=covered)
     return 0
 
 

@@ -122,7 +122,8 @@ def test_the_same_exception_is_reported_once_and_the_run_moves_on():
     report = check_kernel(bk.ragged_dot_always_raises, convention="ragged_dot", raise_on_failure=False,
                           modes=["exact", "normal", "wide", "all_empty"])
     first, *rest = report
-    assert first.detail == "TypeError: always_raises: unsupported argument combination"
+    assert first.detail.startswith("TypeError: always_raises: unsupported argument combination [on ragged_m ")
+    assert "group_sizes=[" in first.detail  # the problem that provoked it
     for r in rest:
         assert r.status is Status.FAILED and re.match(r"raised again in (\d+) of \1 examples, as in exact", r.detail), r
         assert r.seconds < first.seconds + 5  # not shrunk again
