@@ -72,9 +72,10 @@ class MosaicGpuRaggedDot(KernelAdapter):
 
     def _strategy_options(self) -> dict[str, Any]:
         """M/K/N multiples of 8 (no partial blocks), G >= 2 (G = 1 kills the interpreted
-        process), and no tail: rows past sum(group_sizes) are never written, where the
-        ragged_dot convention zeroes them."""
-        return {"shapes": ((32, 32, 32), (64, 16, 32)), "min_groups": 2, "max_groups": 4, "allow_tail": False}
+        process), no tail: rows past sum(group_sizes) are never written, where the
+        ragged_dot convention zeroes them, and no zero extent (an empty grid raises)."""
+        return {"shapes": ((32, 32, 32), (64, 16, 32)), "min_groups": 2, "max_groups": 4, "allow_tail": False,
+                "zero_extents": ()}
 
     def _unavailable(self) -> str | None:
         try:
@@ -93,6 +94,9 @@ class MosaicGpuRaggedDot(KernelAdapter):
             return ("ragged_dot_mgpu (interpreted) with G=1 kills the process: SIGFPE in XLA CPU "
                     "compilation (stablehlo constant folding divides by zero)")
         for ax, ext in (("M", problem.m), ("N", problem.n), ("K", problem.k)):
+            if ext == 0:
+                return (f"ragged_dot_mgpu raises on {ax} = 0: its grid would be empty ('All elements in the grid "
+                        "must be strictly positive')")
             if pick_block(ext) is None:
                 return f"ragged_dot_mgpu (interpreted) needs {ax}={ext} divisible by 8 (no partial blocks)"
         return None

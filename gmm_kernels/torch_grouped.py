@@ -3,7 +3,8 @@
 Four forms: 2d x 3d (ragged M), 3d x 2d (ragged N), 2d x 2d (ragged K,
 output ``[G, M, N]``), 3d x 3d (uniform batch, no ``offs``). CPU rules seen in
 torch 2.13: inputs float32, bfloat16 or float16, both the same dtype;
-``out_dtype`` None or equal to the input dtype; ``offs`` int32; every non-unit
+``out_dtype`` None or equal to the input dtype (the CUDA path also takes
+float32 from bfloat16); no K = 0 or N = 0; ``offs`` int32; every non-unit
 stride of each operand a multiple of 16 bytes (the convention's rules). The
 CPU output is ``torch.empty``: rows (2d x 3d) or columns (3d x 2d) past
 ``offs[-1]`` are never written (undefined, often but not always zero).
@@ -15,6 +16,7 @@ from typing import Any
 
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import to_framework
+from gmm_ref import Problem
 
 __all__ = ["TorchGroupedMM"]
 
@@ -34,6 +36,36 @@ class TorchGroupedMM(KernelAdapter):
         if not hasattr(torch, "_grouped_mm"):
             return f"torch {torch.__version__} has no torch._grouped_mm"
         return None
+
+    def _refusal(self, problem: Problem) -> str | None:
+        import torch
+
+        zero = [axis for axis, extent in (("K", problem.k), ("N", problem.n)) if extent == 0]
+        if zero:
+            return (f"torch {torch.__version__}'s _grouped_mm refuses {zero[0]} = 0 ('strides should be multiple of "
+                    "16 bytes': a zero-length last axis gives a stride of one element; "
+                    "github.com/pytorch/pytorch/pull/192497)")
+        on_cpu = not torch.cuda.is_available()
+        if on_cpu and problem.out_dtype != problem.lhs.dtype:
+            return (f"torch {torch.__version__}'s CPU _grouped_mm refuses out_dtype {problem.out_dtype} for "
+                    f"{problem.lhs.dtype} inputs ('Grouped gemm output dtype must match mat_a dtype'); "
+                    "its CUDA path takes float32 from bfloat16")
+        return None
+
+    def numerics_for(self, problem: Problem) -> Any:
+        """As the base class says, but on CPU with bfloat16/float16 inputs subnormal inputs may count as
+        zero: torch's CPU matmul runs those through oneDNN's bf16 dot-product path, which treats
+        denormal inputs as zero (seen in torch 2.13: a 4.1e-39 weight dropped from a 2.3e17 x 4.1e-39
+        product; float32 inputs keep them)."""
+        import dataclasses
+
+        import torch
+
+        numerics = super().numerics_for(problem)
+        if (self.scope is None or self.scope.numerics is None) and not torch.cuda.is_available() \
+                and str(problem.lhs.dtype) in ("bfloat16", "float16"):
+            numerics = dataclasses.replace(numerics, flush_subnormals=True)
+        return numerics
 
     def differentiable_fn(self) -> Any:
         import torch

@@ -146,6 +146,59 @@ def ragged_dot_int8_accumulator(lhs, rhs, group_sizes, precision=None, preferred
     return out
 
 
+def ragged_dot_boundary_inside_tile(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Tiles of 8 rows: a tile holding a group boundary uses the weights of the group of its first row
+    for every row (a scheduler that assumes groups start on tile edges;
+    github.com/deepseek-ai/DeepGEMM/pull/450)."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    out = np.asarray(ragged_dot_correct(lhs, rhs, group_sizes, precision, np.float32)).copy()
+    gs, _starts, ends = _ends(group_sizes)
+    owner = np.searchsorted(ends, np.arange(lhs.shape[0]), side="right")
+    for t0 in range(0, int(ends[-1]) if gs.size else 0, 8):
+        g = owner[t0]
+        rows = slice(t0, min(t0 + 8, int(ends[-1])))
+        if g < gs.size:
+            out[rows] = _mm32(lhs[rows], rhs[g])
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
+def ragged_dot_half_the_m_tiles(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """The grid launches ceil(tiles / 2) M tiles of 8 rows: the later rows are never written (zero)
+    (a grid size halved twice; github.com/ROCm/vllm/pull/980)."""
+    lhs = _np(lhs)
+    out = np.asarray(ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type)).copy()
+    tiles = -(-lhs.shape[0] // 8)
+    out[-(-tiles // 2) * 8:] = 0
+    return out
+
+
+def ragged_dot_n_overhang_unmasked(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """The last, partial N tile of 8 columns is not masked: it reads past the expert's weights into the
+    next expert's (github.com/huggingface/kernels-community/issues/1153)."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    out = np.asarray(ragged_dot_correct(lhs, rhs, group_sizes, precision, np.float32)).copy()
+    n = rhs.shape[2]
+    if n % 8 == 0 or n < 8 or rhs.shape[0] < 2:
+        return out.astype(_out_dtype(preferred_element_type, lhs))
+    gs, starts, ends = _ends(group_sizes)
+    cols = slice(n - n % 8, n)
+    for g in range(gs.size):
+        out[starts[g]:ends[g], cols] = _mm32(lhs[starts[g]:ends[g]], rhs[(g + 1) % gs.size][:, cols])
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
+def ragged_dot_last_row_next_expert(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Expert ids from the cumulative ends with the wrong side of the search: each group's last row is
+    given the next expert (github.com/sgl-project/sglang/pull/15250, an off-by-one expert id)."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    out = np.asarray(ragged_dot_correct(lhs, rhs, group_sizes, precision, np.float32)).copy()
+    gs, _starts, ends = _ends(group_sizes)
+    for g in range(gs.size - 1):
+        if gs[g] > 0:
+            out[ends[g] - 1] = _mm32(lhs[ends[g] - 1:ends[g]], rhs[g + 1])[0]
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
 # ------------------------------------------------------------- megablox.gmm
 def gmm_correct(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None, group_offset=None,
                 existing_out=None, transpose_rhs=False):
@@ -167,6 +220,28 @@ def gmm_group_offset_ignored(lhs, rhs, group_sizes, preferred_element_type=np.fl
                              group_offset=None, existing_out=None, transpose_rhs=False):
     """Local weights are applied to the first groups, as if group_offset were 0."""
     return gmm_correct(lhs, rhs, group_sizes, preferred_element_type, tiling, None, existing_out, transpose_rhs)
+
+
+def gmm_square_transpose_ignored(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None,
+                                 group_offset=None, existing_out=None, transpose_rhs=False):
+    """transpose_rhs is inferred from the weights' shape, so square weights (K == N) are never
+    transposed (the relation this harness once never drew with sharding; a shape-sniffing layout bug)."""
+    square = _np(rhs).shape[1] == _np(rhs).shape[2]
+    return gmm_correct(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset, existing_out,
+                       transpose_rhs and not square)
+
+
+def gmm_k_remainder_dropped(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None,
+                            group_offset=None, existing_out=None, transpose_rhs=False):
+    """The K loop runs K // tk full tiles: a partial last K tile is dropped (a wrong mask on K % tk;
+    github.com/AI-Hypercomputer/maxtext/issues/1183)."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    tk = (tiling or (128, 128, 128))[1]
+    k = lhs.shape[1]
+    keep = k - k % tk if k >= tk else k
+    rhs = rhs[:, :, :keep] if transpose_rhs else rhs[:, :keep]
+    return gmm_correct(lhs[:, :keep], rhs, group_sizes, preferred_element_type, tiling, group_offset, existing_out,
+                       transpose_rhs)
 
 
 # ------------------------------------------------------------- megablox.tgmm
@@ -221,6 +296,89 @@ def tgmm_nan_leak_masking(lhs, rhs, group_sizes, preferred_element_type=np.float
     return out.astype(preferred_element_type)
 
 
+# --------------------------------------------------------- torch.grouped_mm
+def _contiguous_strides(shape):
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def grouped_mm_correct(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """A correct torch._grouped_mm in its four forms, float32 accumulation, strides honoured."""
+    import torch
+
+    od = out_dtype or mat_a.dtype
+    a, b = mat_a.float(), mat_b.float()
+    if offs is None:
+        return torch.bmm(a, b).to(od)
+    ends = [int(e) for e in offs.tolist()]
+    starts = [0, *ends[:-1]]
+    if a.dim() == 2 and b.dim() == 3:
+        out = torch.zeros(a.shape[0], b.shape[2])
+        for g, (s, e) in enumerate(zip(starts, ends, strict=True)):
+            out[s:e] = a[s:e] @ b[g]
+    elif a.dim() == 3 and b.dim() == 2:
+        out = torch.zeros(a.shape[1], b.shape[1])
+        for g, (s, e) in enumerate(zip(starts, ends, strict=True)):
+            out[:, s:e] = a[g] @ b[:, s:e]
+    else:
+        out = torch.zeros(len(ends), a.shape[0], b.shape[1])
+        for g, (s, e) in enumerate(zip(starts, ends, strict=True)):
+            out[g] = a[:, s:e] @ b[s:e]
+    return out.to(od)
+
+
+def grouped_mm_strides_ignored(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Operands are read as if contiguous: a transposed view, a slice or a chunk reads the wrong memory
+    (the class of github.com/pytorch/FBGEMM/pull/4796: one tensor's strides assumed for a
+    non-contiguous one)."""
+    import torch
+
+    def raw(x):
+        if x.is_contiguous():
+            return x
+        return torch.as_strided(x, x.shape, _contiguous_strides(x.shape), x.storage_offset())
+
+    return grouped_mm_correct(raw(mat_a), raw(mat_b), offs, bias, out_dtype)
+
+
+def grouped_mm_empty_k_groups_stale(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """2d x 2d (the weight gradient): the output block of a group with no K (no routed tokens) is never
+    written, so it holds stale memory (github.com/pytorch/pytorch/issues/172439,
+    github.com/tgale96/grouped_gemm/issues/36, github.com/NVIDIA/TransformerEngine/issues/2499)."""
+    out = grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype)
+    if offs is not None and mat_a.dim() == 2 and mat_b.dim() == 2:
+        ends = [int(e) for e in offs.tolist()]
+        for g, (s, e) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+            if e == s:
+                out[g] = 3.0
+    return out
+
+
+def grouped_mm_spanning_tiles_dropped(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """2d x 3d: the scheduler computes at most two 32-row tiles of a group, so rows of a group that
+    spans three or more tiles are never written (github.com/flashinfer-ai/flashinfer/pull/3533)."""
+    out = grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype)
+    if offs is not None and mat_a.dim() == 2 and mat_b.dim() == 3:
+        ends = [int(e) for e in offs.tolist()]
+        for s, e in zip([0, *ends[:-1]], ends, strict=True):
+            if e > s:
+                third = (s // 32 + 2) * 32
+                if third < e:
+                    out[third:e] = 0
+    return out
+
+
+def grouped_mm_rejects_float32_out(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Rejects the documented float32 output from bfloat16 inputs (torch 2.13's CPU path does:
+    'Grouped gemm output dtype must match mat_a dtype'; its CUDA path and docs take it)."""
+    if out_dtype is not None and out_dtype != mat_a.dtype:
+        raise RuntimeError("Grouped gemm output dtype must match mat_a dtype")
+    return grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype)
+
+
 # convention -> [(name, fn, what the message must name)]
 BROKEN = {
     "ragged_dot": [
@@ -233,14 +391,21 @@ BROKEN = {
         ragged_dot_output_dtype_ignored,
         ragged_dot_int8_accumulator,
         ragged_dot_group_table_of_eight,
+        ragged_dot_boundary_inside_tile,
+        ragged_dot_half_the_m_tiles,
+        ragged_dot_n_overhang_unmasked,
+        ragged_dot_last_row_next_expert,
     ],
-    "megablox.gmm": [gmm_group_offset_ignored],
+    "megablox.gmm": [gmm_group_offset_ignored, gmm_square_transpose_ignored, gmm_k_remainder_dropped],
+    "torch.grouped_mm": [grouped_mm_strides_ignored, grouped_mm_empty_k_groups_stale,
+                         grouped_mm_spanning_tiles_dropped, grouped_mm_rejects_float32_out],
     "megablox.tgmm": [tgmm_all_empty_uninitialized, tgmm_nan_leak_masking],
 }
 CORRECT = {
     "ragged_dot": ragged_dot_correct,
     "megablox.gmm": gmm_correct,
     "megablox.tgmm": tgmm_correct,
+    "torch.grouped_mm": grouped_mm_correct,
 }
 
 
