@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if idle:
         parser.error(f"--kernel: nothing was checked for {', '.join(idle)}: every cell is n/a (see the notes)")
     if args.verbose and table.coverage:
-        print("\nCoverage (pairs of relations of the covering design, see property_tests.strategies.design):\n"
+        print("\nCoverage (pairs of relations of the covering design; docs/coverage.md):\n"
               + "\n".join(table.coverage))
     if table.details and args.verbose:
         print("\n" + "\n\n".join(table.details))
