@@ -140,6 +140,11 @@ class KernelAdapter:
         issue = self.known_gradient_issues.get(wrt)
         return issue.describe() if issue is not None and issue.applies() else None
 
+    def large_refusal(self) -> str | None:
+        """Why the ``large`` mode (an operand past 2**31 elements) cannot run this kernel here, or None.
+        Kernels that run interpreted on this machine say so: one such call takes hours."""
+        return None
+
     def available(self) -> str | None:
         """None when the kernel can run here, else the reason it cannot."""
         return missing_module(*self.requires) or self._unavailable()

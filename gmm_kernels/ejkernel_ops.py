@@ -63,6 +63,12 @@ class EjkernelGroupedMatmul(VariantAdapter):
         else:
             self.input_dtypes = ("float64", "float32", "bfloat16", "float16")  # type: ignore[misc]  # jaxtyping Float
 
+    def large_refusal(self) -> str | None:
+        if self.implementation == "xla":
+            return None
+        return (f"{self.name} runs interpreted here (Pallas interpret mode): a grid over an operand past "
+                "2**31 elements would take hours")
+
     def _unavailable(self) -> str | None:
         if self.implementation.startswith("pallas_v"):
             import jax

@@ -60,6 +60,10 @@ class _Megablox(KernelAdapter):
     flush_subnormals = True
     default_precision = True
 
+    def large_refusal(self) -> str | None:
+        return (f"{self.name} runs interpreted here (Pallas interpret mode): a grid over an operand past "
+                "2**31 elements would take hours")
+
     def _unavailable(self) -> str | None:
         try:
             backend_module()

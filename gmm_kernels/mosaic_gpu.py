@@ -77,6 +77,12 @@ class MosaicGpuRaggedDot(KernelAdapter):
         return {"shapes": ((32, 32, 32), (64, 16, 32)), "min_groups": 2, "max_groups": 4, "allow_tail": False,
                 "zero_extents": ()}
 
+    def large_refusal(self) -> str | None:
+        if _native():
+            return None
+        return (f"{self.name} runs interpreted here (Mosaic GPU interpret mode): an operand past 2**31 "
+                "elements would take days")
+
     def _unavailable(self) -> str | None:
         try:
             import jax.experimental.pallas.ops.gpu.ragged_dot_mgpu  # noqa: F401

@@ -131,23 +131,43 @@ def error_bound(p: Problem, exact: np.ndarray, numerics: Numerics) -> np.ndarray
     return out
 
 
+# Rows of a block's lhs whose bound is computed at once: bounds the float64 temporaries (about
+# 32 MiB at this size) however large the block, so that huge problems stay within memory.
+BOUND_CHUNK_ELEMENTS = 1 << 22
+
+
 def _block_bound(p: Problem, a_in: np.ndarray, b_in: np.ndarray, existing: np.ndarray | None,
                  exact: np.ndarray, k: int, numerics: Numerics) -> np.ndarray:
-    """The bound of one group's output block ``a_in @ b_in`` (+ ``existing`` when accumulated)."""
+    """The bound of one group's output block ``a_in @ b_in`` (+ ``existing`` when accumulated), row
+    chunk by row chunk of ``a_in`` (each output row depends on its lhs row only)."""
+    in_lim, sum_lim = numerics.exact_limits((p.lhs.dtype, p.rhs.dtype), p.out_dtype)
+    rows = max(1, BOUND_CHUNK_ELEMENTS // max(a_in.shape[1], 1))
+    chunks = [slice(r, min(r + rows, a_in.shape[0])) for r in range(0, a_in.shape[0], rows)] or [slice(0, 0)]
+    b = np.abs(b_in.astype(np.float64))
+    # exact mode needs every operand integer-valued, over the whole block
+    integer = _integer_valued(b, in_lim) and all(
+        _integer_valued(np.abs(x[c].astype(np.float64)), in_lim)
+        for c in chunks for x in ([a_in] if existing is None else [a_in, existing]))
+    out = np.empty(exact.shape, np.float64)
+    for c in chunks:
+        out[c] = _chunk_bound(p, a_in[c], b_in, b, None if existing is None else existing[c], exact[c], k,
+                              numerics, sum_lim if integer else None)
+    return out
+
+
+def _chunk_bound(p: Problem, a_in: np.ndarray, b_in: np.ndarray, b: np.ndarray, existing: np.ndarray | None,
+                 exact: np.ndarray, k: int, numerics: Numerics, sum_lim: float | None) -> np.ndarray:
+    """The bound of some rows of a block; ``sum_lim`` when every operand is integer-valued (exact mode)."""
     fmt = _dt.float_format(p.out_dtype)
     u_in = numerics.u_in(p.lhs.dtype, p.rhs.dtype)
-    in_lim, sum_lim = numerics.exact_limits((p.lhs.dtype, p.rhs.dtype), p.out_dtype)
     acc = numerics.accumulate
     tiny_acc = 0.0 if _dt.is_integer(acc) else _dt.float_format(acc).tiny
     a = np.abs(a_in.astype(np.float64))
-    b = np.abs(b_in.astype(np.float64))
     with np.errstate(invalid="ignore", over="ignore"):
         ab = a @ b
-    operands = [a, b]
     if existing is not None:
         ex = np.abs(existing.astype(np.float64))
         ab = ab + ex
-        operands.append(ex)
         k += 1
     with np.errstate(invalid="ignore", over="ignore"):
         # inputs rounded to the multiply precision (twice u_in plus its square), then
@@ -161,7 +181,7 @@ def _block_bound(p: Problem, a_in: np.ndarray, b_in: np.ndarray, existing: np.nd
         bnd = err + fmt.unit_roundoff * (np.abs(exact) + err) + fmt.tiny
         if numerics.flush_subnormals:
             bnd = bnd + min_normal(p.out_dtype)  # an output below it may become 0
-    if all(_integer_valued(x, in_lim) for x in operands):
+    if sum_lim is not None:
         bnd = np.where(ab <= sum_lim, 0.0, bnd)
     return bnd
 

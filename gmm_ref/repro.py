@@ -29,6 +29,10 @@ __all__ = ["MAX_INLINE", "fenced", "load_array", "load_problem", "numerics_sourc
 
 #: problems with at most this many elements in all their arrays are written out as literals
 MAX_INLINE = 256
+#: inputs larger than this (bytes) are not written beside a report (a problem past 2**31 elements
+#: would take minutes and GiB to compress): the reproducer says how the check built them instead
+MAX_SAVED_BYTES = 1 << 30
+
 _META = "__problem__"
 _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
@@ -139,6 +143,14 @@ def problem_source(problem: Problem, *, extra: Mapping[str, np.ndarray] | None =
     """(import lines, lines binding ``problem`` and each ``extra`` name): literals for a small problem,
     else a load of the ``.npz`` written to ``directory`` (default :func:`repro_directory`)."""
     extra = {k: np.asarray(v) for k, v in (extra or {}).items()}
+    nbytes = sum(a.nbytes for a in [*(getattr(problem, f.name) for f in dataclasses.fields(problem)),
+                                    *extra.values()] if isinstance(a, np.ndarray))
+    if nbytes > MAX_SAVED_BYTES:
+        # a builder may leave (imports, expression) that rebuilds the problem deterministically
+        imports, built = getattr(problem, "_built_by", None) or ([], "None  # rebuild it as the check did")
+        lines = [f"# the inputs ({nbytes / 2**30:.1f} GiB) are not saved beside the report; {problem.describe()}",
+                 f"problem = {built}"]
+        return ["import gmm_ref", *imports], lines + [f"{name} = None  # not saved" for name in extra]
     if _size(problem, extra) > MAX_INLINE:
         buf = io.BytesIO()
         np.savez(buf, *[getattr(problem, f.name) for f in dataclasses.fields(problem)

@@ -228,6 +228,8 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     t0 = time.perf_counter()
     common = dict(kernel=adapter.name, check=mode.name, family=family,
                   setting=_run_setting(profile, seed, max_examples))
+    if mode.name == "large":
+        return _check_large(adapter, mode, t0, common)
     try:
         tally = _run_property(adapter, mode, family, max_examples, profile, seed)
     except Unsupported as exc:
@@ -247,6 +249,27 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     return Result(status=Status.PASSED, examples=tally.checked, seconds=time.perf_counter() - t0,
                   coverage=tuple(sorted(tally.coverage.items())), cells=tally.cells, pairs=tally.summary[0],
                   missing=tally.summary[1], **common)
+
+
+def _check_large(adapter: KernelAdapter, mode: Mode, t0: float, common: dict[str, Any]) -> Result:
+    """The ``large`` mode: one deterministic problem past 2**31 elements (``property_tests.large``)."""
+    from property_tests import large
+
+    if common["family"] not in (None, "ragged_m"):
+        return Result(status=Status.UNSUPPORTED, detail="the large mode builds one ragged-M problem (the token axis)",
+                      **common)
+    try:
+        problem = large.large_problem(adapter)
+    except large.TooLarge as exc:
+        return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
+    try:
+        _check_forward(adapter, problem, mode)
+    except Exception as exc:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
+        detail = failures.one_line(exc)
+        failures.forget(exc)  # the report keeps its text, not the 4 GiB problem
+        return Result(status=Status.FAILED, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
+    return Result(status=Status.PASSED, examples=1, seconds=time.perf_counter() - t0,
+                  detail=problem.describe(), **common)
 
 
 def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
@@ -319,7 +342,7 @@ def check_kernel(
 
 
 def _modes(modes: Iterable[str] | None) -> list[str]:
-    if modes is None:
+    if modes is None:  # the default run: every mode but the opt-in ones
         return list(MODES)
     if isinstance(modes, str) or not isinstance(modes, Iterable):
         raise TypeError(f"modes: expected an iterable of mode names (some of {sorted(MODES)}), got {modes!r}")

@@ -21,7 +21,8 @@ from gmm_kernels.repro import kernel_reproducer
 from gmm_ref.compare import REPRODUCE
 from gmm_ref.repro import fenced
 
-__all__ = ["Repeated", "attach", "finish", "one_line", "primary", "raise_failure", "record_raised", "seen_before"]
+__all__ = ["Repeated", "attach", "finish", "forget", "one_line", "primary", "raise_failure", "record_raised",
+           "seen_before"]
 
 _RECIPE = "_gmm_recipe"
 _REPORTED = "_gmm_reported_errors"
@@ -41,6 +42,12 @@ def attach(exc: BaseException, **recipe: Any) -> None:
         # an exception type with __slots__ takes no recipe: its report stays without a script
         with contextlib.suppress(AttributeError):
             setattr(exc, _RECIPE, recipe)
+
+
+def forget(exc: BaseException) -> None:
+    """Drop what :func:`attach` remembered (a huge problem need not outlive its report)."""
+    with contextlib.suppress(AttributeError):
+        delattr(exc, _RECIPE)
 
 
 # --------------------------------------------------------------- one failure

@@ -31,7 +31,7 @@ from typing import Any
 from gmm_kernels import KernelAdapter, Status, resolve_kernels
 from property_tests import coverage
 from property_tests.checking import check_known_issue_modes
-from property_tests.modes import MODES
+from property_tests.modes import ALL_MODES, MODES
 from property_tests.options import SCOPE_OPTIONS, add_scope_options, apply_scope, modes_option, scope_fields
 from property_tests.table import GOLDENS, Table, cells_of, render, run_cell
 
@@ -158,7 +158,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--convention", default=None, action=_Once, help="convention of the pkg.module:fn kernels")
     c.add_argument("--tiling", default=None, action=_Once, help="TM,TK,TN")
     c.add_argument("--modes", default=None, action=_Once, metavar="M,M",
-                   help=f"the modes to run (default: all of {', '.join(MODES)})")
+                   help=f"the modes to run (default: all of {', '.join(MODES)}; opt-in: "
+                        f"{', '.join(m for m in ALL_MODES if m not in MODES)})")
     c.add_argument("--max-examples", type=_positive(int), default=None,
                    help="examples per (kernel, family, mode) at most (default: the gmm-ci profile's budget, at "
                         "least two per cell of the covering design, so that every pair of relations is reached; "
@@ -186,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     """(modes, scope option values) after the checks no single option can make; usage errors via ``parser``."""
-    modes = modes_option(args.modes, MODES, parser.error)
+    modes = modes_option(args.modes, ALL_MODES, parser.error, default=MODES)
     values = {name: getattr(args, name.replace("-", "_")) for name, _ in SCOPE_OPTIONS}
     given = [f"--{n}" for n, v in values.items() if v] + [o for o, v in (
         ("--convention", args.convention), ("--kernel-version", args.kernel_version)) if v is not None]

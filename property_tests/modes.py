@@ -18,7 +18,8 @@ from gmm_kernels import KernelAdapter
 from property_tests import strategies as gst
 from property_tests.strategies.problems import Covering
 
-__all__ = ["MODES", "Mode", "Unsupported", "mode_arguments", "mode_covering", "mode_strategy"]
+__all__ = ["ALL_MODES", "MODES", "OPT_IN_MODES", "Mode", "Unsupported", "mode_arguments", "mode_covering",
+           "mode_strategy"]
 
 
 class Unsupported(Exception):
@@ -62,12 +63,20 @@ MODES: dict[str, Mode] = {
 }
 
 
+#: modes a run leaves out unless asked for by name (``--modes large``, ``check_kernel(modes=[...])``)
+OPT_IN_MODES: dict[str, Mode] = {
+    "large": Mode("large", "an operand past 2**31 elements, where int32 offsets overflow (opt-in; several GiB; "
+                  "property_tests.large)"),
+}
+ALL_MODES: dict[str, Mode] = {**MODES, **OPT_IN_MODES}
+
+
 def mode_of(mode: Mode | str) -> Mode:
     if isinstance(mode, Mode):
         return mode
-    if mode not in MODES:
-        raise ValueError(f"modes: unknown mode {mode!r}; expected some of {sorted(MODES)}")
-    return MODES[mode]
+    if mode not in ALL_MODES:
+        raise ValueError(f"modes: unknown mode {mode!r}; expected some of {sorted(ALL_MODES)}")
+    return ALL_MODES[mode]
 
 
 def _dtypes(mode_dtypes: Any, adapter: KernelAdapter) -> Any:

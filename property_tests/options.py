@@ -87,11 +87,11 @@ def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str =
     return adapter
 
 
-def modes_option(text: str | None, known: Any, error: Callable[[str], Any]) -> list[str]:
-    """The modes of a ``--modes M,M`` option (all of ``known`` when not given); ``error`` (a parser's)
-    on a bad value."""
+def modes_option(text: str | None, known: Any, error: Callable[[str], Any], default: Any = None) -> list[str]:
+    """The modes of a ``--modes M,M`` option (``default``, else all of ``known``, when not given);
+    ``error`` (a parser's) on a bad value."""
     try:
-        modes = split_list(text, "--modes") or list(known)
+        modes = split_list(text, "--modes") or list(known if default is None else default)
     except ValueError as exc:
         error(str(exc))
         raise

@@ -199,6 +199,47 @@ def ragged_dot_last_row_next_expert(lhs, rhs, group_sizes, precision=None, prefe
     return out.astype(_out_dtype(preferred_element_type, lhs))
 
 
+def _rows_mm32(a, b, rows=1 << 13):
+    """``a @ b`` in float32, a chunk of rows at a time (large problems: no full-size float32 copy)."""
+    out = np.empty((a.shape[0], b.shape[1]), np.float32)
+    bf = b.astype(np.float32)
+    for r in range(0, a.shape[0], rows):
+        with np.errstate(invalid="ignore", over="ignore"):
+            out[r:r + rows] = a[r:r + rows].astype(np.float32) @ bf
+    return out
+
+
+def ragged_dot_int32_row_offsets(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Each group's first element is found at ``start * K`` computed in int32: past 2**31 elements
+    the offset wraps negative and the group reads memory before the buffer (here: zeros)
+    (github.com/vllm-project/vllm/issues/5938, github.com/sgl-project/sglang/pull/4727)."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    m, k = lhs.shape
+    gs, starts, ends = _ends(group_sizes)
+    out = np.zeros((m, rhs.shape[2]), np.float32)
+    flat = lhs.reshape(-1)
+    for g in range(gs.size):
+        if gs[g] == 0:
+            continue
+        offset = int((np.array([starts[g]], np.int32) * np.int32(k))[0])  # wraps like an int32 pointer offset
+        if offset >= 0:
+            block = flat[offset:offset + gs[g] * k].reshape(gs[g], k)
+        else:
+            block = np.zeros((gs[g], k), lhs.dtype)
+        out[starts[g]:ends[g]] = _rows_mm32(block, rhs[g])
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
+def ragged_dot_correct_in_chunks(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """ragged_dot_correct, a chunk of rows at a time (its twin for the large mode)."""
+    lhs, rhs = _np(lhs), _np(rhs)
+    gs, starts, ends = _ends(group_sizes)
+    out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32)
+    for g in range(gs.size):
+        out[starts[g]:ends[g]] = _rows_mm32(lhs[starts[g]:ends[g]], rhs[g])
+    return out.astype(_out_dtype(preferred_element_type, lhs))
+
+
 # ------------------------------------------------------------- megablox.gmm
 def gmm_correct(lhs, rhs, group_sizes, preferred_element_type=np.float32, tiling=None, group_offset=None,
                 existing_out=None, transpose_rhs=False):

@@ -202,3 +202,28 @@ def test_flush_declaration_still_catches_a_wrong_value():
     p = _flush_problem()
     wrong = np.full((1, 1), 2.0 ** -100, np.float32)
     assert not gmm_ref.check(wrong, p, numerics=gmm_ref.Numerics(flush_subnormals=True)).ok
+
+
+@pytest.mark.parametrize("family", ["ragged_m", "ragged_n", "ragged_k"])
+def test_the_bound_in_row_chunks_equals_the_bound_at_once(family, monkeypatch):
+    # huge problems compute the bound chunk by chunk; the chunks must change nothing, exact mode included
+    from gmm_ref import numerics as gn
+
+    rng = np.random.default_rng(7)
+    m, k, n = 37, 24, 9
+    sizes = {"ragged_m": [10, 0, 27], "ragged_n": [4, 5, 0], "ragged_k": [7, 0, 17]}[family]
+    shapes = {"ragged_m": ((m, k), (3, k, n)), "ragged_n": ((3, m, k), (k, 9)),
+              "ragged_k": ((m, 24), (24, n))}[family]
+    for values in (lambda s: rng.standard_normal(s), lambda s: rng.integers(-3, 4, s)):
+        lhs, rhs = (values(s).astype(np.float32) for s in shapes)
+        p = gmm_ref.Problem(family, lhs, rhs, np.array(sizes), out_dtype=np.float32,
+                            existing_out=np.ones(gmm_ref.Problem(family, lhs, rhs, np.array(sizes)).out_shape,
+                                                 np.float32), existing_policy="accumulate")
+        numerics = gmm_ref.Numerics(accumulate="float32", flush_subnormals=True)
+        whole = gmm_ref.reference(p).bound(numerics)
+        monkeypatch.setattr(gn, "BOUND_CHUNK_ELEMENTS", 50)  # two rows of K=24 at a time
+        chunked = gmm_ref.reference(p).bound(numerics)
+        monkeypatch.undo()
+        # the same bound (float64 BLAS may sum in another order: an ulp), zero at the same places
+        np.testing.assert_allclose(chunked, whole, rtol=1e-12, atol=0)
+        np.testing.assert_array_equal(chunked == 0, whole == 0)
