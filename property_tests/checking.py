@@ -267,6 +267,10 @@ def _check_large(adapter: KernelAdapter, mode: Mode, t0: float, common: dict[str
     except Exception as exc:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
         detail = failures.one_line(exc)
         failures.forget(exc)  # the report keeps its text, not the 4 GiB problem
+        if isinstance(exc, MemoryError) or "RESOURCE_EXHAUSTED" in str(exc) or "out of memory" in str(exc).lower():
+            # a machine's limit, not a verdict: the kernel needs more memory than is here
+            return Result(status=Status.UNSUPPORTED, detail=f"the kernel ran out of memory here: {detail}",
+                          seconds=time.perf_counter() - t0, **common)
         return Result(status=Status.FAILED, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
     return Result(status=Status.PASSED, examples=1, seconds=time.perf_counter() - t0,
                   detail=problem.describe(), **common)

@@ -24,9 +24,14 @@ def _ends(group_sizes):
     return gs, ends - gs, ends
 
 
-def _mm32(a, b):
+def _mm32(a, b, rows=1 << 13):
+    """``a @ b`` in float32, a chunk of rows at a time (large problems: no full-size float32 copy)."""
+    out = np.empty((a.shape[0], b.shape[1]), np.float32)
+    bf = b.astype(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs propagate
-        return a.astype(np.float32) @ b.astype(np.float32)
+        for r in range(0, a.shape[0], rows):
+            out[r:r + rows] = a[r:r + rows].astype(np.float32) @ bf
+    return out
 
 
 def _out_dtype(ped, lhs):
@@ -199,16 +204,6 @@ def ragged_dot_last_row_next_expert(lhs, rhs, group_sizes, precision=None, prefe
     return out.astype(_out_dtype(preferred_element_type, lhs))
 
 
-def _rows_mm32(a, b, rows=1 << 13):
-    """``a @ b`` in float32, a chunk of rows at a time (large problems: no full-size float32 copy)."""
-    out = np.empty((a.shape[0], b.shape[1]), np.float32)
-    bf = b.astype(np.float32)
-    for r in range(0, a.shape[0], rows):
-        with np.errstate(invalid="ignore", over="ignore"):
-            out[r:r + rows] = a[r:r + rows].astype(np.float32) @ bf
-    return out
-
-
 def ragged_dot_int32_row_offsets(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
     """Each group's first element is found at ``start * K`` computed in int32: past 2**31 elements
     the offset wraps negative and the group reads memory before the buffer (here: zeros)
@@ -226,18 +221,10 @@ def ragged_dot_int32_row_offsets(lhs, rhs, group_sizes, precision=None, preferre
             block = flat[offset:offset + gs[g] * k].reshape(gs[g], k)
         else:
             block = np.zeros((gs[g], k), lhs.dtype)
-        out[starts[g]:ends[g]] = _rows_mm32(block, rhs[g])
+        out[starts[g]:ends[g]] = _mm32(block, rhs[g])
     return out.astype(_out_dtype(preferred_element_type, lhs))
 
 
-def ragged_dot_correct_in_chunks(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
-    """ragged_dot_correct, a chunk of rows at a time (its twin for the large mode)."""
-    lhs, rhs = _np(lhs), _np(rhs)
-    gs, starts, ends = _ends(group_sizes)
-    out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32)
-    for g in range(gs.size):
-        out[starts[g]:ends[g]] = _rows_mm32(lhs[starts[g]:ends[g]], rhs[g])
-    return out.astype(_out_dtype(preferred_element_type, lhs))
 
 
 # ------------------------------------------------------------- megablox.gmm

@@ -16,7 +16,7 @@ import pytest
 from gmm_kernels import FunctionAdapter, Status, get
 from property_tests import large
 from property_tests.checking import check_kernel, check_mode
-from property_tests.tests.broken_kernels import ragged_dot_correct_in_chunks, ragged_dot_int32_row_offsets
+from property_tests.tests.broken_kernels import ragged_dot_correct, ragged_dot_int32_row_offsets
 
 FULL = os.environ.get("GMM_LARGE") == "1"
 full_size = pytest.mark.skipif(not FULL, reason="the large mode needs about 10 GiB and minutes: set GMM_LARGE=1")
@@ -34,7 +34,7 @@ def test_the_large_shape_puts_group_boundaries_around_the_2_31st_element():
 
 def test_the_memory_it_needs_is_stated_and_too_little_is_a_named_skip(monkeypatch):
     monkeypatch.setattr(large, "available_memory", lambda: 2**30)
-    r = check_mode(FunctionAdapter(ragged_dot_correct_in_chunks, "ragged_dot"), "large")
+    r = check_mode(FunctionAdapter(ragged_dot_correct, "ragged_dot"), "large")
     assert r.status is Status.UNSUPPORTED
     assert "needs about" in r.detail and "1.0 GiB is available here" in r.detail and "bfloat16" in r.detail
 
@@ -47,10 +47,10 @@ def test_interpreted_kernels_and_other_families_say_why_not():
 
 
 def test_the_large_mode_is_opt_in():
-    report = check_kernel(ragged_dot_correct_in_chunks, convention="ragged_dot", modes=["exact"])
+    report = check_kernel(ragged_dot_correct, convention="ragged_dot", modes=["exact"])
     assert "large" not in report.by_check()
     with pytest.raises(ValueError, match="unknown mode 'huge'"):
-        check_kernel(ragged_dot_correct_in_chunks, convention="ragged_dot", modes=["huge"])
+        check_kernel(ragged_dot_correct, convention="ragged_dot", modes=["huge"])
 
 
 @full_size
@@ -63,7 +63,7 @@ def test_int32_offsets_are_caught_past_2_31_elements_and_nowhere_else():
     assert "group 2" in str(r.error) or "group 3" in str(r.error)
     del r
     gc.collect()  # the broken kernel's outputs go before the twin's problem is built
-    good = check_mode(FunctionAdapter(ragged_dot_correct_in_chunks, "ragged_dot"), "large")
+    good = check_mode(FunctionAdapter(ragged_dot_correct, "ragged_dot"), "large")
     assert good.status is Status.PASSED, good
 
 
@@ -75,4 +75,7 @@ def test_built_in_kernels_pass_the_large_mode(name):
     if why:
         pytest.skip(f"{name} unavailable: {why}")
     r = check_mode(adapter, "large")
+    if r.status is Status.UNSUPPORTED:  # XLA CPU lowers ragged_dot densely: G x M x K temporaries (34 GB)
+        assert "ran out of memory" in r.detail, r
+        pytest.skip(f"{name}: {r.detail}")
     assert r.status is Status.PASSED, r
