@@ -85,12 +85,18 @@ class _Supervisor:
                                 env={**_ENVIRON, **os.environ})
         state = {"done": 0, "started": time.monotonic(), "problem": "", "cell": None}
         with events_path.open() as events:
+            pending = ""  # a line the worker is still writing (a long event arrives in pieces)
             while True:
-                line = events.readline()
-                if line:
-                    self._event(json.loads(line), state)
+                pending += events.readline()
+                if pending.endswith("\n"):
+                    self._event(json.loads(pending), state)
+                    pending = ""
                     continue
                 if proc.poll() is not None:
+                    rest = events.read()  # what it wrote before it exited
+                    for line in (pending + rest).splitlines(keepends=True):
+                        if line.endswith("\n"):
+                            self._event(json.loads(line), state)
                     break
                 if state["cell"] is not None and time.monotonic() - state["started"] > self.timeout:
                     proc.kill()
