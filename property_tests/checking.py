@@ -130,6 +130,17 @@ class _Tally:
         self.reached: set[tuple[str, frozenset]] = set()  # (family, pair) of relations checked together
         self.summary: tuple[tuple[int, int], tuple[str, ...]] = ((0, 0), ())
 
+    def count(self, problem: gmm_ref.Problem, seen: dict[str, frozenset[str]], relations: list[str]) -> None:
+        """One example checked (or, for coverage, drawn), with the relations it showed."""
+        self.checked += 1
+        self.coverage.update(relations)
+        self.reached.update((problem.family, p) for p in pairs_of(seen))
+
+    def reached_fields(self) -> dict[str, Any]:
+        """The :class:`Result` fields of what the examples reached."""
+        return dict(examples=self.checked, coverage=tuple(sorted(self.coverage.items())), cells=self.cells,
+                    pairs=self.summary[0], missing=self.summary[1])
+
     def pairs(self, cov: Covering) -> tuple[tuple[int, int], tuple[str, ...]]:
         """(pairs reached, pairs in the designs) and the missing ones, described."""
         wanted = {(fam, p) for fam, d in cov.designs.items() for p in d.pairs}
@@ -149,9 +160,7 @@ def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Ta
         for r in relations:
             event(r)
         if dry:  # coverage only: what would be checked, without calling the kernel
-            tally.checked += 1
-            tally.coverage.update(relations)
-            tally.reached.update((problem.family, p) for p in pairs_of(seen))
+            tally.count(problem, seen, relations)
             return
         try:
             if mode.name == "grad":
@@ -169,9 +178,7 @@ def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Ta
                 raise
             tally.repeated.append((where, exc))  # reported once already: not shrunk again
             return
-        tally.checked += 1
-        tally.coverage.update(relations)
-        tally.reached.update((problem.family, p) for p in pairs_of(seen))
+        tally.count(problem, seen, relations)
 
     return prop
 
@@ -246,9 +253,7 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         status, detail = (Status.KNOWN_BUG, f"{known} (caught: {line})") if known else (Status.FAILED, line)
         exc.add_note(f"Checked under the {common['setting']}.")
         return Result(status=status, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
-    return Result(status=Status.PASSED, examples=tally.checked, seconds=time.perf_counter() - t0,
-                  coverage=tuple(sorted(tally.coverage.items())), cells=tally.cells, pairs=tally.summary[0],
-                  missing=tally.summary[1], **common)
+    return Result(status=Status.PASSED, seconds=time.perf_counter() - t0, **tally.reached_fields(), **common)
 
 
 def _check_large(adapter: KernelAdapter, mode: Mode, t0: float, common: dict[str, Any]) -> Result:
@@ -284,15 +289,16 @@ def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = N
     t0 = time.perf_counter()
     common = dict(kernel=adapter.name, check=mode.name, family=family,
                   setting=_run_setting(profile, seed, max_examples))
+    if mode.name == "large":  # one fixed problem, no drawn examples: nothing to cover
+        return Result(status=Status.UNSUPPORTED, detail="the large mode draws no examples (one fixed problem)",
+                      **common)
     try:
         tally = _run_property(adapter, mode, family, max_examples, profile, seed, dry=True)
     except Unsupported as exc:
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
     status = Status.PASSED if not tally.summary[1] else Status.FAILED
     detail = "" if status is Status.PASSED else f"{len(tally.summary[1])} pairs never reached"
-    return Result(status=status, detail=detail, examples=tally.checked, seconds=time.perf_counter() - t0,
-                  coverage=tuple(sorted(tally.coverage.items())), cells=tally.cells, pairs=tally.summary[0],
-                  missing=tally.summary[1], **common)
+    return Result(status=status, detail=detail, seconds=time.perf_counter() - t0, **tally.reached_fields(), **common)
 
 
 def check_kernel(
