@@ -23,13 +23,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gmm_kernels import KernelAdapter, Status, resolve_kernels
-from property_tests import coverage
+from property_tests import compile_cache, coverage
 from property_tests.checking import check_known_issue_modes
 from property_tests.modes import ALL_MODES, MODES
 from property_tests.options import SCOPE_OPTIONS, add_scope_options, apply_scope, modes_option, scope_fields
@@ -175,6 +176,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--timeout", type=_positive(float), default=900.0,
                    help="seconds one cell may run before the kernel is reported as hung (default 900)")
     c.add_argument("--in-process", action="store_true", help="run the kernels in this process (no isolation)")
+    c.add_argument("--jobs", "-j", type=_positive(int), default=None, action=_Once,
+                   help="kernels checked at once, each in its own worker (default: the CPU count, at most one "
+                        "per kernel)")
+    c.add_argument("--compile-cache", default=None, action=_Once, metavar="DIR|off",
+                   help="JAX persistent compilation cache, shared by the workers and later runs "
+                        "(default: $XDG_CACHE_HOME/gmm-harness/jax)")
     scope = c.add_argument_group("declared scope of the --kernel(s): exactly this is checked")
     add_scope_options(lambda *a, **kw: scope.add_argument(*a, **kw, **({} if kw.get("action") else
                                                                        {"action": _Once})))
@@ -201,6 +208,8 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
         parser.error(f"{given[0]}: given without --kernel, which it applies to")
     if args.kernel_version is not None and len(args.kernel) != 1:
         parser.error("--kernel-version: applies to one --kernel, got " + str(len(args.kernel)))
+    if args.jobs is not None and args.in_process:
+        parser.error("--jobs: given with --in-process, which checks the kernels in this process, one at a time")
     if args.no_goldens and (args.golden_dir or args.kernel_version):
         parser.error("--no-goldens: given with --golden-dir/--kernel-version, which need the goldens")
     if args.golden_dir is not None and not Path(args.golden_dir, "manifest.json").is_file():
@@ -234,7 +243,31 @@ def _run(args: argparse.Namespace, request: dict[str, Any], kernels: list[Kernel
             table.details += details
             table.coverage += [covered] if covered else []
         return
-    _Supervisor(request, table, args.timeout, verbose=True).run(cells)
+    # one lane per job; a lane takes the next kernel and checks all its cells in one worker, so the shapes a
+    # kernel compiled for one mode serve its other modes; each kernel fills a table of its own, merged in
+    # kernel order, so the report does not depend on which lane finished first
+    order = list(dict.fromkeys(name for name, _, _ in cells))
+    tables = {name: Table() for name in order}
+    for name in order:
+        tables[name].plan([c for c in cells if c[0] == name])
+    queue, lock = list(order), threading.Lock()
+
+    def lane() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                name = queue.pop(0)
+            _Supervisor(request, tables[name], args.timeout, verbose=True).run([c for c in cells if c[0] == name])
+
+    jobs = min(args.jobs or os.cpu_count() or 1, len(order))
+    threads = [threading.Thread(target=lane, name=f"gmm-lane-{i}", daemon=True) for i in range(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name in order:
+        table.merge(tables[name])
 
 
 def _header(kernels: list[KernelAdapter], request: dict[str, Any]) -> str:
@@ -277,6 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "coverage":
         return coverage.run(parser, args)
     modes, scope_values = _options(parser, args)
+    try:
+        cache_line = compile_cache.enable(args.compile_cache)  # before the kernels are resolved (jax imported)
+    except ValueError as exc:
+        parser.error(str(exc).replace("option:", "--compile-cache:", 1))
     request = {"kernels": args.kernel, "convention": args.convention, "tiling": args.tiling, "modes": modes,
                "scope": scope_values, "max_examples": args.max_examples, "seed": args.seed,
                "golden_dir": None if args.golden_dir is None else str(Path(args.golden_dir).resolve()),
@@ -290,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     table = Table()
     header = _header(kernels, request)
+    if args.verbose:
+        header = "\n".join(filter(None, [header, cache_line]))
     if header:
         print(header + "\n")
     _run(args, request, kernels, table)

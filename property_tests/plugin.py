@@ -15,7 +15,10 @@ its pytest configuration (this repository does). Then:
   ``--gmm-no-tail`` and ``--gmm-numerics`` declare the kernels' scope
   (``property_tests.options``; the same as the main job's options without the prefix);
 - the ``gmm_kernel`` fixture parametrizes a test over the selected kernels;
-- ``pytest_report_header`` lists the kernels under test and why any is skipped.
+- ``pytest_report_header`` lists the kernels under test and why any is skipped;
+- JAX's persistent compilation cache is on (``--gmm-compile-cache=DIR|off``,
+  default under pytest's cache directory), so xdist workers and later runs
+  compile each shape once (``property_tests.compile_cache``).
 
 ``--gmm-*`` options are checked whenever they are given: a bad one is one usage error.
 """
@@ -50,6 +53,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="tiling the kernel uses; strategies draw extents around its tile edges",
     )
     add_scope_options(group.addoption, prefix="--gmm-")
+    group.addoption(
+        "--gmm-compile-cache", default=None, metavar="DIR|off",
+        help="JAX persistent compilation cache shared by the xdist workers and later runs "
+             "(default: .pytest_cache/d/gmm-harness-jax; property_tests.compile_cache)",
+    )
     parser.addini("gmm_harness", type="bool", default=False,
                   help="use the gmm-harness plugin in every run (its gmm-ci profile and report header)")
 
@@ -119,10 +127,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kernel: checks a real kernel against the reference")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     _check_options(config)
-    if in_use(config) and config.getoption("hypothesis_profile", None) is None:
+    if not in_use(config):
+        return
+    if config.getoption("hypothesis_profile", None) is None:
         from hypothesis import settings
 
         settings.load_profile(DEFAULT)  # deterministic unless asked otherwise
+    from property_tests import compile_cache
+
+    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+    fallback = cache.mkdir("gmm-harness-jax") if cache is not None else None
+    try:
+        config._gmm_compile_cache = compile_cache.enable(  # type: ignore[attr-defined]
+            config.getoption("--gmm-compile-cache"), fallback)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc).replace("option:", "--gmm-compile-cache:", 1)) from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -137,6 +156,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     tiling = _tiling(config)
     if tiling:
         lines.append(f"gmm tiling: {tiling}")
+    lines.append(f"gmm {getattr(config, '_gmm_compile_cache', 'jax compilation cache: off')}")
     return lines
 
 

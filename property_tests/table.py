@@ -95,6 +95,13 @@ class Table:
             if k == kernel and (family is None or f == family):
                 row[column] = text
 
+    def merge(self, other: Table) -> None:
+        """Append another table's rows, reports and coverage (a kernel checked in a lane of its own)."""
+        for key, row in other.rows.items():
+            self.rows.setdefault(key, {}).update(row)
+        self.details += other.details
+        self.coverage += other.coverage
+
     def values(self) -> list[str]:
         return [v for row in self.rows.values() for v in row.values()]
 

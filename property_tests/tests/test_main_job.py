@@ -54,12 +54,16 @@ def _main_job(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
                           timeout=600, cwd=tmp_path, env=env)
 
 
-@pytest.mark.parametrize(("kernel", "what"), [("crashy:segv", "crashed: the process was killed by SIGSEGV"),
-                                              ("crashy:hang", "timed out after 10 s")])
-def test_a_crashing_or_hanging_kernel_is_a_failure_and_the_run_goes_on(tmp_path, kernel, what):
+@pytest.mark.parametrize(("kernel", "what", "jobs"), [
+    ("crashy:segv", "crashed: the process was killed by SIGSEGV", "1"),
+    ("crashy:hang", "timed out after 10 s", "2"),  # the good kernel checked beside it, in a lane of its own
+])
+def test_a_crashing_or_hanging_kernel_is_a_failure_and_the_run_goes_on(tmp_path, kernel, what, jobs):
     # 10 s: room for a loaded CI machine, where the good kernel's first cell may take several seconds
-    proc = _main_job(tmp_path, "--kernel", kernel, "--kernel", "crashy:good", "--timeout", "10")
+    proc = _main_job(tmp_path, "--kernel", kernel, "--kernel", "crashy:good", "--timeout", "10", "--jobs", jobs)
     out = proc.stdout
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith("crashy:")]
+    assert rows == [kernel, "crashy:good"], out  # the table keeps the kernels' order, whichever lane ended first
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert f"FAIL: {what}; the last problem it was given: ragged_m convention=ragged_dot" in out
     assert "group_sizes=[" in out.split(what)[1].splitlines()[0]
