@@ -122,7 +122,13 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=25, help="examples: max examples per run")
     args = parser.parse_args()
     args.kernel = args.kernel or ["jax.ragged_dot", "megablox.gmm"]
-    {"main": bench_main, "suite": bench_suite, "examples": bench_examples}[args.what](_trees(args.baseline), args)
+    trees = _trees(args.baseline)
+    try:
+        {"main": bench_main, "suite": bench_suite, "examples": bench_examples}[args.what](trees, args)
+    finally:
+        for _, tree in trees:
+            if tree != ROOT:  # the baseline's worktree
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
 
 
 if __name__ == "__main__":

@@ -142,8 +142,12 @@ class KernelAdapter:
 
     def large_refusal(self) -> str | None:
         """Why the ``large`` mode (an operand past 2**31 elements) cannot run this kernel here, or None.
-        Kernels that run interpreted on this machine say so: one such call takes hours."""
+        Kernels that run interpreted on this machine say so (:meth:`_runs_interpreted`)."""
         return None
+
+    def _runs_interpreted(self, how: str = "Pallas interpret mode", takes: str = "hours") -> str:
+        """The :meth:`large_refusal` of a kernel that runs interpreted here."""
+        return f"{self.name} runs interpreted here ({how}): an operand past 2**31 elements would take {takes}"
 
     def available(self) -> str | None:
         """None when the kernel can run here, else the reason it cannot."""

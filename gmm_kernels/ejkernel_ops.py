@@ -66,8 +66,7 @@ class EjkernelGroupedMatmul(VariantAdapter):
     def large_refusal(self) -> str | None:
         if self.implementation == "xla":
             return None
-        return (f"{self.name} runs interpreted here (Pallas interpret mode): a grid over an operand past "
-                "2**31 elements would take hours")
+        return self._runs_interpreted()
 
     def _unavailable(self) -> str | None:
         if self.implementation.startswith("pallas_v"):

@@ -61,8 +61,7 @@ class _Megablox(KernelAdapter):
     default_precision = True
 
     def large_refusal(self) -> str | None:
-        return (f"{self.name} runs interpreted here (Pallas interpret mode): a grid over an operand past "
-                "2**31 elements would take hours")
+        return self._runs_interpreted()
 
     def _unavailable(self) -> str | None:
         try:

@@ -80,8 +80,7 @@ class MosaicGpuRaggedDot(KernelAdapter):
     def large_refusal(self) -> str | None:
         if _native():
             return None
-        return (f"{self.name} runs interpreted here (Mosaic GPU interpret mode): an operand past 2**31 "
-                "elements would take days")
+        return self._runs_interpreted("Mosaic GPU interpret mode", takes="days")
 
     def _unavailable(self) -> str | None:
         try:

@@ -63,10 +63,11 @@ def _user_dir() -> str | None:
     return user if user and user != os.environ.get(ENV) else None
 
 
-def resolve(option: str | None, fallback: Path | None = None) -> Path | None:
+def resolve(option: str | None, fallback: Path | None = None, *, option_name: str = "option") -> Path | None:
     """The directory the harness would use (None: off), from ``option``, ``$GMM_HARNESS_COMPILE_CACHE``
-    and ``fallback`` (default: :func:`default_dir`). ``ValueError`` for an empty option."""
-    for name, value in (("option", option), (ENV, os.environ.get(ENV))):
+    and ``fallback`` (default: :func:`default_dir`). ``ValueError`` naming ``option_name`` (or the
+    variable) for an empty value."""
+    for name, value in ((option_name, option), (ENV, os.environ.get(ENV))):
         if value is None:
             continue
         if not isinstance(value, str) or not value.strip():
@@ -75,14 +76,14 @@ def resolve(option: str | None, fallback: Path | None = None) -> Path | None:
     return fallback if fallback is not None else default_dir()
 
 
-def enable(option: str | None = None, fallback: Path | None = None) -> str:
+def enable(option: str | None = None, fallback: Path | None = None, *, option_name: str = "option") -> str:
     """Turn the persistent cache on (or leave it off) before the first compilation; returns a line
-    saying where it is. ``option`` and ``fallback`` as in :func:`resolve`."""
+    saying where it is. ``option``, ``fallback`` and ``option_name`` as in :func:`resolve`."""
     inherited = os.environ.get(ENV)  # a harness process above this one set it
     user = _user_dir()
     if user:
         return f"jax compilation cache: {user} (yours, from JAX_COMPILATION_CACHE_DIR)"
-    directory = resolve(option, fallback)
+    directory = resolve(option, fallback, option_name=option_name)
     if directory is None:
         os.environ[ENV] = "off"
         return "jax compilation cache: off"

@@ -23,9 +23,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -246,28 +246,20 @@ def _run(args: argparse.Namespace, request: dict[str, Any], kernels: list[Kernel
     # one lane per job; a lane takes the next kernel and checks all its cells in one worker, so the shapes a
     # kernel compiled for one mode serve its other modes; each kernel fills a table of its own, merged in
     # kernel order, so the report does not depend on which lane finished first
-    order = list(dict.fromkeys(name for name, _, _ in cells))
-    tables = {name: Table() for name in order}
-    for name in order:
-        tables[name].plan([c for c in cells if c[0] == name])
-    queue, lock = list(order), threading.Lock()
+    by_kernel: dict[str, list[tuple[str, str | None, str]]] = {}
+    for cell in cells:
+        by_kernel.setdefault(cell[0], []).append(cell)
+    tables = {name: Table() for name in by_kernel}
 
-    def lane() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                name = queue.pop(0)
-            _Supervisor(request, tables[name], args.timeout, verbose=True).run([c for c in cells if c[0] == name])
+    def check(name: str) -> None:
+        tables[name].plan(by_kernel[name])
+        _Supervisor(request, tables[name], args.timeout, verbose=True).run(by_kernel[name])
 
-    jobs = min(args.jobs or os.cpu_count() or 1, len(order))
-    threads = [threading.Thread(target=lane, name=f"gmm-lane-{i}", daemon=True) for i in range(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for name in order:
-        table.merge(tables[name])
+    jobs = min(args.jobs or os.cpu_count() or 1, len(by_kernel))
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="gmm-lane") as lanes:
+        list(lanes.map(check, by_kernel))  # an error in a lane is raised here, not lost with its thread
+    for kernel_table in tables.values():
+        table.merge(kernel_table)
 
 
 def _header(kernels: list[KernelAdapter], request: dict[str, Any]) -> str:
@@ -311,9 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return coverage.run(parser, args)
     modes, scope_values = _options(parser, args)
     try:
-        cache_line = compile_cache.enable(args.compile_cache)  # before the kernels are resolved (jax imported)
+        cache_line = compile_cache.enable(args.compile_cache, option_name="--compile-cache")  # before jax loads
     except ValueError as exc:
-        parser.error(str(exc).replace("option:", "--compile-cache:", 1))
+        parser.error(str(exc))
     request = {"kernels": args.kernel, "convention": args.convention, "tiling": args.tiling, "modes": modes,
                "scope": scope_values, "max_examples": args.max_examples, "seed": args.seed,
                "golden_dir": None if args.golden_dir is None else str(Path(args.golden_dir).resolve()),

@@ -139,9 +139,9 @@ def pytest_configure(config: pytest.Config) -> None:
     fallback = cache.mkdir("gmm-harness-jax") if cache is not None else None
     try:
         config._gmm_compile_cache = compile_cache.enable(  # type: ignore[attr-defined]
-            config.getoption("--gmm-compile-cache"), fallback)
+            config.getoption("--gmm-compile-cache"), fallback, option_name="--gmm-compile-cache")
     except ValueError as exc:
-        raise pytest.UsageError(str(exc).replace("option:", "--gmm-compile-cache:", 1)) from None
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
