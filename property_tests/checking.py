@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.database import ExampleDatabase
 from hypothesis.errors import InvalidArgument
 
 import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
+from property_tests import example_db as example_dbs
 from property_tests import failures
 from property_tests.modes import MODES, Mode, Unsupported, mode_covering, mode_of
 from property_tests.profiles import PROFILES
@@ -47,8 +49,10 @@ def _budgets(max_examples: int | None, profile: str | None, cap: int | None, cel
     return [n // run + (i < n % run) for i in range(run)]
 
 
-def _settings(profile: str | None, n: int, seeded: bool) -> settings:
+def _settings(profile: str | None, n: int, seeded: bool, database: ExampleDatabase | None) -> settings:
     base = profile_settings(profile)
+    if database is None:  # none asked for: a seeded run (derandomized, or --seed) keeps none, others the profile's
+        database = None if seeded else base.database
     return settings(
         base,
         max_examples=n,
@@ -56,7 +60,7 @@ def _settings(profile: str | None, n: int, seeded: bool) -> settings:
         # each cell runs under a seed of its own (derived from the cell, or from the given seed), so that
         # a derandomized profile stays deterministic while the cells draw different values
         derandomize=False if seeded else base.derandomize,
-        database=None if seeded and base.derandomize else base.database,
+        database=database,
         phases=[p for p in base.phases if p is not Phase.explain],  # it explains our property, not the kernel
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
     )
@@ -184,7 +188,8 @@ def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Ta
 
 
 def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_examples: int | None,
-                  profile: str | None, seed: int | None = None, dry: bool = False) -> _Tally:
+                  profile: str | None, seed: int | None = None, dry: bool = False,
+                  database: ExampleDatabase | None = None) -> _Tally:
     """Run the mode's property over every cell of its covering design. Raises the (shrunk) failure of the
     first failing cell, or :class:`failures.Repeated` when examples raised only an exception already
     reported for the kernel, or :class:`Unsupported`."""
@@ -198,12 +203,18 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
     budgets = _budgets(max_examples, profile, adapter.max_examples, len(cov.cells))
     tally.cells = (len(budgets), len(cov.cells))
     for i, (cc, n) in enumerate(zip(cov.cells[:len(budgets)], budgets, strict=True)):
-        prop = given(problem=cc.strategy)(_cell_property(adapter, mode, cov, tally, dry))
+        inner = _cell_property(adapter, mode, cov, tally, dry)
+        # the example database's key: this check's cell, so a saved example replays in the check that drew it
+        # (Hypothesis keys by the test function's source, the same for every cell, plus this digest)
+        inner._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
+            f"gmm-harness {adapter.name} {adapter.convention} {mode.name} {cc.family} {cc.cell.describe()}".encode())
+        prop = given(problem=cc.strategy)(inner)
         if seed is not None or derandomized:
             cell_seed = zlib.crc32(f"{cc.family} {cc.cell.describe()}".encode()) ^ (seed or 0) ^ i
-            prop = hypothesis_seed(cell_seed)(_settings(profile, n, seeded=True)(prop))
+            # the settings go on after the seed: @seed drops any database the settings under it named
+            prop = _settings(profile, n, seeded=True, database=database)(hypothesis_seed(cell_seed)(prop))
         else:
-            prop = _settings(profile, n, seeded=False)(prop)
+            prop = _settings(profile, n, seeded=False, database=database)(prop)
         try:
             prop()
         except InvalidArgument as exc:
@@ -221,7 +232,8 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
 
 
 def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
-               max_examples: int | None = None, profile: str | None = None, seed: int | None = None) -> Result:
+               max_examples: int | None = None, profile: str | None = None, seed: int | None = None,
+               example_db: Any = None) -> Result:
     """Run one mode's property on ``adapter`` (one family, or all its convention's) and say what it found.
 
     ``profile`` names a registered Hypothesis profile to run under (default: the
@@ -230,15 +242,19 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     (a ``gmm_ref.Mismatch`` after shrinking, with a reproducer that calls the
     kernel, or what the kernel raised), or ``KNOWN_BUG`` when the kernel declares
     an upstream bug for this mode. The result's ``setting`` names the profile or seed.
+    ``example_db`` (an ``ExampleDatabase``, a directory, ``redis://HOST:PORT``; default
+    ``$GMM_HARNESS_EXAMPLE_DB``, else none) saves failing examples and replays them first
+    (``property_tests.example_db``).
     """
     mode = mode_of(mode)
+    database = example_dbs.resolve(example_db)
     t0 = time.perf_counter()
     common = dict(kernel=adapter.name, check=mode.name, family=family,
                   setting=_run_setting(profile, seed, max_examples))
     if mode.name == "large":
         return _check_large(adapter, mode, t0, common)
     try:
-        tally = _run_property(adapter, mode, family, max_examples, profile, seed)
+        tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database)
     except Unsupported as exc:
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
     except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
@@ -314,6 +330,7 @@ def check_kernel(
     profile: str | None = "gmm-ci",
     seed: int | None = None,
     raise_on_failure: bool = True,
+    example_db: Any = None,
 ) -> Report:
     """Check a kernel in every mode (or ``modes``) its convention allows; one :class:`Result` per mode.
 
@@ -328,6 +345,9 @@ def check_kernel(
     ``profile`` names a registered Hypothesis profile (``"gmm-ci"``, the default: derandomized,
     so the same verdict every run; ``"gmm-dev"``, ``"gmm-thorough"``; None: the settings in force);
     ``seed`` explores other examples. Every result names the profile or seed it ran under.
+    ``example_db`` (an ``ExampleDatabase``, a directory, ``redis://HOST:PORT``, several joined by ``,``;
+    default ``$GMM_HARNESS_EXAMPLE_DB``, else none) saves every failing example and replays the saved
+    ones first on every run that shares it (``property_tests.example_db``).
     """
     __tracebackhide__ = True
     adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name, scope=scope,
@@ -335,12 +355,13 @@ def check_kernel(
     chosen = _modes(modes)
     _check_options(max_examples, profile, seed)
     check_known_issue_modes(adapter, option="scope")
+    database = example_dbs.resolve(example_db)
     why = adapter.available()
     if why:
         raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")
     results = []
     for m in chosen:
-        result = check_mode(adapter, m, max_examples=max_examples, profile=profile, seed=seed)
+        result = check_mode(adapter, m, max_examples=max_examples, profile=profile, seed=seed, example_db=database)
         if raise_on_failure and result.status is Status.FAILED:
             failures.raise_failure(result)
         results.append(result)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gmm_kernels import KernelAdapter, Status, resolve_kernels
-from property_tests import compile_cache, coverage
+from property_tests import compile_cache, coverage, example_db, shards
 from property_tests.checking import check_known_issue_modes
 from property_tests.modes import ALL_MODES, MODES
 from property_tests.options import SCOPE_OPTIONS, add_scope_options, apply_scope, modes_option, scope_fields
@@ -119,6 +119,7 @@ class _Supervisor:
             state["problem"] = event["text"]
         elif event["event"] == "cell":
             self.table.put(event["kernel"], event["family"], event["column"], event["text"])
+            self.table.seconds[(event["kernel"], event["family"], event["column"])] = event["seconds"]
             self.table.details += event["details"]
             if event.get("coverage"):
                 self.table.coverage.append(event["coverage"])
@@ -129,6 +130,7 @@ class _Supervisor:
 
     def _lost(self, state: dict[str, Any], what: str) -> None:
         kernel, family, column = state["cell"]
+        self.table.seconds[(kernel, family, column)] = time.monotonic() - state["started"]
         last = f"; the last problem it was given: {state['problem']}" if state["problem"] else ""
         self.table.put(kernel, family, column, f"FAIL: {what}{last}")
         self.table.details.append(f"== {kernel} / {family} / {column}\nthe kernel {what}{last}")
@@ -182,6 +184,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--compile-cache", default=None, action=_Once, metavar="DIR|off",
                    help="JAX persistent compilation cache, shared by the workers and later runs "
                         "(default: $XDG_CACHE_HOME/gmm-harness/jax)")
+    c.add_argument("--example-db", default=None, action=_Once, metavar="DIR|redis://HOST:PORT|off",
+                   help="Hypothesis example database: every failing example is saved there and replayed first by "
+                        "every run sharing it (default: $GMM_HARNESS_EXAMPLE_DB, else off)")
+    split = c.add_argument_group("splitting the run across machines (gmm-harness merge joins the shards)")
+    split.add_argument("--shard", default=None, action=_Once, metavar="I/N",
+                       help="check only this machine's shard of the kernel x mode cells, I of N (with --json)")
+    split.add_argument("--durations", default=None, action=_Once, metavar="FILE",
+                       help="an earlier run's --json: its cell times balance the shards (the same file everywhere)")
     scope = c.add_argument_group("declared scope of the --kernel(s): exactly this is checked")
     add_scope_options(lambda *a, **kw: scope.add_argument(*a, **kw, **({} if kw.get("action") else
                                                                        {"action": _Once})))
@@ -195,6 +205,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-v", "--verbose", action="store_true",
                    help="print every failure's full report and every cell's coverage of relations")
     coverage.add_parser(sub)
+    m = sub.add_parser("merge", help="join the --json files of the shards of one run into its table")
+    m.add_argument("files", nargs="+", metavar="SHARD.json", help="every shard's --json file")
+    m.add_argument("--json", default=None, action=_Once, metavar="FILE", help="also write the merged results")
+    m.add_argument("-v", "--verbose", action="store_true", help="print every failure's full report")
     return parser
 
 
@@ -214,6 +228,17 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
         parser.error("--no-goldens: given with --golden-dir/--kernel-version, which need the goldens")
     if args.golden_dir is not None and not Path(args.golden_dir, "manifest.json").is_file():
         parser.error(f"--golden-dir: expected a golden directory with a manifest.json, got {args.golden_dir!r}")
+    try:
+        args.shard = None if args.shard is None else shards.parse_shard(args.shard)
+        args.durations = None if args.durations is None else shards.load_durations(args.durations)
+        if args.example_db is not None:
+            example_db.open_database(args.example_db, option_name="--example-db")
+    except (ValueError, TypeError, ImportError) as exc:
+        parser.error(str(exc))
+    if args.shard is not None and args.json is None:
+        parser.error("--shard: given without --json, which gmm-harness merge joins the shards from")
+    if args.durations is not None and args.shard is None:
+        parser.error("--durations: given without --shard, which it balances")
     return modes, values
 
 
@@ -230,16 +255,18 @@ def resolve_request(request: dict[str, Any]) -> list[KernelAdapter]:
     return kernels
 
 
-def _run(args: argparse.Namespace, request: dict[str, Any], kernels: list[KernelAdapter], table: Table) -> None:
-    cells = [c for k in kernels for c in cells_of(k, goldens=not args.no_goldens, modes=request["modes"])]
-    table.plan(cells)
+def _run(args: argparse.Namespace, request: dict[str, Any], kernels: dict[str, KernelAdapter],
+         plan: list[shards.Cell], cells: list[shards.Cell], table: Table) -> None:
+    """Check ``cells`` (all of the ``plan``, or a shard's part) into ``table``, which gets every row of the plan."""
+    table.plan(plan)
     if args.in_process:
-        by_name = {k.name: k for k in kernels}
         for name, family, column in cells:
-            text, details, _, covered = run_cell(by_name[name], family, column, max_examples=args.max_examples,
-                                                 seed=args.seed, golden_dir=request["golden_dir"],
-                                                 require_own=request["require_own"])
+            text, details, seconds, covered = run_cell(
+                kernels[name], family, column, max_examples=args.max_examples, seed=args.seed,
+                golden_dir=request["golden_dir"], require_own=request["require_own"],
+                example_db=request["example_db"])
             table.put(name, family, column, text)
+            table.seconds[(name, family, column)] = seconds
             table.details += details
             table.coverage += [covered] if covered else []
         return
@@ -252,7 +279,7 @@ def _run(args: argparse.Namespace, request: dict[str, Any], kernels: list[Kernel
     tables = {name: Table() for name in by_kernel}
 
     def check(name: str) -> None:
-        tables[name].plan(by_kernel[name])
+        tables[name].plan([c for c in plan if c[0] == name])  # every row, even for a shard with the goldens alone
         _Supervisor(request, tables[name], args.timeout, verbose=True).run(by_kernel[name])
 
     jobs = min(args.jobs or os.cpu_count() or 1, len(by_kernel))
@@ -281,15 +308,65 @@ def _status(text: str) -> str:
     return "?"
 
 
-def _write_json(path: str, table: Table, kernels: list[KernelAdapter], request: dict[str, Any], summary: dict
-                ) -> None:
-    cells = [{"kernel": r["kernel"], "family": r["family"], "check": c, "status": _status(t), "text": t}
-             for r in table.as_rows() for c, t in r.items() if c not in ("kernel", "family")]
-    doc = {"kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
-                        "scope": None if k.scope is None else k.scope.to_json()} for k in kernels],
-           "modes": request["modes"], "max_examples": request["max_examples"], "seed": request["seed"],
-           "golden_dir": request["golden_dir"], "cells": cells, "failures": table.details, **summary}
+def _json_cells(table: Table, cells: list[shards.Cell]) -> list[dict[str, Any]]:
+    """The run's cells in plan order, each with its text, status and seconds (the goldens once per kernel)."""
+    out = []
+    for kernel, family, column in cells:
+        families = [family] if family is not None else [f for (k, f) in table.rows if k == kernel]
+        for f in families:
+            text = table.rows.get((kernel, f), {}).get(column, "")
+            out.append({"kernel": kernel, "family": f, "check": column, "status": _status(text), "text": text,
+                        "seconds": round(table.seconds.get((kernel, family, column), 0.0), 2)})
+    return out
+
+
+def _write_json(path: str, doc: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *, requested: list[str],
+            seconds: float, run: str, verbose: bool, json_path: str | None, doc: dict[str, Any],
+            partial: bool = False) -> int:
+    """Print the table and its summary, write the JSON; the exit status (1: a cell failed; 2: nothing checked)."""
+    print(render(table.as_rows(), columns))
+    n_fail = sum(v.startswith("FAIL") for v in table.values())
+    n_pass = sum(v.startswith("pass") for v in table.values())
+    print(f"\n{n_pass} passed, {n_fail} failed  ({seconds:.0f} s; {run}; 'n/a' cells give their reason)")
+    # a shard may hold only a kernel's n/a cells: whether a kernel was checked at all is the merge's to say
+    idle = [] if partial else [name for name in requested if table.checked_nothing(name)]
+    if json_path:
+        _write_json(json_path, {**doc, "failures": table.details, "coverage": table.coverage, "passed": n_pass,
+                                "failed": n_fail, "seconds": round(seconds, 1), "checked_nothing": idle})
+    if idle:
+        parser.error(f"--kernel: nothing was checked for {', '.join(idle)}: every cell is n/a (see the notes)")
+    if verbose and table.coverage:
+        print("\nCoverage (pairs of relations of the covering design; docs/coverage.md):\n"
+              + "\n".join(table.coverage))
+    if table.details and verbose:
+        print("\n" + "\n\n".join(table.details))
+    elif table.details:
+        print("run with -v for the full mismatch reports and reproducers")
+    return 1 if n_fail else 0
+
+
+def _merge(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    doc = shards.load_shards(args.files, parser.error)
+    table = Table()
+    plan = [tuple(c) for c in doc["plan"]]
+    table.plan(plan)
+    for c in doc["cells"]:
+        table.rows.setdefault((c["kernel"], c["family"]), {})[c["check"]] = c["text"]
+        table.seconds[(c["kernel"], c["family"], c["check"])] = c.get("seconds", 0.0)
+    table.details, table.coverage = doc["failures"], doc["coverage"]
+    columns = doc["modes"] + ([GOLDENS] if doc["goldens"] else [])
+    n = len(doc["shards"])
+    run = "seed {}".format(doc["seed"]) if doc["seed"] is not None else "gmm-ci profile, derandomized"
+    print(f"merged {n} shards ({', '.join(f'{s:.0f} s' for s in doc['shard_seconds'] if s is not None)})\n")
+    merged = {k: v for k, v in doc.items() if k not in ("failures", "coverage", "seconds")}
+    requested = [k["name"] for k in doc["kernels"]] if doc.get("requested") else []
+    return _finish(parser, table, columns, requested=requested, seconds=doc["seconds"],
+                   run=f"{run}; seconds summed over the shards", verbose=args.verbose, json_path=args.json,
+                   doc={**merged, "cells": doc["cells"]})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -301,6 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "coverage":
         return coverage.run(parser, args)
+    if args.command == "merge":
+        return _merge(parser, args)
     modes, scope_values = _options(parser, args)
     try:
         cache_line = compile_cache.enable(args.compile_cache, option_name="--compile-cache")  # before jax loads
@@ -310,42 +389,41 @@ def main(argv: Sequence[str] | None = None) -> int:
                "scope": scope_values, "max_examples": args.max_examples, "seed": args.seed,
                "golden_dir": None if args.golden_dir is None else str(Path(args.golden_dir).resolve()),
                "kernel_version": args.kernel_version, "require_own": args.kernel_version is not None,
-               "environ": _ENVIRON}
+               "example_db": args.example_db, "environ": _ENVIRON}
     try:
         kernels = resolve_request(request)
     except (ValueError, TypeError, ImportError) as exc:
         parser.error(str(exc))
     request["kernels"] = args.kernel or [k.name for k in kernels]
+    plan = [c for k in kernels for c in cells_of(k, goldens=not args.no_goldens, modes=request["modes"])]
+    cells = plan
+    if args.shard is not None:
+        i, n = args.shard
+        cells = shards.assign(plan, n, args.durations)[i - 1]
+        if not cells:
+            parser.error(f"--shard: shard {i}/{n} has no cells: the run has {len(plan)}, fewer than {n} shards")
     t0 = time.perf_counter()
     table = Table()
     header = _header(kernels, request)
     if args.verbose:
-        header = "\n".join(filter(None, [header, cache_line]))
+        header = "\n".join(filter(None, [header, cache_line, example_db.describe(args.example_db)]))
+    if args.shard is not None:
+        header = "\n".join(filter(None, [header, f"shard {args.shard[0]}/{args.shard[1]}: {len(cells)} of the "
+                                                  f"{len(plan)} cells (gmm-harness merge joins the shards)"]))
     if header:
         print(header + "\n")
-    _run(args, request, kernels, table)
+    _run(args, request, {k.name: k for k in kernels}, plan, cells, table)
     columns = modes + ([] if args.no_goldens else [GOLDENS])
-    print(render(table.as_rows(), columns))
-    n_fail = sum(v.startswith("FAIL") for v in table.values())
-    n_pass = sum(v.startswith("pass") for v in table.values())
     run = f"seed {args.seed}" if args.seed is not None else "gmm-ci profile, derandomized"
-    seconds = time.perf_counter() - t0
-    print(f"\n{n_pass} passed, {n_fail} failed  ({seconds:.0f} s; {run}; 'n/a' cells give their reason)")
-    idle = [k.name for k in kernels if args.kernel and table.checked_nothing(k.name)]
-    if args.json:
-        _write_json(args.json, table, kernels, request,
-                    {"passed": n_pass, "failed": n_fail, "seconds": round(seconds, 1), "checked_nothing": idle})
-    if idle:
-        parser.error(f"--kernel: nothing was checked for {', '.join(idle)}: every cell is n/a (see the notes)")
-    if args.verbose and table.coverage:
-        print("\nCoverage (pairs of relations of the covering design; docs/coverage.md):\n"
-              + "\n".join(table.coverage))
-    if table.details and args.verbose:
-        print("\n" + "\n\n".join(table.details))
-    elif table.details:
-        print("run with -v for the full mismatch reports and reproducers")
-    return 1 if n_fail else 0
-
+    doc = {"kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
+                        "scope": None if k.scope is None else k.scope.to_json()} for k in kernels],
+           "requested": bool(args.kernel), "modes": request["modes"], "goldens": not args.no_goldens,
+           "max_examples": request["max_examples"], "seed": request["seed"], "golden_dir": request["golden_dir"],
+           "shard": list(args.shard) if args.shard else None, "plan": [list(c) for c in plan],
+           "cells": _json_cells(table, cells)}
+    return _finish(parser, table, columns, requested=[k.name for k in kernels] if args.kernel else [],
+                   seconds=time.perf_counter() - t0, run=run, verbose=args.verbose, json_path=args.json, doc=doc,
+                   partial=args.shard is not None)
 
 if __name__ == "__main__":
     sys.exit(main())

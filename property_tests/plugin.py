@@ -18,13 +18,17 @@ its pytest configuration (this repository does). Then:
 - ``pytest_report_header`` lists the kernels under test and why any is skipped;
 - JAX's persistent compilation cache is on (``--gmm-compile-cache=DIR|off``,
   default under pytest's cache directory), so xdist workers and later runs
-  compile each shape once (``property_tests.compile_cache``).
+  compile each shape once (``property_tests.compile_cache``);
+- ``--gmm-example-db=DIR|redis://HOST:PORT`` (default ``$GMM_HARNESS_EXAMPLE_DB``, else
+  off) saves the kernel checks' failing examples and replays them first in
+  every run that shares it, on any machine (``property_tests.example_db``).
 
 ``--gmm-*`` options are checked whenever they are given: a bad one is one usage error.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -57,6 +61,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--gmm-compile-cache", default=None, metavar="DIR|off",
         help="JAX persistent compilation cache shared by the xdist workers and later runs "
              "(default: .pytest_cache/d/gmm-harness-jax; property_tests.compile_cache)",
+    )
+    group.addoption(
+        "--gmm-example-db", default=None, metavar="DIR|redis://HOST:PORT|off",
+        help="Hypothesis example database of the kernel checks: failing examples are saved there and replayed "
+             "first by every run sharing it (default: $GMM_HARNESS_EXAMPLE_DB, else off)",
     )
     parser.addini("gmm_harness", type="bool", default=False,
                   help="use the gmm-harness plugin in every run (its gmm-ci profile and report header)")
@@ -127,6 +136,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kernel: checks a real kernel against the reference")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     _check_options(config)
+    from property_tests import example_db
+
+    spec = config.getoption("--gmm-example-db")
+    try:
+        example_db.resolve(spec, option_name="--gmm-example-db")  # a bad spec is a usage error before collection
+    except (ValueError, TypeError, ImportError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if spec is not None:  # the checks (and the processes this run starts) read it from the environment
+        os.environ[example_db.ENV] = spec
+    config._gmm_example_db = example_db.describe(os.environ.get(example_db.ENV))  # type: ignore[attr-defined]
     if not in_use(config):
         return
     if config.getoption("hypothesis_profile", None) is None:
@@ -157,6 +176,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if tiling:
         lines.append(f"gmm tiling: {tiling}")
     lines.append(f"gmm {getattr(config, '_gmm_compile_cache', 'jax compilation cache: off')}")
+    lines.append(f"gmm {getattr(config, '_gmm_example_db', 'example database: off')}")
     return lines
 
 

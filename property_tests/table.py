@@ -7,6 +7,7 @@ never finished. :func:`render` prints the table with footnotes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,24 +57,26 @@ def _mode_cell(result: Result) -> str:
     return result.cell()
 
 
-def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_examples: int,
-             seed: int | None = None, golden_dir: str | None = None, require_own: bool = False
-             ) -> tuple[str, list[str], float, str]:
+def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_examples: int | None,
+             seed: int | None = None, golden_dir: str | None = None, require_own: bool = False,
+             example_db: str | None = None) -> tuple[str, list[str], float, str]:
     """(cell text, full failure reports, seconds, coverage report) of one cell; ``golden_dir`` (default: this project's
-    goldens) and ``require_own`` (a missing golden of the kernel's own version fails) for the goldens."""
+    goldens) and ``require_own`` (a missing golden of the kernel's own version fails) for the goldens;
+    ``example_db`` (a spec of ``property_tests.example_db``) saves failing examples and replays them first."""
+    t0 = time.perf_counter()
     why = kernel.available()
     if why:
         return f"n/a: {why}", [], 0.0, ""
     if column == GOLDENS:
         text, details = _golden_cell(kernel, golden_dir, require_own)
-        return text, details, 0.0, ""
+        return text, details, time.perf_counter() - t0, ""
     result = check_mode(kernel, column, family=family, max_examples=max_examples,
-                        profile="gmm-ci" if seed is None else None, seed=seed)
+                        profile="gmm-ci" if seed is None else None, seed=seed, example_db=example_db)
     details = [f"== {kernel.name} / {family} / {column}\n{result.full_report()}"] \
         if result.status is Status.FAILED else []
     covered = result.coverage_report()
     covered = f"== {kernel.name} / {family} / {column}: {covered}" if covered else ""
-    return _mode_cell(result), details, result.seconds, covered
+    return _mode_cell(result), details, time.perf_counter() - t0, covered
 
 
 @dataclass
@@ -84,6 +87,8 @@ class Table:
     details: list[str] = field(default_factory=list)
     #: per cell, what its examples reached of the covering design (``Result.coverage_report``)
     coverage: list[str] = field(default_factory=list)
+    #: seconds each cell took, by ``(kernel, family, column)`` (the goldens' family: None)
+    seconds: dict[tuple[str, str | None, str], float] = field(default_factory=dict)
 
     def plan(self, cells: list[tuple[str, str | None, str]]) -> None:
         for kernel, family, _ in cells:
@@ -101,6 +106,7 @@ class Table:
             self.rows.setdefault(key, {}).update(row)
         self.details += other.details
         self.coverage += other.coverage
+        self.seconds.update(other.seconds)
 
     def values(self) -> list[str]:
         return [v for row in self.rows.values() for v in row.values()]

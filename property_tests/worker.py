@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
             text, details, seconds, covered = run_cell(kernels[kernel], family, column,
                                                        max_examples=request["max_examples"], seed=request.get("seed"),
                                                        golden_dir=request.get("golden_dir"),
-                                                       require_own=request.get("require_own", False))
+                                                       require_own=request.get("require_own", False),
+                                                       example_db=request.get("example_db"))
             emit(event="cell", kernel=kernel, family=family, column=column, text=text, details=details,
                  seconds=seconds, coverage=covered)
     return 0

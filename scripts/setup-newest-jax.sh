@@ -18,4 +18,4 @@ fi
 [ -x .venv-newest-jax/bin/python ] || "$PY" -m venv .venv-newest-jax
 . .venv-newest-jax/bin/activate
 python -m pip install -q --upgrade pip >/dev/null
-python -m pip install -q -c constraints-newest-jax.txt -e ".[jax]"
+python -m pip install -q -c constraints-newest-jax.txt -e ".[jax,redis]"

@@ -177,6 +177,8 @@ CHECK_KERNEL = [
     ("numerics", dict(numerics="fp32"), TypeError, "numerics: expected a gmm_ref.Numerics"),
     ("convention", dict(convention="bogus"), ValueError, "convention: expected one of"),
     ("no convention", dict(convention=None), ValueError, "convention: required with kernel"),
+    ("example_db type", dict(example_db=3), TypeError, "example_db: expected a directory, redis://HOST:PORT or 'off'"),
+    ("example_db empty", dict(example_db=" "), ValueError, "example_db: expected a directory, redis://HOST:PORT"),
 ]
 
 
@@ -227,6 +229,17 @@ MAIN = [
     (["--jobs", "0"], "argument --jobs/-j: expected a positive number"),
     (["--jobs", "2", "--in-process"], "--jobs: given with --in-process"),
     (["--compile-cache", "a", "--compile-cache", "b"], "--compile-cache: given twice"),
+    (["--shard", "0/2", "--json", "x.json"], "--shard: expected 1 <= I <= N in I/N, got '0/2'"),
+    (["--shard", "3/2", "--json", "x.json"], "--shard: expected 1 <= I <= N in I/N, got '3/2'"),
+    (["--shard", "half", "--json", "x.json"], "--shard: expected I/N"),
+    (["--shard", "1/2"], "--shard: given without --json"),
+    (["--durations", "/no/such.json"], "--durations: no such file '/no/such.json'"),
+    (["--durations", __file__, "--shard", "1/2", "--json", "x.json"],
+     "--durations: expected the --json file of an earlier gmm-harness check"),
+    (["--example-db", ""], "--example-db: expected a directory, redis://HOST:PORT or 'off'"),
+    (["--example-db", "http://example.com/db"], "--example-db: expected a directory or redis://HOST:PORT, got the URL"),
+    (["--example-db", __file__], "--example-db: expected a directory, got the file"),
+    (["--example-db", "off,/tmp/x"], "--example-db: 'off' cannot be joined with other databases"),
     (["--bogus-option"], "unrecognized arguments: --bogus-option"),
     (["--modes", "exact,nope"], "--modes: expected some of exact, normal"),
     (["--modes", ","], "--modes: expected a comma-separated list"),
@@ -293,6 +306,8 @@ PLUGIN = [
      "--gmm-families: ('ragged_k',) leaves none of ragged_dot's"),
     (["--gmm-kernel=jax.ragged_dot", "--gmm-multiple=q=2"], "--gmm-multiple: expected AXIS=N"),
     (["--gmm-kernel=jax.ragged_dot", "--gmm-numerics=fast"], "--gmm-numerics: expected accumulate=DTYPE"),
+    (["--gmm-example-db="], "--gmm-example-db: expected a directory, redis://HOST:PORT or 'off'"),
+    (["--gmm-example-db=ftp://host/x"], "--gmm-example-db: expected a directory or redis://HOST:PORT, got the URL"),
 ]
 
 

@@ -1,0 +1,135 @@
+"""Split the main job across CI machines (``--shard I/N``) and merge the shards' results (``gmm-harness merge``).
+
+Every shard computes the same plan, every ``(kernel, family, column)`` cell of
+the run in table order, and takes its part of it: the cells are dealt
+longest first to the shard with the least work so far, a cell's work being
+its seconds in a previous run's ``--json`` given with ``--durations`` (the
+same file on every shard), else one. The partition depends only on the plan,
+N and that file, so the N shards check every cell exactly once, and a shard
+prints and writes (``--json``) only its own cells.
+
+``gmm-harness merge A.json B.json ...`` reads the shards' ``--json`` files,
+checks that they are the N shards of one plan (a missing, repeated or foreign
+shard is an error: cells nobody checked are never a pass), prints the whole
+table and exits as the unsharded run would have: 1 if a cell failed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Cell", "assign", "load_durations", "load_shards", "parse_shard", "plan_key"]
+
+Cell = tuple[str, "str | None", str]
+_GOLDENS = "goldens"  # the goldens column (property_tests.table.GOLDENS, not imported: this module stays light)
+_SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
+
+
+def parse_shard(text: str, *, option_name: str = "--shard") -> tuple[int, int]:
+    """``"I/N"`` -> ``(I, N)`` with 1 <= I <= N; ``ValueError`` naming the option otherwise."""
+    m = _SHARD.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"{option_name}: expected I/N (this machine's shard of N, counting from 1), got {text!r}")
+    i, n = int(m.group(1)), int(m.group(2))
+    if not 1 <= i <= n:
+        raise ValueError(f"{option_name}: expected 1 <= I <= N in I/N, got {text!r}")
+    return i, n
+
+
+def plan_key(cell: Sequence[Any]) -> str:
+    """A cell as one string (a JSON key): ``kernel / family / column``; the goldens are one cell per kernel
+    (the JSON lists them once per family row)."""
+    kernel, family, column = cell
+    return f"{kernel} / {'-' if column == _GOLDENS or family is None else family} / {column}"
+
+
+def load_durations(path: str, *, option_name: str = "--durations") -> dict[str, float]:
+    """Seconds per cell (by :func:`plan_key`) from a previous run's ``--json`` (or a merged one)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        cells = doc["cells"]
+        return {plan_key((c["kernel"], c["family"], c["check"])): float(c["seconds"])
+                for c in cells if c.get("seconds") is not None}
+    except FileNotFoundError:
+        raise ValueError(f"{option_name}: no such file {path!r}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{option_name}: expected the --json file of an earlier gmm-harness check, got {path!r} "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
+def assign(cells: Sequence[Cell], n: int, durations: dict[str, float] | None = None) -> list[list[Cell]]:
+    """The cells of each of ``n`` shards, each in plan order: longest first to the least-loaded shard (ties: the
+    lower shard). A cell without a recorded duration weighs the median of the recorded ones (one without any)."""
+    durations = durations or {}
+    known = sorted(durations[plan_key(c)] for c in cells if plan_key(c) in durations)
+    default = known[len(known) // 2] if known else 1.0
+    weights = [max(durations.get(plan_key(c), default), 1e-3) for c in cells]
+    load = [0.0] * n
+    owner = [0] * len(cells)
+    for i in sorted(range(len(cells)), key=lambda i: (-weights[i], i)):
+        s = min(range(n), key=lambda s: (load[s], s))
+        owner[i] = s
+        load[s] += weights[i]
+    return [[c for c, o in zip(cells, owner, strict=True) if o == s] for s in range(n)]
+
+
+def load_shards(paths: Sequence[str], error: Callable[[str], Any]) -> dict[str, Any]:
+    """The shards' ``--json`` documents merged into one (cells in plan order); ``error`` for anything that is not
+    exactly the N shards of one plan."""
+    docs = []
+    for p in paths:
+        try:
+            docs.append((p, json.loads(Path(p).read_text())))
+        except (OSError, ValueError) as exc:
+            error(f"{p}: expected a shard's --json file: {type(exc).__name__}: {exc}")
+    for p, doc in docs:
+        if not isinstance(doc, dict) or not doc.get("shard") or not doc.get("plan"):
+            error(f"{p}: not a shard's result (run gmm-harness check with --shard I/N --json FILE)")
+    first_path, first = docs[0]
+    n = first["shard"][1]
+    seen: dict[int, str] = {}
+    for p, doc in docs:
+        if doc["plan"] != first["plan"] or doc["shard"][1] != n or doc["modes"] != first["modes"]:
+            error(f"{p}: a shard of another run than {first_path} (its plan, modes or shard count differ)")
+        i = doc["shard"][0]
+        if i in seen:
+            error(f"{p}: shard {i}/{n} given twice (also {seen[i]})")
+        seen[i] = p
+    missing = [i for i in range(1, n + 1) if i not in seen]
+    if missing:
+        error(f"missing shard{'s' * (len(missing) > 1)} {', '.join(f'{i}/{n}' for i in missing)}: "
+              f"{'their' if len(missing) > 1 else 'its'} cells were not checked")
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    owner: dict[str, str] = {}
+    for p, doc in docs:
+        for c in doc["cells"]:
+            key = plan_key((c["kernel"], c["family"], c["check"]))
+            if owner.setdefault(key, p) != p:
+                error(f"{p}: the cell {key} was also checked by {owner[key]}")
+            by_cell.setdefault(key, []).append(c)
+    plan = [plan_key(c) for c in first["plan"]]
+    unchecked = [k for k in plan if k not in by_cell]
+    if unchecked:
+        error(f"{len(unchecked)} cells of the plan are in no shard's result, e.g. {unchecked[0]}")
+    docs.sort(key=lambda d: d[1]["shard"][0])
+    return {
+        "kernels": _unique(k for _, d in docs for k in d["kernels"]),
+        "modes": first["modes"], "max_examples": first["max_examples"], "seed": first["seed"],
+        "golden_dir": first["golden_dir"], "goldens": first.get("goldens", True), "plan": first["plan"],
+        "shards": [d["shard"] for _, d in docs], "cells": [c for k in plan for c in by_cell[k]],
+        "failures": [f for _, d in docs for f in d["failures"]],
+        "coverage": [c for _, d in docs for c in d.get("coverage", [])],
+        "seconds": round(sum(d.get("seconds", 0.0) for _, d in docs), 1),
+        "shard_seconds": [d.get("seconds") for _, d in docs],
+    }
+
+
+def _unique(kernels: Any) -> list[dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for k in kernels:
+        out.setdefault(k["name"], k)
+    return list(out.values())

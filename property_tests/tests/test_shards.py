@@ -1,0 +1,197 @@
+"""The main job split across machines, and failures that replay first wherever they are shared.
+
+Two shards of a run (``--shard 1/2``, ``--shard 2/2``) check every cell of the
+plan exactly once, and ``gmm-harness merge`` of their ``--json`` files prints
+the table the unsharded run prints, with its exit status; a missing, repeated
+or foreign shard is an error, never a pass. An example database (a directory
+or a real Redis server) makes a failure found by one run the first example of
+the same check in the next run that shares it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gmm_kernels import Status, resolve_kernel
+from property_tests import shards
+from property_tests.checking import check_mode
+from property_tests.tests import broken_kernels
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = "property_tests.tests.broken_kernels:ragged_dot_correct"
+BAD = "property_tests.tests.broken_kernels:ragged_dot_tail_not_zeroed"
+RUN = ["--kernel", GOOD, "--kernel", BAD, "--convention", "ragged_dot", "--modes", "exact,wide,out_dtype",
+       "--jobs", "1"]
+
+
+def _cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("GMM_HARNESS_EXAMPLE_DB", None)
+    return subprocess.run([sys.executable, "-m", "property_tests.main", *argv], capture_output=True, text=True,
+                          timeout=600, cwd=cwd, env=env)
+
+
+def _table(stdout: str) -> list[str]:
+    """The table's rows and footnotes (what a shard run and the merge must agree on)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("kernel "))
+    end = next(i for i, line in enumerate(lines) if " passed, " in line)
+    return [line.rstrip() for line in lines[start:end]]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One unsharded run and its two shards (sharing an example database), with their --json files."""
+    d = tmp_path_factory.mktemp("shards")
+    full = _cli(d, "check", *RUN, "--json", "full.json")
+    parts = [_cli(d, "check", *RUN, "--shard", f"{i}/2", "--json", f"shard{i}.json", "--example-db", "db")
+             for i in (1, 2)]
+    return d, full, parts
+
+
+@pytest.mark.slow
+def test_two_shards_merged_give_the_unsharded_table_and_verdict(runs):
+    d, full, parts = runs
+    assert full.returncode == 1, full.stdout + full.stderr  # the broken kernel fails
+    docs = [json.loads((d / f"shard{i}.json").read_text()) for i in (1, 2)]
+    whole = json.loads((d / "full.json").read_text())
+    keys = [{shards.plan_key((c["kernel"], c["family"], c["check"])) for c in doc["cells"]} for doc in docs]
+    plan = {shards.plan_key(c) for c in whole["plan"]}
+    assert keys[0] and keys[1] and not keys[0] & keys[1] and keys[0] | keys[1] == plan  # each cell exactly once
+    for part, i in zip(parts, (1, 2), strict=True):
+        assert part.returncode in (0, 1), part.stdout + part.stderr
+        assert f"shard {i}/2: {len(keys[i - 1])} of the {len(plan)} cells" in part.stdout
+    merged = _cli(d, "merge", "shard2.json", "shard1.json", "--json", "merged.json", "-v")  # any order
+    assert merged.returncode == 1, merged.stdout + merged.stderr
+    assert merged.stdout.startswith("merged 2 shards")
+    assert _table(merged.stdout) == _table(full.stdout)
+    assert merged.stdout.count("ragged_dot_tail_not_zeroed / ragged_m / exact") == 1  # the full reports follow
+    doc = json.loads((d / "merged.json").read_text())
+    assert [(c["kernel"], c["family"], c["check"], c["text"]) for c in doc["cells"]] == \
+        [(c["kernel"], c["family"], c["check"], c["text"]) for c in whole["cells"]]
+    assert doc["failed"] == whole["failed"] > 0 and doc["passed"] == whole["passed"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("edit", "text"), [
+    ("drop", "missing shard 2/2: its cells were not checked"),
+    ("twice", "shard 1/2 given twice"),
+    ("foreign", "a shard of another run than"),
+    ("cell lost", "cells of the plan are in no shard's result"),
+    ("cell twice", "was also checked by"),
+    ("unsharded", "not a shard's result"),
+])
+def test_merge_refuses_anything_but_every_shard_of_one_run(runs, edit, text):
+    d = runs[0]
+    one, two = (json.loads((d / f"shard{i}.json").read_text()) for i in (1, 2))
+    if edit == "foreign":
+        two["plan"] = two["plan"][:-1]
+    elif edit == "cell lost":
+        two["cells"] = two["cells"][1:]
+    elif edit == "cell twice":
+        two["cells"].append(one["cells"][0])
+    case = Path(tempfile.mkdtemp(dir=d))
+    (case / "one.json").write_text(json.dumps(one))
+    (case / "two.json").write_text(json.dumps(two))
+    files = {"drop": ["one.json"], "twice": ["one.json", "one.json"], "unsharded": [str(d / "full.json")]}
+    proc = _cli(case, "merge", *files.get(edit, ["one.json", "two.json"]))
+    assert proc.returncode == 2 and text in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_assign_deals_every_cell_once_and_balances_recorded_times():
+    cells = [(f"k{k}", "ragged_m", m) for k in range(3) for m in ("exact", "wide", "grad")]
+    for n in (1, 2, 3, 5):
+        parts = shards.assign(cells, n)
+        assert sorted(c for p in parts for c in p) == sorted(cells)
+        assert all(p == [c for c in cells if c in p] for p in parts)  # each in plan order
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+        assert parts == shards.assign(list(cells), n)  # deterministic
+    # one slow cell: it gets a shard to itself, the others share the rest
+    slow = {shards.plan_key(cells[4]): 100.0, **{shards.plan_key(c): 1.0 for c in cells if c != cells[4]}}
+    parts = shards.assign(cells, 2, slow)
+    assert [cells[4]] in parts
+    # a cell missing from the durations weighs the median of the recorded ones
+    parts = shards.assign(cells, 2, {shards.plan_key(cells[0]): 5.0, shards.plan_key(cells[1]): 5.0})
+    assert len(parts[0]) == len(parts[1]) + 1 or len(parts[1]) == len(parts[0]) + 1
+
+
+# -------------------------------------------------------------- the example database
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A real Redis server for one test (skipped, with the reason, where none can be run)."""
+    pytest.importorskip("redis", reason="the redis package is not installed (pip install 'gmm-harness[redis]')")
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("no redis-server on this machine (CI installs one with apt where it can)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    import redis
+
+    client = redis.Redis(port=port)
+    try:
+        for _ in range(200):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        else:
+            pytest.fail(f"redis-server did not answer on port {port} within 10 s")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _recording_run(spec):
+    """Check the boundary-off-by-one kernel once; (result, the problems it was called on, whether each failed)."""
+    calls = []
+
+    def kernel(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+        out = broken_kernels.ragged_dot_boundary_off_by_one(lhs, rhs, group_sizes, precision, preferred_element_type)
+        right = broken_kernels.ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type)
+        calls.append(((np.asarray(lhs).copy(), np.asarray(group_sizes).copy()),
+                      not np.array_equal(np.asarray(out), np.asarray(right), equal_nan=True)))
+        return out
+
+    adapter = resolve_kernel(kernel, convention="ragged_dot", name="off_by_one", option="kernel")
+    return check_mode(adapter, "exact", profile="gmm-ci", example_db=spec), calls
+
+
+def _same(a, b):
+    return a[0].shape == b[0].shape and np.array_equal(a[0], b[0], equal_nan=True) and np.array_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("where", ["directory", "redis"])
+def test_a_failure_saved_by_one_run_is_the_first_failing_example_of_the_next(where, tmp_path, request):
+    spec = str(tmp_path / "examples") if where == "directory" else request.getfixturevalue("redis_url")
+    first, calls = _recording_run(spec)
+    assert first.status is Status.FAILED
+    shown = [args for args, failed in calls if failed][-1]  # the shrunk example, run last for the report
+    first_failing = next(args for args, failed in calls if failed)
+    assert not _same(first_failing, shown), "precondition: the first run's first failure is not its shrunk one"
+    # the next run sharing the database (another machine, a later run) meets the saved example first
+    again, calls2 = _recording_run(spec)
+    assert again.status is Status.FAILED
+    assert _same(next(args for args, failed in calls2 if failed), shown)
+    assert len(calls2) < len(calls)  # it did not search for it again
+    # without the database the next run searches as the first did (the test above is not vacuous)
+    control, calls3 = _recording_run("off")
+    assert control.status is Status.FAILED and _same(next(args for args, failed in calls3 if failed), first_failing)
