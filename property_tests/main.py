@@ -34,7 +34,7 @@ from property_tests import compile_cache, coverage, example_db, shards
 from property_tests.checking import check_known_issue_modes
 from property_tests.modes import ALL_MODES, MODES
 from property_tests.options import SCOPE_OPTIONS, add_scope_options, apply_scope, modes_option, scope_fields
-from property_tests.table import GOLDENS, Table, cells_of, render, run_cell
+from property_tests.table import GOLDENS, CellOutcome, Table, cells_of, render, run_cell, spend_budget
 
 __all__ = ["main", "resolve_request"]
 
@@ -103,12 +103,14 @@ class _Supervisor:
                     proc.kill()
                     proc.wait()
                     self._lost(state, f"timed out after {self.timeout:g} s")
-                    return state["done"], True
+                    return state["done"], state["done"] < len(cells)  # (in a budget's extra round: all done)
                 time.sleep(0.02)
         if proc.returncode != 0 and state["done"] < len(cells):
             state["cell"] = state["cell"] or cells[state["done"]]  # it died before it began the cell
             self._lost(state, f"crashed: the process {_ended(proc.returncode)}")
             return state["done"], True
+        if proc.returncode != 0 and state["cell"] is not None:  # in an extra round of the time budget
+            self._lost(state, f"crashed: the process {_ended(proc.returncode)}")
         return state["done"], False
 
     def _event(self, event: dict[str, Any], state: dict[str, Any]) -> None:
@@ -123,14 +125,16 @@ class _Supervisor:
             self.table.details += event["details"]
             if event.get("coverage"):
                 self.table.coverage.append(event["coverage"])
-            state.update(done=state["done"] + 1, cell=None)
+            # an extra round of the time budget revises a cell already counted
+            state.update(done=state["done"] + (not event.get("extra")), cell=None)
             if self.verbose:
                 print(f"  {event['kernel']:<34} {event['family'] or '':<9} {event['column']:<17} "
                       f"{event['text'][:70]}  [{event['seconds']:.1f}s]", file=sys.stderr, flush=True)
 
     def _lost(self, state: dict[str, Any], what: str) -> None:
         kernel, family, column = state["cell"]
-        self.table.seconds[(kernel, family, column)] = time.monotonic() - state["started"]
+        key = (kernel, family, column)
+        self.table.seconds[key] = self.table.seconds.get(key, 0.0) + time.monotonic() - state["started"]
         last = f"; the last problem it was given: {state['problem']}" if state["problem"] else ""
         self.table.put(kernel, family, column, f"FAIL: {what}{last}")
         self.table.details.append(f"== {kernel} / {family} / {column}\nthe kernel {what}{last}")
@@ -175,6 +179,10 @@ def _parser() -> argparse.ArgumentParser:
                         "fewer runs only the first cells, and -v lists the pairs missed)")
     c.add_argument("--seed", type=int, default=None,
                    help="explore with this seed (default: the derandomized gmm-ci profile)")
+    c.add_argument("--budget", type=_positive(float), default=None, action=_Once, metavar="SECONDS",
+                   help="time per kernel: after every cell ran its examples (the default run, which reaches every "
+                        "pair of relations), rounds of new examples for its passed cells until the time is spent "
+                        "(default: none)")
     c.add_argument("--timeout", type=_positive(float), default=900.0,
                    help="seconds one cell may run before the kernel is reported as hung (default 900)")
     c.add_argument("--in-process", action="store_true", help="run the kernels in this process (no isolation)")
@@ -260,15 +268,26 @@ def _run(args: argparse.Namespace, request: dict[str, Any], kernels: dict[str, K
     """Check ``cells`` (all of the ``plan``, or a shard's part) into ``table``, which gets every row of the plan."""
     table.plan(plan)
     if args.in_process:
-        for name, family, column in cells:
-            text, details, seconds, covered = run_cell(
-                kernels[name], family, column, max_examples=args.max_examples, seed=args.seed,
-                golden_dir=request["golden_dir"], require_own=request["require_own"],
-                example_db=request["example_db"])
-            table.put(name, family, column, text)
-            table.seconds[(name, family, column)] = seconds
-            table.details += details
-            table.coverage += [covered] if covered else []
+        def run(cell: shards.Cell, seed: int | None) -> CellOutcome:
+            return run_cell(kernels[cell[0]], cell[1], cell[2], max_examples=args.max_examples, seed=seed,
+                            golden_dir=request["golden_dir"], require_own=request["require_own"],
+                            example_db=request["example_db"])
+
+        def put(cell: shards.Cell, o: CellOutcome) -> None:
+            table.put(*cell, o.text)
+            table.seconds[cell] = o.seconds
+            table.details += o.details
+            table.coverage += [o.coverage] if o.coverage else []
+
+        for name in dict.fromkeys(c[0] for c in cells):  # kernel by kernel: the budget is each kernel's
+            deadline = time.time() + args.budget if args.budget else None
+            done = {}
+            for cell in [c for c in cells if c[0] == name]:
+                done[cell] = run(cell, args.seed)
+                put(cell, done[cell])
+            if deadline is not None:
+                for cell, o in spend_budget(done, deadline, run, lambda _: None, seed=args.seed):
+                    put(cell, o)
         return
     # one lane per job; a lane takes the next kernel and checks all its cells in one worker, so the shapes a
     # kernel compiled for one mode serve its other modes; each kernel fills a table of its own, merged in
@@ -280,7 +299,8 @@ def _run(args: argparse.Namespace, request: dict[str, Any], kernels: dict[str, K
 
     def check(name: str) -> None:
         tables[name].plan([c for c in plan if c[0] == name])  # every row, even for a shard with the goldens alone
-        _Supervisor(request, tables[name], args.timeout, verbose=True).run(by_kernel[name])
+        lane = {**request, "deadline": time.time() + args.budget if args.budget else None}  # the kernel's budget
+        _Supervisor(lane, tables[name], args.timeout, verbose=True).run(by_kernel[name])
 
     jobs = min(args.jobs or os.cpu_count() or 1, len(by_kernel))
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="gmm-lane") as lanes:
@@ -415,10 +435,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _run(args, request, {k.name: k for k in kernels}, plan, cells, table)
     columns = modes + ([] if args.no_goldens else [GOLDENS])
     run = f"seed {args.seed}" if args.seed is not None else "gmm-ci profile, derandomized"
+    if args.budget:
+        run += f"; then rounds of new examples for {args.budget:g} s a kernel"
     doc = {"kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
                         "scope": None if k.scope is None else k.scope.to_json()} for k in kernels],
            "requested": bool(args.kernel), "modes": request["modes"], "goldens": not args.no_goldens,
-           "max_examples": request["max_examples"], "seed": request["seed"], "golden_dir": request["golden_dir"],
+           "max_examples": request["max_examples"], "seed": request["seed"], "budget": args.budget,
+           "golden_dir": request["golden_dir"],
            "shard": list(args.shard) if args.shard else None, "plan": [list(c) for c in plan],
            "cells": _json_cells(table, cells)}
     return _finish(parser, table, columns, requested=[k.name for k in kernels] if args.kernel else [],

@@ -8,9 +8,9 @@ never finished. :func:`render` prints the table with footnotes.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gmm_kernels import KernelAdapter, Result, Status
 from golden import check_goldens
@@ -18,9 +18,11 @@ from golden.cli import default_directory
 from property_tests.checking import check_mode
 from property_tests.modes import MODES
 
-__all__ = ["GOLDENS", "Table", "cells_of", "render", "run_cell"]
+__all__ = ["GOLDENS", "Cell", "CellOutcome", "Table", "cells_of", "render", "run_cell", "spend_budget"]
 
 GOLDENS = "goldens"
+#: a table cell: (kernel, family, column); the goldens' family is None
+Cell = tuple[str, "str | None", str]
 _WIDTH = 110
 
 
@@ -57,26 +59,77 @@ def _mode_cell(result: Result) -> str:
     return result.cell()
 
 
+class CellOutcome(NamedTuple):
+    """One computed cell: its text, full failure reports, seconds, coverage report and examples checked."""
+
+    text: str
+    details: list[str]
+    seconds: float
+    coverage: str
+    examples: int = 0
+
+    @property
+    def extendable(self) -> bool:
+        """Whether more examples can be spent on it: a passed cell of a mode that draws examples."""
+        return self.text.startswith("pass") and self.examples > 0
+
+
 def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_examples: int | None,
              seed: int | None = None, golden_dir: str | None = None, require_own: bool = False,
-             example_db: str | None = None) -> tuple[str, list[str], float, str]:
-    """(cell text, full failure reports, seconds, coverage report) of one cell; ``golden_dir`` (default: this project's
-    goldens) and ``require_own`` (a missing golden of the kernel's own version fails) for the goldens;
-    ``example_db`` (a spec of ``property_tests.example_db``) saves failing examples and replays them first."""
+             example_db: str | None = None) -> CellOutcome:
+    """One cell: ``golden_dir`` (default: this project's goldens) and ``require_own`` (a missing golden of the
+    kernel's own version fails) for the goldens; ``example_db`` (a spec of ``property_tests.example_db``) saves
+    failing examples and replays them first."""
     t0 = time.perf_counter()
     why = kernel.available()
     if why:
-        return f"n/a: {why}", [], 0.0, ""
+        return CellOutcome(f"n/a: {why}", [], 0.0, "")
     if column == GOLDENS:
         text, details = _golden_cell(kernel, golden_dir, require_own)
-        return text, details, time.perf_counter() - t0, ""
+        return CellOutcome(text, details, time.perf_counter() - t0, "")
     result = check_mode(kernel, column, family=family, max_examples=max_examples,
                         profile="gmm-ci" if seed is None else None, seed=seed, example_db=example_db)
     details = [f"== {kernel.name} / {family} / {column}\n{result.full_report()}"] \
         if result.status is Status.FAILED else []
     covered = result.coverage_report()
     covered = f"== {kernel.name} / {family} / {column}: {covered}" if covered else ""
-    return _mode_cell(result), details, time.perf_counter() - t0, covered
+    examples = result.examples if column != "large" else 0  # the large mode's one fixed problem: nothing to add
+    return CellOutcome(_mode_cell(result), details, time.perf_counter() - t0, covered, examples)
+
+
+#: a round's seeds: round r of a run under seed S checks its cells under seed S + r * ROUND_SEED_STEP
+ROUND_SEED_STEP = 1_000_003
+
+
+def spend_budget(done: dict[Cell, CellOutcome], deadline: float, run: Callable[[Cell, int], CellOutcome],
+                 started: Callable[[Cell], None], seed: int | None = None
+                 ) -> Iterator[tuple[Cell, CellOutcome]]:
+    """Spend what is left until ``deadline`` (``time.time()``) on more examples: round after round, each passed
+    cell of ``done`` runs again under the next round's seed (``run(cell, seed)``, after ``started(cell)``), until
+    the time is up or it fails. Yields each cell's new outcome: ``pass (N; R rounds)`` with every round's
+    examples, or the round's failure naming its seed. The first round (the profile's) already ran: it alone
+    reaches every pair of relations; the rounds only add examples."""
+    totals = {cell: o.examples for cell, o in done.items() if o.extendable}
+    seconds = {cell: o.seconds for cell, o in done.items()}
+    r = 1
+    while totals and time.time() < deadline:
+        for cell in list(totals):
+            if time.time() >= deadline:
+                break
+            round_seed = (seed or 0) + r * ROUND_SEED_STEP
+            started(cell)
+            o = run(cell, round_seed)
+            seconds[cell] += o.seconds
+            if o.extendable:
+                totals[cell] += o.examples
+                yield cell, o._replace(text=f"pass ({totals[cell]}; {r + 1} rounds)", seconds=seconds[cell],
+                                       coverage="", details=[])
+                continue
+            passed = totals.pop(cell)
+            if o.text.startswith("FAIL"):
+                yield cell, o._replace(text=f"{o.text} (round {r + 1}, seed {round_seed}, after {passed} examples "
+                                            "passed)", seconds=seconds[cell], coverage="")
+        r += 1
 
 
 @dataclass

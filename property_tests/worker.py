@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from gmm_kernels.base import observe_calls
     from property_tests.main import resolve_request
     from property_tests.profiles import register_profiles
-    from property_tests.table import run_cell
+    from property_tests.table import Cell, CellOutcome, run_cell, spend_budget
 
     register_profiles()
     with open(events_path, "a", buffering=1) as events:
@@ -38,15 +38,30 @@ def main(argv: list[str] | None = None) -> int:
 
         observe_calls(lambda adapter, problem: emit(event="problem", kernel=adapter.name, text=problem.describe()))
         kernels = {k.name: k for k in resolve_request(request)}
-        for kernel, family, column in request["cells"]:
-            emit(event="start", kernel=kernel, family=family, column=column)
-            text, details, seconds, covered = run_cell(kernels[kernel], family, column,
-                                                       max_examples=request["max_examples"], seed=request.get("seed"),
-                                                       golden_dir=request.get("golden_dir"),
-                                                       require_own=request.get("require_own", False),
-                                                       example_db=request.get("example_db"))
-            emit(event="cell", kernel=kernel, family=family, column=column, text=text, details=details,
-                 seconds=seconds, coverage=covered)
+
+        def run(cell: Cell, seed: int | None) -> CellOutcome:
+            kernel, family, column = cell
+            return run_cell(kernels[kernel], family, column, max_examples=request["max_examples"], seed=seed,
+                            golden_dir=request.get("golden_dir"), require_own=request.get("require_own", False),
+                            example_db=request.get("example_db"))
+
+        def cell_event(cell: Cell, o: CellOutcome, extra: bool) -> None:
+            kernel, family, column = cell
+            emit(event="cell", kernel=kernel, family=family, column=column, text=o.text, details=o.details,
+                 seconds=o.seconds, coverage=o.coverage, extra=extra)
+
+        def started(cell: Cell, extra: bool = False) -> None:
+            emit(event="start", kernel=cell[0], family=cell[1], column=cell[2], extra=extra)
+
+        done = {}
+        for cell in map(tuple, request["cells"]):
+            started(cell)
+            done[cell] = run(cell, request.get("seed"))
+            cell_event(cell, done[cell], extra=False)
+        if request.get("deadline"):  # the kernel's time budget: more examples for its passed cells
+            for cell, o in spend_budget(done, request["deadline"], run, lambda c: started(c, extra=True),
+                                        seed=request.get("seed")):
+                cell_event(cell, o, extra=True)
     return 0
 
 

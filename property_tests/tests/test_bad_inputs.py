@@ -229,6 +229,8 @@ MAIN = [
     (["--jobs", "0"], "argument --jobs/-j: expected a positive number"),
     (["--jobs", "2", "--in-process"], "--jobs: given with --in-process"),
     (["--compile-cache", "a", "--compile-cache", "b"], "--compile-cache: given twice"),
+    (["--budget", "0"], "argument --budget: expected a positive number"),
+    (["--budget", "5", "--budget", "9"], "--budget: given twice"),
     (["--shard", "0/2", "--json", "x.json"], "--shard: expected 1 <= I <= N in I/N, got '0/2'"),
     (["--shard", "3/2", "--json", "x.json"], "--shard: expected 1 <= I <= N in I/N, got '3/2'"),
     (["--shard", "half", "--json", "x.json"], "--shard: expected I/N"),

@@ -70,7 +70,7 @@ def test_the_gradient_path_fails_it_too():
 
 def test_the_main_jobs_cell_fails_it():
     kernel = wrap(scratches_mat_b_after, "torch.grouped_mm", scope=TORCH)
-    text, details, _, _ = run_cell(kernel, "ragged_m", "exact", max_examples=5)
+    text, details, *_ = run_cell(kernel, "ragged_m", "exact", max_examples=5)
     assert text.startswith("FAIL") and "modified its input in place" in details[0] and "mat_b" in details[0]
 
 

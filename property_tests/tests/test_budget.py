@@ -1,0 +1,121 @@
+"""The main job's time budget (``--budget SECONDS`` a kernel): rounds of new examples after the default run.
+
+The default run (the ``gmm-ci`` profile's examples, which reach every pair of
+relations) always runs in full; the budget only adds rounds, each under a seed
+of its own, to the cells that passed, until the kernel's time is spent. A bug
+too rare for the default examples is caught by the rounds, the table says how
+many examples each cell ran, and a kernel that crashes in a round is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from gmm_kernels import resolve_kernel
+from property_tests.table import ROUND_SEED_STEP, CellOutcome, run_cell, spend_budget
+from property_tests.tests import broken_kernels
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rarely_wrong(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    """Right except on about one input in a hundred (by a hash of lhs): too rare for the default examples."""
+    out = np.array(broken_kernels.ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type))
+    if out.size and zlib.crc32(np.asarray(lhs).tobytes()) % 97 == 5:
+        out.flat[0] += 1
+    return out
+
+
+def test_rounds_catch_a_bug_the_default_examples_miss():
+    kernel = resolve_kernel(rarely_wrong, convention="ragged_dot", name="rarely_wrong", option="kernel")
+    cell = ("rarely_wrong", "ragged_m", "exact")
+    first = run_cell(kernel, "ragged_m", "exact", max_examples=None)
+    assert first.text.startswith("pass"), "precondition: the default examples miss it (else this test proves nothing)"
+    rounds = list(spend_budget({cell: first}, time.time() + 300,
+                               lambda c, seed: run_cell(kernel, c[1], c[2], max_examples=None, seed=seed),
+                               lambda c: None))
+    *passes, (_, failed) = rounds
+    assert all(o.text.startswith("pass (") and "rounds)" in o.text for _, o in passes)
+    assert failed.text.startswith("FAIL: group ") and f"round {len(rounds) + 1}, seed " in failed.text
+    assert failed.details and "wrong" in failed.details[0]  # the full report, with its reproducer
+
+
+def test_rounds_add_examples_to_passed_cells_only_and_stop_at_the_deadline():
+    done = {("k", "ragged_m", "exact"): CellOutcome("pass (10)", [], 1.0, "cov", 10),
+            ("k", "ragged_m", "wide"): CellOutcome("FAIL: group 0", ["report"], 1.0, "", 3),
+            ("k", "ragged_m", "sharded"): CellOutcome("n/a: no group_offset", [], 0.0, ""),
+            ("k", None, "goldens"): CellOutcome("pass (9/9)", [], 1.0, ""),
+            ("k", "ragged_m", "grad"): CellOutcome("pass (4)", [], 1.0, "", 4)}
+    calls = []
+
+    def run(cell, seed):
+        calls.append((cell[2], seed))
+        if cell[2] == "grad" and len([c for c in calls if c[0] == "grad"]) == 2:
+            return CellOutcome("FAIL: group 1 (rows [3, 5)): 2 wrong", ["grad report"], 0.5, "", 4)
+        time.sleep(0.05)
+        return CellOutcome("pass (4)", [], 0.5, "", 4) if cell[2] == "grad" else CellOutcome("pass (10)", [], 0.5,
+                                                                                             "cov", 10)
+
+    out = list(spend_budget(done, time.time() + 1.0, run, lambda c: None, seed=7))
+    assert {c for c, _ in calls} == {"exact", "grad"}  # failed, n/a and golden cells get no rounds
+    assert calls[:2] == [("exact", 7 + ROUND_SEED_STEP), ("grad", 7 + ROUND_SEED_STEP)]  # round 2's seed
+    grad = [o for c, o in out if c[2] == "grad"]
+    assert grad[0].text == "pass (8; 2 rounds)"
+    assert grad[-1].text == (f"FAIL: group 1 (rows [3, 5)): 2 wrong (round 3, seed {7 + 2 * ROUND_SEED_STEP}, "
+                             "after 8 examples passed)") and grad[-1].details == ["grad report"]
+    exact = [o for c, o in out if c[2] == "exact"]
+    assert len(exact) > 2 and exact[-1].text == f"pass ({10 * (len(exact) + 1)}; {len(exact) + 1} rounds)"
+    assert exact[-1].seconds == 1.0 + 0.5 * len(exact)
+    assert len(exact) < 40  # the deadline stopped it (each round sleeps 0.05 s: about 20 fit in 1 s)
+    assert list(spend_budget(done, time.time() - 1, run, lambda c: None)) == []  # no time left: nothing more
+
+
+KERNELS = textwrap.dedent('''
+    import os
+    import numpy as np
+    from property_tests.tests.broken_kernels import ragged_dot_correct
+
+    calls = 0
+
+    def good(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+        return ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type)
+
+    def crashes_later(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+        global calls
+        calls += 1
+        if calls > int(os.environ["CRASH_AFTER"]):
+            os.kill(os.getpid(), 11)
+        return ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type)
+''')
+
+
+def _main_job(tmp_path, *argv, env=None):
+    (tmp_path / "budgeted.py").write_text(KERNELS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "property_tests.main", "check", "--convention", "ragged_dot",
+                           "--no-goldens", "--modes", "exact", *argv], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path, env=env)
+
+
+def test_the_main_job_spends_the_budget_and_a_crash_in_a_round_is_a_failure(tmp_path):
+    first = _main_job(tmp_path, "--kernel", "budgeted:good", "--max-examples", "20")
+    calls = int(first.stdout.split("pass (")[1].split(";")[0].split(")")[0]) * 2  # exact: each is run twice
+    proc = _main_job(tmp_path, "--kernel", "budgeted:good", "--kernel", "budgeted:crashes_later", "--budget", "12",
+                     "--max-examples", "20", "--jobs", "2", env={"CRASH_AFTER": str(calls + 5)})
+    out = proc.stdout
+    good = next(line for line in out.splitlines() if line.startswith("budgeted:good"))
+    assert " rounds)" in good and "FAIL" not in good, out + proc.stderr
+    crashed = next(line for line in out.splitlines() if line.startswith("budgeted:crashes_later"))
+    assert "FAIL" in crashed, out
+    first_round = [line for line in proc.stderr.splitlines() if "budgeted:crashes_later" in line]
+    assert first_round and "pass (20;" in first_round[0], proc.stderr  # it crashed in a later round
+    assert "FAIL: crashed: the process was killed by SIGSEGV; the last problem it was given: ragged_m" in out
+    assert proc.returncode == 1 and "then rounds of new examples for 12 s a kernel" in out
