@@ -5,7 +5,9 @@ defined-mask, bound) and :func:`assert_matches_reference`; or call a
 convention front-end with a kernel's own arguments (:func:`ragged_dot`,
 :func:`ragged_dot_general`, :func:`gmm`, :func:`tgmm`, :func:`grouped_mm`,
 :func:`te_grouped_gemm`); :func:`arguments` turns a problem into its
-convention's arguments. Needs only NumPy and ml_dtypes. The semantics are in
+convention's arguments. Scaled (quantized) grouped GEMM: :class:`Quantization`,
+:func:`scaled_reference`, :func:`scaled_grouped_mm` and the MX quantizer :func:`to_mx`
+(``gmm_ref.scaled``). Needs only NumPy and ml_dtypes. The semantics are in
 the repository's docs/ (semantics.md, conventions.md, numerics.md).
 """
 
@@ -22,6 +24,7 @@ from gmm_ref.gradients import Gradients, gradients
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import FAMILIES, Problem, as_tiling
 from gmm_ref.repro import load_array, load_problem, reproducer, save_problem
+from gmm_ref.scaled import Quantization, scaled_grouped_mm, scaled_reference, to_mx
 
 __all__ = [
     "FAMILIES",
@@ -30,6 +33,7 @@ __all__ = [
     "Mismatch",
     "Numerics",
     "Problem",
+    "Quantization",
     "RaggedDotDimensionNumbers",
     "Reference",
     "arguments",
@@ -51,7 +55,10 @@ __all__ = [
     "reproducer",
     "round_to",
     "save_problem",
+    "scaled_grouped_mm",
+    "scaled_reference",
     "te_grouped_gemm",
     "tgmm",
+    "to_mx",
     "unit_roundoff",
 ]
