@@ -24,6 +24,7 @@ from typing import Any
 
 __all__ = ["Cell", "assign", "load_durations", "load_shards", "parse_shard", "plan_key"]
 
+#: a table cell: (kernel, family, column); the goldens' family is None
 Cell = tuple[str, "str | None", str]
 _GOLDENS = "goldens"  # the goldens column (property_tests.table.GOLDENS, not imported: this module stays light)
 _SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")

@@ -17,12 +17,11 @@ from golden import check_goldens
 from golden.cli import default_directory
 from property_tests.checking import check_mode
 from property_tests.modes import MODES
+from property_tests.shards import Cell
 
 __all__ = ["GOLDENS", "Cell", "CellOutcome", "Table", "cells_of", "render", "run_cell", "spend_budget"]
 
 GOLDENS = "goldens"
-#: a table cell: (kernel, family, column); the goldens' family is None
-Cell = tuple[str, "str | None", str]
 _WIDTH = 110
 
 
