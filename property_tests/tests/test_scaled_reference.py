@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gmm_ref import scaled
+from gmm_ref import scaled, unit_roundoff
 from gmm_ref.scaled import Quantization, round_exact, scaled_grouped_mm, scaled_reference, to_mx
 
 E4M3, E5M2, E2M1 = (np.dtype(d) for d in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float4_e2m1fn))
@@ -378,3 +378,49 @@ def test_to_mx_hand_cases():
             (amax, mode)
     one[0, 0] = np.nan
     assert np.isnan(to_mx(one)[1].astype(np.float64)[0, 0])
+
+
+# ------------------------------------------------------------------------------ a real kernel: torch._scaled_mm
+def _torch_rowwise_2d3d(mat_a, mat_b, scale_a, scale_b, offs, *, wrong_group=False):
+    """torch._scaled_grouped_mm's 2d-3d rowwise form as a loop over torch._scaled_mm (which runs on CPU)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (the torch adapters need it)")
+    a = torch.from_numpy(mat_a.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+    b = torch.from_numpy(mat_b.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+    sa, sb = torch.from_numpy(scale_a), torch.from_numpy(scale_b)
+    out = torch.zeros(a.shape[0], b.shape[2], dtype=torch.bfloat16)
+    lo = 0
+    for g, hi in enumerate(offs.tolist()):
+        if hi > lo:
+            gb = max(g - 1, 0) if wrong_group else g  # the bug: the previous group's column scales
+            bt = b[g].t().contiguous().t()  # column-major, as _scaled_mm wants its second operand
+            out[lo:hi] = torch._scaled_mm(a[lo:hi], bt, scale_a=sa[lo:hi, None], scale_b=sb[gb][None, :],
+                                          out_dtype=torch.bfloat16)
+        lo = hi
+    return out.float().numpy()
+
+
+def test_a_per_group_loop_over_torch_scaled_mm_meets_the_reference_and_a_misrouted_scale_does_not():
+    rng = np.random.default_rng(5)
+    g, k, n = 4, 96, 24
+    sizes = np.array([5, 0, 9, 3])
+    offs = np.cumsum(sizes).astype(np.int32)
+    a, b = _fp8(rng, (int(sizes.sum()) + 2, k)), _fp8(rng, (g, k, n))  # two tail rows past the groups
+    sa = rng.uniform(0.25, 4, a.shape[0]).astype(np.float32)
+    sb = rng.uniform(0.25, 4, (g, n)).astype(np.float32)
+    want = scaled_grouped_mm(a, b, sa, sb, offs=offs).astype(np.float64)
+    rows = slice(0, int(offs[-1]))
+    q = Quantization(E4M3, np.float32, "row")
+    ends = np.concatenate([[0], offs])
+    ref = scaled_reference(a, [sa[ends[i]:ends[i + 1], None] for i in range(g)], b, [sb[i][:, None] for i in range(g)],
+                           sizes, lhs_quant=q, rhs_quant=q)
+    # torch on CPU: codes to float32, a float32 dot product, the two scales, one rounding to bfloat16
+    u32, u16 = unit_roundoff(np.float32), unit_roundoff(BF16)  # 2**-24, 2**-8
+    err = ((k + 2) * u32 / (1 - (k + 2) * u32)) * ref.magnitude
+    bound = u16 * (np.abs(ref.exact) + err) + err + 2.0**-133
+    got = _torch_rowwise_2d3d(a, b, sa, sb, offs)
+    np.testing.assert_array_equal(want[rows], ref.values[rows].astype(np.float64))
+    assert np.all(np.abs(got[rows] - ref.exact[rows]) <= bound[rows])
+    assert np.mean(got[rows] == want[rows]) > 0.9  # mostly the correctly rounded value itself
+    broken = _torch_rowwise_2d3d(a, b, sa, sb, offs, wrong_group=True)
+    wrong = np.abs(broken[rows] - ref.exact[rows]) > bound[rows]
+    assert wrong[ends[2]:ends[3]].any() and not wrong[: ends[1]].any()  # group 2 (after an empty one), not group 0
