@@ -4,6 +4,7 @@
     python benchmarks/bench_speed.py main      # gmm-harness check: cold cache --jobs 1, cold, warm
     python benchmarks/bench_speed.py suite     # pytest -n N: cold cache, warm cache
     python benchmarks/bench_speed.py examples  # examples/s per kernel: no cache, cold cache, disk-warm, in memory
+    python benchmarks/bench_speed.py shards    # the main job in one run against N shards (--shards), each cold
     ... --baseline REV                         # the same figures for a git revision, in a worktree, beside
 
 "cold" starts from an empty compilation cache (a fresh clone or CI machine);
@@ -113,18 +114,56 @@ def bench_examples(trees: list[tuple[str, Path]], args: argparse.Namespace) -> N
                     print(f"{label:<24} {kernel:<24} {mode:<7} {run:<10} {cold:>9.1f} {warm:>9.1f}", flush=True)
 
 
+def bench_shards(trees: list[tuple[str, Path]], args: argparse.Namespace) -> None:
+    """One main-job run against ``--shards`` shards, each with a cold cache of its own (as separate CI machines
+    have), run one after the other; the merge must print the unsharded table."""
+    n = args.shards
+    kernels = [a for k in (args.kernel_filter or []) for a in ("--kernel", k)]
+    out_dir = Path(tempfile.mkdtemp(prefix="gmm-shards-"))
+    print(f"{'run':<26} {'seconds':>8}  result")
+    one, one_out = _timed([sys.executable, "-m", "property_tests.main", "check", *kernels], ROOT,
+                          tempfile.mkdtemp(prefix="gmm-cache-"))
+    print(f"{'one run (cold)':<26} {one:>8.1f}  {_summary(one_out)}", flush=True)
+    times = []
+    for i in range(1, n + 1):
+        t, out = _timed([sys.executable, "-m", "property_tests.main", "check", *kernels, "--shard", f"{i}/{n}",
+                         "--json", str(out_dir / f"shard{i}.json")], ROOT, tempfile.mkdtemp(prefix="gmm-cache-"))
+        times.append(t)
+        print(f"{f'shard {i}/{n} (cold)':<26} {t:>8.1f}  {_summary(out)}", flush=True)
+    _, merged = _timed([sys.executable, "-m", "property_tests.main", "merge",
+                        *[str(out_dir / f"shard{i}.json") for i in range(1, n + 1)]], ROOT, tempfile.mkdtemp())
+    print(f"{'merged':<26} {'':>8}  {_summary(merged)}; the unsharded table: "
+          f"{'same' if _table_of(merged) == _table_of(one_out) else 'DIFFERENT'}")
+    print(f"{'shards summed':<26} {sum(times):>8.1f}  {sum(times) / one:.2f}x one run")
+    print(f"{'slowest shard (wall)':<26} {max(times):>8.1f}  {max(times) / one:.2f}x one run")
+
+
+def _summary(stdout: str) -> str:
+    return next((ln for ln in stdout.splitlines() if " passed, " in ln), "?").split("(")[0].strip()
+
+
+def _table_of(stdout: str) -> str:
+    lines = stdout.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("kernel "))
+    return "\n".join(lines[start:next(i for i, ln in enumerate(lines) if " passed, " in ln)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["main", "suite", "examples"])
+    parser.add_argument("what", choices=["main", "suite", "examples", "shards"])
     parser.add_argument("--baseline", default=None, metavar="REV", help="also measure this git revision")
     parser.add_argument("--workers", default="0,2", help="suite: xdist worker counts (comma-separated)")
     parser.add_argument("--kernel", action="append", default=None, help="examples: kernels (repeatable)")
     parser.add_argument("--examples", type=int, default=25, help="examples: max examples per run")
+    parser.add_argument("--shards", type=int, default=2, help="shards: how many")
+    parser.add_argument("--kernel-filter", action="append", default=None, metavar="K",
+                        help="shards: check only these kernels (default: every kernel here)")
     args = parser.parse_args()
     args.kernel = args.kernel or ["jax.ragged_dot", "megablox.gmm"]
     trees = _trees(args.baseline)
     try:
-        {"main": bench_main, "suite": bench_suite, "examples": bench_examples}[args.what](trees, args)
+        {"main": bench_main, "suite": bench_suite, "examples": bench_examples,
+         "shards": bench_shards}[args.what](trees, args)
     finally:
         for _, tree in trees:
             if tree != ROOT:  # the baseline's worktree

@@ -309,6 +309,17 @@ def _run(args: argparse.Namespace, request: dict[str, Any], kernels: dict[str, K
         table.merge(kernel_table)
 
 
+def _shape_unit(cell: shards.Cell) -> tuple[Any, ...]:
+    """Cells that compile the same shapes: a kernel's family in the modes whose problems differ only in their
+    values (exact, normal, wide, poisoned, all_empty), else the cell alone."""
+    kernel, family, column = cell
+    mode = ALL_MODES.get(column)
+    if mode is None:  # the goldens
+        return (kernel, column)
+    shaped = any(k not in ("values", "all_empty") for k in mode.options)
+    return (kernel, family, column if shaped else "the exact mode's shapes")
+
+
 def _header(kernels: list[KernelAdapter], request: dict[str, Any]) -> str:
     lines = []
     for k in kernels:
@@ -419,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = plan
     if args.shard is not None:
         i, n = args.shard
-        cells = shards.assign(plan, n, args.durations)[i - 1]
+        cells = shards.assign(plan, n, args.durations, unit=_shape_unit)[i - 1]
         if not cells:
             parser.error(f"--shard: shard {i}/{n} has no cells: the run has {len(plan)}, fewer than {n} shards")
     t0 = time.perf_counter()

@@ -1,10 +1,12 @@
 """Split the main job across CI machines (``--shard I/N``) and merge the shards' results (``gmm-harness merge``).
 
 Every shard computes the same plan, every ``(kernel, family, column)`` cell of
-the run in table order, and takes its part of it: the cells are dealt
-longest first to the shard with the least work so far, a cell's work being
-its seconds in a previous run's ``--json`` given with ``--durations`` (the
-same file on every shard), else one. The partition depends only on the plan,
+the run in table order, and takes its part of it. Cells that compile the same
+shapes stay on one shard (the main job's unit: a kernel's family and the
+shapes its mode draws, so exact, normal, wide, poisoned and all_empty go
+together), and the units are dealt longest first to the shard with the least
+work so far, a cell's work being its seconds in a previous run's ``--json``
+given with ``--durations`` (the same file on every shard), else one. The partition depends only on the plan,
 N and that file, so the N shards check every cell exactly once, and a shard
 prints and writes (``--json``) only its own cells.
 
@@ -62,19 +64,26 @@ def load_durations(path: str, *, option_name: str = "--durations") -> dict[str, 
                          f"({type(exc).__name__}: {exc})") from None
 
 
-def assign(cells: Sequence[Cell], n: int, durations: dict[str, float] | None = None) -> list[list[Cell]]:
-    """The cells of each of ``n`` shards, each in plan order: longest first to the least-loaded shard (ties: the
-    lower shard). A cell without a recorded duration weighs the median of the recorded ones (one without any)."""
+def assign(cells: Sequence[Cell], n: int, durations: dict[str, float] | None = None,
+           unit: Callable[[Cell], Any] | None = None) -> list[list[Cell]]:
+    """The cells of each of ``n`` shards, each in plan order. Cells with the same ``unit(cell)`` (default: each
+    its own) stay together; units go longest first to the least-loaded shard (ties: the lower shard). A cell
+    without a recorded duration weighs the median of the recorded ones (one without any)."""
     durations = durations or {}
     known = sorted(durations[plan_key(c)] for c in cells if plan_key(c) in durations)
     default = known[len(known) // 2] if known else 1.0
-    weights = [max(durations.get(plan_key(c), default), 1e-3) for c in cells]
+    units: dict[Any, list[int]] = {}
+    for i, c in enumerate(cells):
+        units.setdefault(unit(c) if unit is not None else i, []).append(i)
+    weight = {u: sum(max(durations.get(plan_key(cells[i]), default), 1e-3) for i in members)
+              for u, members in units.items()}
     load = [0.0] * n
     owner = [0] * len(cells)
-    for i in sorted(range(len(cells)), key=lambda i: (-weights[i], i)):
+    for u in sorted(units, key=lambda u: (-weight[u], units[u][0])):
         s = min(range(n), key=lambda s: (load[s], s))
-        owner[i] = s
-        load[s] += weights[i]
+        for i in units[u]:
+            owner[i] = s
+        load[s] += weight[u]
     return [[c for c, o in zip(cells, owner, strict=True) if o == s] for s in range(n)]
 
 

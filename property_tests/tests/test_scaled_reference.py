@@ -214,6 +214,22 @@ def test_nan_and_inf_codes_and_the_nan_scale_poison_only_what_they_reach():
     assert np.isnan(ref.values[2, 0])  # group 1 meets the NaN scale
 
 
+def test_nvfp4_per_group_global_scales():
+    rng = np.random.default_rng(8)
+    q = Quantization(E2M1, E4M3, "1x16")
+    a, b = _codes(rng, (6, 40), E2M1), _codes(rng, (2, 40, 3), E2M1)
+    sa = [_scales(rng, q.scale_shape(r, 40), E4M3) for r in (4, 2)]
+    sb = [_scales(rng, q.scale_shape(3, 40), E4M3) for _ in range(2)]
+    ga, gb = [0.75, 2.0**-10], [3.0, 1.5]
+    ref = scaled_reference(a, sa, b, sb, [4, 2], lhs_quant=q, rhs_quant=q, out_dtype=np.float32, lhs_global=ga,
+                           rhs_global=gb)
+    plain = scaled_reference(a, sa, b, sb, [4, 2], lhs_quant=q, rhs_quant=q, out_dtype=np.float64)
+    for g, rows in ((0, slice(0, 4)), (1, slice(4, 6))):
+        want = [[_nearest_in(Fraction(float(v)) * Fraction(ga[g]) * Fraction(gb[g]), np.dtype(np.float32))
+                 for v in row] for row in plain.exact[rows]]  # plain.exact is exact here: few terms, float64
+        np.testing.assert_array_equal(ref.values[rows].astype(np.float64), want)
+
+
 def test_group_boundaries_restart_the_blocks():
     # the same codes, one group of 8 rows against two groups of 4: with (4, K) blocks the scales align either
     # way; with (3, K) blocks the second split starts a block at row 4, not row 6

@@ -195,3 +195,17 @@ def test_a_failure_saved_by_one_run_is_the_first_failing_example_of_the_next(whe
     # without the database the next run searches as the first did (the test above is not vacuous)
     control, calls3 = _recording_run("off")
     assert control.status is Status.FAILED and _same(next(args for args, failed in calls3 if failed), first_failing)
+
+
+def test_cells_of_one_unit_stay_on_one_shard():
+    from property_tests.main import _shape_unit
+
+    cells = [("k", "ragged_m", m) for m in ("exact", "normal", "wide", "poisoned", "all_empty", "many_groups",
+                                             "grad", "out_dtype")] + [("k", None, "goldens")]
+    for n in (2, 3):
+        parts = shards.assign(cells, n, unit=_shape_unit)
+        assert sorted((c for p in parts for c in p), key=str) == sorted(cells, key=str)
+        together = [p for p in parts if ("k", "ragged_m", "exact") in p][0]
+        assert {c[2] for c in cells[:5]} <= {c[2] for c in together}  # the modes drawing the exact mode's shapes
+    assert _shape_unit(("k", "ragged_m", "many_groups")) != _shape_unit(("k", "ragged_m", "exact"))
+    assert _shape_unit(("k", "ragged_m", "exact")) != _shape_unit(("k", "ragged_k", "exact"))
