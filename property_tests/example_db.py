@@ -28,6 +28,7 @@ only in the check that drew it.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +69,14 @@ def _one(part: str, option_name: str) -> ExampleDatabase:
             raise ImportError(f"{option_name}: {part!r} needs the redis package "
                               f"(pip install \"gmm-harness[redis]\"): {exc}") from None
         try:
-            client = redis.Redis.from_url(part)
+            client = redis.Redis.from_url(part, socket_connect_timeout=10)
         except ValueError as exc:
             raise ValueError(f"{option_name}: expected redis://HOST:PORT[/DB], got {part!r}: {exc}") from None
-        return RedisExampleDatabase(client, key_prefix=b"gmm-harness:")
+        try:
+            client.ping()  # an unreachable server is the caller's error, named now, never a kernel's failure
+        except (redis.RedisError, OSError) as exc:
+            raise ValueError(f"{option_name}: cannot reach the Redis server {part!r}: {exc}") from None
+        return _Guarded(RedisExampleDatabase(client, key_prefix=b"gmm-harness:"), part)
     if "://" in part:
         raise ValueError(f"{option_name}: expected a directory or redis://HOST:PORT, got the URL {part!r}")
     path = Path(part).expanduser()
@@ -79,6 +84,42 @@ def _one(part: str, option_name: str) -> ExampleDatabase:
         raise ValueError(f"{option_name}: expected a directory, got the file {part!r}")
     path.mkdir(parents=True, exist_ok=True)
     return DirectoryBasedExampleDatabase(str(path))
+
+
+class _Guarded(ExampleDatabase):
+    """A database whose failures (a server gone mid-run) are reported once and then skipped: the database only
+    replays examples, so losing it must not turn into a kernel's failure."""
+
+    def __init__(self, inner: ExampleDatabase, where: str) -> None:
+        super().__init__()
+        self.inner, self.where, self.broken = inner, where, False
+
+    def _call(self, what: str, *args: Any) -> Any:
+        if self.broken:
+            return () if what == "fetch" else None
+        try:
+            result = getattr(self.inner, what)(*args)
+            return list(result) if what == "fetch" else result
+        except Exception as exc:  # noqa: BLE001 - whatever the client raises, the checks go on without it
+            self.broken = True
+            sys.stderr.write(f"gmm-harness: the example database {self.where} failed ({type(exc).__name__}: "
+                             f"{exc}); the checks go on without it\n")
+            return () if what == "fetch" else None
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self._call("save", key, value)
+
+    def fetch(self, key: bytes) -> Any:
+        yield from self._call("fetch", key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self._call("delete", key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self._call("move", src, dest, value)
+
+    def __repr__(self) -> str:
+        return f"{self.where} ({self.inner!r})"
 
 
 def resolve(example_db: Any = None, *, option_name: str = "example_db") -> ExampleDatabase | None:

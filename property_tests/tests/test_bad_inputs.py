@@ -242,6 +242,7 @@ MAIN = [
     (["--example-db", "http://example.com/db"], "--example-db: expected a directory or redis://HOST:PORT, got the URL"),
     (["--example-db", __file__], "--example-db: expected a directory, got the file"),
     (["--example-db", "off,/tmp/x"], "--example-db: 'off' cannot be joined with other databases"),
+    (["--example-db", "redis://127.0.0.1:1/0"], "--example-db: cannot reach the Redis server 'redis://127.0.0.1:1/0'"),
     (["--bogus-option"], "unrecognized arguments: --bogus-option"),
     (["--modes", "exact,nope"], "--modes: expected some of exact, normal"),
     (["--modes", ","], "--modes: expected a comma-separated list"),

@@ -130,8 +130,8 @@ def test_assign_deals_every_cell_once_and_balances_recorded_times():
 
 
 @pytest.fixture
-def redis_url(tmp_path):
-    """A real Redis server for one test (skipped, with the reason, where none can be run)."""
+def redis_server(tmp_path):
+    """A real Redis server for one test: (its URL, its process); skipped, with the reason, where none can be run."""
     pytest.importorskip("redis", reason="the redis package is not installed (pip install 'gmm-harness[redis]')")
     server = shutil.which("redis-server")
     if server is None:
@@ -153,11 +153,16 @@ def redis_url(tmp_path):
                 time.sleep(0.05)
         else:
             pytest.fail(f"redis-server did not answer on port {port} within 10 s")
-        yield f"redis://127.0.0.1:{port}/0"
+        yield f"redis://127.0.0.1:{port}/0", proc
     finally:
         client.close()
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    return redis_server[0]
 
 
 def _recording_run(spec):
@@ -205,7 +210,22 @@ def test_cells_of_one_unit_stay_on_one_shard():
     for n in (2, 3):
         parts = shards.assign(cells, n, unit=_shape_unit)
         assert sorted((c for p in parts for c in p), key=str) == sorted(cells, key=str)
-        together = [p for p in parts if ("k", "ragged_m", "exact") in p][0]
+        together = next(p for p in parts if ("k", "ragged_m", "exact") in p)
         assert {c[2] for c in cells[:5]} <= {c[2] for c in together}  # the modes drawing the exact mode's shapes
     assert _shape_unit(("k", "ragged_m", "many_groups")) != _shape_unit(("k", "ragged_m", "exact"))
     assert _shape_unit(("k", "ragged_m", "exact")) != _shape_unit(("k", "ragged_k", "exact"))
+
+
+def test_a_database_lost_mid_run_is_reported_once_and_never_a_kernels_failure(redis_server, capsys):
+    from property_tests import example_db
+
+    url, server = redis_server
+    db = example_db.open_database(url)
+    server.terminate()
+    server.wait(timeout=30)
+    good = resolve_kernel(broken_kernels.ragged_dot_correct, convention="ragged_dot", name="good", option="kernel")
+    assert check_mode(good, "exact", profile="gmm-ci", example_db=db).status is Status.PASSED
+    bad, _ = _recording_run(db)
+    assert bad.status is Status.FAILED and "group" in bad.detail and "Connection" not in bad.detail
+    err = capsys.readouterr().err
+    assert err.count(f"the example database {url} failed") == 1 and "the checks go on without it" in err
