@@ -80,3 +80,25 @@ def test_import_path_needs_a_convention(tmp_path):
     proc = _run(tmp_path, "--gmm-kernel=numpy:matmul")
     assert proc.returncode != 0
     assert "--gmm-convention: required" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_the_installed_package_collects_without_this_repository(tmp_path):
+    # users run `pytest --pyargs property_tests --gmm-kernel=...` against an installed (not editable) package:
+    # no docs/, no repository beside it; collecting its tests must not need them
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    target, cwd = tmp_path / "site", tmp_path / "user-repo"
+    cwd.mkdir()
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+                    str(target), str(root)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "property_tests", "--collect-only", "-q",
+                           "-p", "no:cacheprovider", "-p", "no:randomly"], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and " error" not in out and "tests collected" in out, out[-3000:]
+    where = subprocess.run([sys.executable, "-c", "import property_tests; print(property_tests.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=cwd).stdout
+    assert str(target) in where  # the installed copy was the one collected

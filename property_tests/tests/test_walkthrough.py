@@ -24,6 +24,8 @@ DOC = ROOT / "docs" / "check-your-kernel.md"
 BLOCK = re.compile(r"```(python|bash)\n(.*?)```", re.S)
 
 pytest.importorskip("jax")
+if not DOC.is_file():  # an installed package has no docs/: the walk-through is this repository's own test
+    pytest.skip(f"{DOC} is not here (gmm-harness installed as a package, not a checkout)", allow_module_level=True)
 
 
 def _steps() -> tuple[dict[str, str], list[str]]:
