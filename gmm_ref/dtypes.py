@@ -76,6 +76,11 @@ _FORMATS: dict[np.dtype, FloatFormat] = {
     np.dtype(ml_dtypes.float8_e5m2): _fmt("float8_e5m2", ml_dtypes.float8_e5m2),
 }
 
+#: formats only quantized codes use (gmm_ref.scaled): round_to reaches them, problems do not take them
+_CODE_FORMATS: dict[np.dtype, FloatFormat] = {
+    np.dtype(ml_dtypes.float4_e2m1fn): _fmt("float4_e2m1fn", ml_dtypes.float4_e2m1fn, has_inf=False),
+}
+
 INPUT_DTYPES: tuple[np.dtype, ...] = (*tuple(_FORMATS), np.dtype(np.int8))
 OUTPUT_DTYPES: tuple[np.dtype, ...] = (*tuple(_FORMATS), np.dtype(np.int32))
 
@@ -129,7 +134,8 @@ def is_integer(dtype: np.dtype) -> bool:
 
 def float_format(dtype: np.dtype) -> FloatFormat:
     try:
-        return _FORMATS[np.dtype(dtype)]
+        dtype = np.dtype(dtype)
+        return _FORMATS[dtype] if dtype in _FORMATS else _CODE_FORMATS[dtype]
     except KeyError:
         raise TypeError(f"no floating-point format for dtype {dtype}") from None
 

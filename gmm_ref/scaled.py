@@ -207,13 +207,6 @@ class ScaledReference:
     magnitude: np.ndarray
 
 
-def _dequantized(codes: np.ndarray, scales: np.ndarray, quant: Quantization, global_scale: float = 1.0
-                 ) -> np.ndarray:
-    rows, k = codes.shape
-    with np.errstate(invalid="ignore", over="ignore"):
-        return codes.astype(np.float64) * quant.expand(scales, rows, k) * global_scale
-
-
 def _group_product(a_codes: np.ndarray, a_scales: np.ndarray, qa: Quantization, b_codes: np.ndarray,
                    b_scales: np.ndarray, qb: Quantization, out_dtype: np.dtype, ga: float = 1.0, gb: float = 1.0
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -227,10 +220,15 @@ def _group_product(a_codes: np.ndarray, a_scales: np.ndarray, qa: Quantization, 
     if m == 0 or n == 0 or k == 0:
         z = np.zeros((m, n))
         return z, z, z
-    da, db = _dequantized(a_codes, a_scales, qa, ga), _dequantized(b_codes, b_scales, qb, gb)
+    ca, cb = a_codes.astype(np.float64), b_codes.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
+        sa, sb = qa.expand(a_scales, m, k) * ga, qb.expand(b_scales, n, k) * gb  # every element's scale
+        da, db = ca * sa, cb * sb
         magnitude = np.abs(da) @ np.abs(db).T
         ieee = da @ db.T  # where an input is NaN or Inf, IEEE arithmetic decides the result
+    # the exact sums below see NaN and Inf as 0; the elements they reach take the IEEE result instead
+    ca, cb = (np.nan_to_num(c, nan=0.0, posinf=0.0, neginf=0.0) for c in (ca, cb))
+    sa, sb = (np.nan_to_num(s, nan=0.0, posinf=0.0) for s in (sa, sb))
     # split K where either operand's scale changes; inside a segment both scales are constant per row
     cuts = {0, k}
     for q in (qa, qb):
@@ -240,17 +238,9 @@ def _group_product(a_codes: np.ndarray, a_scales: np.ndarray, qa: Quantization, 
     total = np.zeros((m, n), dtype=object)
     parts = []
     for lo, hi in itertools.pairwise(cuts_sorted):
-        ca = a_codes[:, lo:hi].astype(np.float64)
-        cb = b_codes[:, lo:hi].astype(np.float64)
-        if not (np.all(np.isfinite(ca)) and np.all(np.isfinite(cb))):
-            ca, cb = np.nan_to_num(ca, nan=0.0, posinf=0.0, neginf=0.0), np.nan_to_num(cb, nan=0.0, posinf=0.0,
-                                                                                      neginf=0.0)
-        sums, e_codes = _block_sums(ca, cb)
-        sa = qa.expand(a_scales, m, k)[:, lo] * ga
-        sb = qb.expand(b_scales, n, k)[:, lo] * gb
-        sa, sb = np.nan_to_num(sa, nan=0.0, posinf=0.0), np.nan_to_num(sb, nan=0.0, posinf=0.0)
-        ma, xa = _scale_ints(sa)
-        mb, xb = _scale_ints(sb)
+        sums, e_codes = _block_sums(ca[:, lo:hi], cb[:, lo:hi])
+        ma, xa = _scale_ints(sa[:, lo])  # constant over the piece, per row
+        mb, xb = _scale_ints(sb[:, lo])
         parts.append((sums, e_codes, ma, xa, mb, xb))
     e_total = min(e + int(np.min(xa, initial=0)) + int(np.min(xb, initial=0)) for _, e, _, xa, _, xb in parts)
     for sums, e_codes, ma, xa, mb, xb in parts:
@@ -435,15 +425,10 @@ def to_mx(x: Any, block_size: int = 32, elem_dtype: Any = ml_dtypes.float8_e4m3f
     nan_scale = exps == 128
     scale = np.ldexp(1.0, np.where(nan_scale, 0, exps))
     full = np.repeat(scale, block_size, axis=1)[:, :k]
-    info = ml_dtypes.finfo(elem)
-    limit = float(info.max)
+    limit = float(ml_dtypes.finfo(elem).max)
     with np.errstate(invalid="ignore"):
         scaled = np.clip(flat / full, -limit, limit)  # exact: the scale is a power of two
-        # round once to nearest even at the element's precision (its values are exact in float64)
-        _, e = np.frexp(scaled)
-        quantum = np.ldexp(1.0, np.maximum(e - 1, int(info.minexp)) - int(info.nmant))
-        rounded = np.clip(np.round(scaled / quantum) * quantum, -limit, limit)
-    codes = rounded.astype(elem).reshape(arr.shape)
+    codes = _dt.round_to(scaled, elem).reshape(arr.shape)  # once, to nearest even; saturated, so it stays finite
     scales = np.where(nan_scale, np.nan, scale).astype(ml_dtypes.float8_e8m0fnu).reshape(*arr.shape[:-1], nblocks)
     return codes, scales
 
