@@ -34,7 +34,7 @@ from property_tests import compile_cache, coverage, example_db, shards
 from property_tests.checking import check_known_issue_modes
 from property_tests.modes import ALL_MODES, MODES
 from property_tests.options import SCOPE_OPTIONS, add_scope_options, apply_scope, modes_option, scope_fields
-from property_tests.table import GOLDENS, CellOutcome, Table, cells_of, render, run_cell, spend_budget
+from property_tests.table import GOLDENS, CellOutcome, Table, cells_of, check_cells, render, run_cell
 
 __all__ = ["main", "resolve_request"]
 
@@ -281,13 +281,9 @@ def _run(args: argparse.Namespace, request: dict[str, Any], kernels: dict[str, K
 
         for name in dict.fromkeys(c[0] for c in cells):  # kernel by kernel: the budget is each kernel's
             deadline = time.time() + args.budget if args.budget else None
-            done = {}
-            for cell in [c for c in cells if c[0] == name]:
-                done[cell] = run(cell, args.seed)
-                put(cell, done[cell])
-            if deadline is not None:
-                for cell, o in spend_budget(done, deadline, run, lambda _: None, seed=args.seed):
-                    put(cell, o)
+            for cell, o, _ in check_cells([c for c in cells if c[0] == name], run, lambda c, extra: None,
+                                          deadline=deadline, seed=args.seed):
+                put(cell, o)
         return
     # one lane per job; a lane takes the next kernel and checks all its cells in one worker, so the shapes a
     # kernel compiled for one mode serve its other modes; each kernel fills a table of its own, merged in
@@ -330,6 +326,12 @@ def _header(kernels: list[KernelAdapter], request: dict[str, Any]) -> str:
     if request["modes"] != list(MODES):
         lines.append(f"modes: {', '.join(request['modes'])}")
     return "\n".join(lines)
+
+
+def _run_text(seed: int | None, budget: float | None) -> str:
+    """How the examples were chosen, for the summary line (of a run, or of the merge of its shards)."""
+    run = f"seed {seed}" if seed is not None else "gmm-ci profile, derandomized"
+    return run + (f"; then rounds of new examples for {budget:g} s a kernel" if budget else "")
 
 
 def _status(text: str) -> str:
@@ -385,13 +387,12 @@ def _merge(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     table = Table()
     plan = [tuple(c) for c in doc["plan"]]
     table.plan(plan)
-    for c in doc["cells"]:
-        table.rows.setdefault((c["kernel"], c["family"]), {})[c["check"]] = c["text"]
-        table.seconds[(c["kernel"], c["family"], c["check"])] = c.get("seconds", 0.0)
+    for c in doc["cells"]:  # the goldens come once per family row
+        table.put(c["kernel"], c["family"], c["check"], c["text"])
     table.details, table.coverage = doc["failures"], doc["coverage"]
     columns = doc["modes"] + ([GOLDENS] if doc["goldens"] else [])
     n = len(doc["shards"])
-    run = "seed {}".format(doc["seed"]) if doc["seed"] is not None else "gmm-ci profile, derandomized"
+    run = _run_text(doc["seed"], doc.get("budget"))
     print(f"merged {n} shards ({', '.join(f'{s:.0f} s' for s in doc['shard_seconds'] if s is not None)})\n")
     merged = {k: v for k, v in doc.items() if k not in ("failures", "coverage", "seconds")}
     requested = [k["name"] for k in doc["kernels"]] if doc.get("requested") else []
@@ -445,9 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(header + "\n")
     _run(args, request, {k.name: k for k in kernels}, plan, cells, table)
     columns = modes + ([] if args.no_goldens else [GOLDENS])
-    run = f"seed {args.seed}" if args.seed is not None else "gmm-ci profile, derandomized"
-    if args.budget:
-        run += f"; then rounds of new examples for {args.budget:g} s a kernel"
+    run = _run_text(args.seed, args.budget)
     doc = {"kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
                         "scope": None if k.scope is None else k.scope.to_json()} for k in kernels],
            "requested": bool(args.kernel), "modes": request["modes"], "goldens": not args.no_goldens,

@@ -129,6 +129,7 @@ def load_shards(paths: Sequence[str], error: Callable[[str], Any]) -> dict[str, 
     return {
         "kernels": _unique(k for _, d in docs for k in d["kernels"]),
         "modes": first["modes"], "max_examples": first["max_examples"], "seed": first["seed"],
+        "budget": first.get("budget"),
         "golden_dir": first["golden_dir"], "goldens": first.get("goldens", True), "plan": first["plan"],
         "shards": [d["shard"] for _, d in docs], "cells": [c for k in plan for c in by_cell[k]],
         "failures": [f for _, d in docs for f in d["failures"]],

@@ -8,7 +8,7 @@ never finished. :func:`render` prints the table with footnotes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -19,7 +19,7 @@ from property_tests.checking import check_mode
 from property_tests.modes import MODES
 from property_tests.shards import Cell
 
-__all__ = ["GOLDENS", "Cell", "CellOutcome", "Table", "cells_of", "render", "run_cell", "spend_budget"]
+__all__ = ["GOLDENS", "Cell", "CellOutcome", "Table", "cells_of", "check_cells", "render", "run_cell", "spend_budget"]
 
 GOLDENS = "goldens"
 _WIDTH = 110
@@ -129,6 +129,22 @@ def spend_budget(done: dict[Cell, CellOutcome], deadline: float, run: Callable[[
                 yield cell, o._replace(text=f"{o.text} (round {r + 1}, seed {round_seed}, after {passed} examples "
                                             "passed)", seconds=seconds[cell], coverage="")
         r += 1
+
+
+def check_cells(cells: Iterable[Cell], run: Callable[[Cell, int | None], CellOutcome],
+                started: Callable[[Cell, bool], None], *, deadline: float | None = None, seed: int | None = None
+                ) -> Iterator[tuple[Cell, CellOutcome, bool]]:
+    """Each cell once (``run(cell, seed)``, after ``started(cell, False)``), then, until ``deadline``, the time
+    budget's rounds (:func:`spend_budget`, after ``started(cell, True)``); yields ``(cell, outcome, extra)``, extra
+    for a round's revision of a cell already yielded. One kernel's cells: the budget is the kernel's."""
+    done = {}
+    for cell in cells:
+        started(cell, False)
+        done[cell] = run(cell, seed)
+        yield cell, done[cell], False
+    if deadline is not None:
+        for cell, o in spend_budget(done, deadline, run, lambda c: started(c, True), seed=seed):
+            yield cell, o, True
 
 
 @dataclass

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from gmm_kernels.base import observe_calls
     from property_tests.main import resolve_request
     from property_tests.profiles import register_profiles
-    from property_tests.table import Cell, CellOutcome, run_cell, spend_budget
+    from property_tests.table import Cell, CellOutcome, check_cells, run_cell
 
     register_profiles()
     with open(events_path, "a", buffering=1) as events:
@@ -45,23 +45,15 @@ def main(argv: list[str] | None = None) -> int:
                             golden_dir=request.get("golden_dir"), require_own=request.get("require_own", False),
                             example_db=request.get("example_db"))
 
-        def cell_event(cell: Cell, o: CellOutcome, extra: bool) -> None:
-            kernel, family, column = cell
-            emit(event="cell", kernel=kernel, family=family, column=column, text=o.text, details=o.details,
-                 seconds=o.seconds, coverage=o.coverage, extra=extra)
-
-        def started(cell: Cell, extra: bool = False) -> None:
+        def started(cell: Cell, extra: bool) -> None:
             emit(event="start", kernel=cell[0], family=cell[1], column=cell[2], extra=extra)
 
-        done = {}
-        for cell in map(tuple, request["cells"]):
-            started(cell)
-            done[cell] = run(cell, request.get("seed"))
-            cell_event(cell, done[cell], extra=False)
-        if request.get("deadline"):  # the kernel's time budget: more examples for its passed cells
-            for cell, o in spend_budget(done, request["deadline"], run, lambda c: started(c, extra=True),
-                                        seed=request.get("seed")):
-                cell_event(cell, o, extra=True)
+        # the deadline is the kernel's time budget: rounds of more examples for its passed cells
+        for (kernel, family, column), o, extra in check_cells(map(tuple, request["cells"]), run, started,
+                                                             deadline=request.get("deadline"),
+                                                             seed=request.get("seed")):
+            emit(event="cell", kernel=kernel, family=family, column=column, text=o.text, details=o.details,
+                 seconds=o.seconds, coverage=o.coverage, extra=extra)
     return 0
 
 
