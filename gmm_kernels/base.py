@@ -36,6 +36,7 @@ from gmm_kernels.known_issues import xla_nan_leak_issues
 from gmm_kernels.scope import KnownIssue, Scope
 from gmm_ref import Numerics, Problem, conventions
 from gmm_ref.dtypes import as_numpy
+from gmm_ref.numerics import default_numerics
 
 __all__ = ["KernelAdapter", "VariantAdapter", "dtype_name", "missing_module", "observe_calls", "on_accelerator"]
 
@@ -182,7 +183,7 @@ class KernelAdapter:
         """The arithmetic the kernel does for ``problem`` (bounds are derived from it)."""
         if self.scope is not None and self.scope.numerics is not None:
             return self.scope.numerics
-        base = Numerics.default_for(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
+        base = default_numerics(problem)
         numerics = dataclasses.replace(base, flush_subnormals=self.flush_subnormals)
         return on_accelerator(numerics, problem) if self.default_precision else numerics
 

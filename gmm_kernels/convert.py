@@ -29,6 +29,9 @@ __all__ = [
 ]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+#: one-byte ml_dtypes -> the torch dtype of the same name
+_TORCH_BYTE_DTYPES = {"float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
+                      "float8_e8m0fnu": "float8_e8m0fnu"}
 
 
 def torch_dtype(dt: Any) -> Any:
@@ -40,6 +43,8 @@ def torch_dtype(dt: Any) -> Any:
     dt = np.dtype(dt)
     if dt == _BF16:
         return torch.bfloat16
+    if str(dt) in _TORCH_BYTE_DTYPES:
+        return getattr(torch, _TORCH_BYTE_DTYPES[str(dt)])
     return torch.from_numpy(np.zeros(0, dt)).dtype
 
 
@@ -56,6 +61,8 @@ def to_torch(x: Any) -> Any:
         a = a.copy()
     if a.dtype == _BF16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    if str(a.dtype) in _TORCH_BYTE_DTYPES:  # float8 codes and scales: their bytes, reinterpreted
+        return torch.from_numpy(a.view(np.uint8)).view(torch_dtype(a.dtype))
     return torch.from_numpy(a)
 
 

@@ -17,6 +17,7 @@ from gmm_kernels.megablox import MegabloxGmm, MegabloxTgmm
 from gmm_kernels.mosaic_gpu import MosaicGpuRaggedDot
 from gmm_kernels.tokamax_ops import TokamaxRaggedDot
 from gmm_kernels.torch_grouped import TorchGroupedMM
+from gmm_kernels.torch_scaled import TorchScaledGroupedMM, TorchScaledMMLoop
 from gmm_kernels.transformer_engine import TransformerEngineGroupedGemm
 
 __all__ = ["ENTRY_POINT_GROUP", "get", "names", "registry"]
@@ -40,6 +41,8 @@ def _builtin() -> list[KernelAdapter]:
         EjkernelGroupedMatmul("pallas_v3"),
         MosaicGpuRaggedDot(),
         TransformerEngineGroupedGemm(),
+        TorchScaledMMLoop(),
+        TorchScaledGroupedMM(),
     ]
 
 

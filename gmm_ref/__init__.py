@@ -4,11 +4,12 @@ Start with :class:`Problem` (the model), :func:`reference` (exact values,
 defined-mask, bound) and :func:`assert_matches_reference`; or call a
 convention front-end with a kernel's own arguments (:func:`ragged_dot`,
 :func:`ragged_dot_general`, :func:`gmm`, :func:`tgmm`, :func:`grouped_mm`,
-:func:`te_grouped_gemm`); :func:`arguments` turns a problem into its
-convention's arguments. Scaled (quantized) grouped GEMM: :class:`Quantization`,
-:func:`scaled_reference`, :func:`scaled_grouped_mm` and the MX quantizer :func:`to_mx`
-(``gmm_ref.scaled``). Needs only NumPy and ml_dtypes. The semantics are in
-the repository's docs/ (semantics.md, conventions.md, numerics.md).
+:func:`te_grouped_gemm`, :func:`scaled_grouped_mm`); :func:`arguments` turns a problem
+into its convention's arguments. Scaled (quantized) grouped GEMM: a :class:`Problem` with
+``lhs_quant``/``lhs_scales`` (a :class:`Quantization` and its scales), the exact
+:func:`scaled_reference` and the MX quantizer :func:`to_mx` (``gmm_ref.scaled``). Needs only
+NumPy and ml_dtypes. The semantics are in the repository's docs/ (semantics.md, conventions.md,
+numerics.md, scaled.md).
 """
 
 from gmm_ref import conventions
@@ -18,13 +19,14 @@ from gmm_ref.conventions.megablox import gmm, tgmm
 from gmm_ref.conventions.ragged_dot import RaggedDotDimensionNumbers, ragged_dot, ragged_dot_general
 from gmm_ref.conventions.te import te_grouped_gemm
 from gmm_ref.conventions.torch_grouped import grouped_mm
+from gmm_ref.conventions.torch_scaled import scaled_grouped_mm
 from gmm_ref.dtypes import as_numpy, round_to, unit_roundoff
 from gmm_ref.exact import Reference, reference
 from gmm_ref.gradients import Gradients, gradients
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import FAMILIES, Problem, as_tiling
 from gmm_ref.repro import load_array, load_problem, reproducer, save_problem
-from gmm_ref.scaled import Quantization, scaled_grouped_mm, scaled_reference, to_mx
+from gmm_ref.scaled import Quantization, scaled_reference, to_mx
 
 __all__ = [
     "FAMILIES",

@@ -121,6 +121,9 @@ def as_numpy(value: Any, *, name: str = "actual") -> np.ndarray:
         t = value.detach().cpu()
         if t.dtype == torch.bfloat16:
             return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        byte_dtype = getattr(ml_dtypes, str(t.dtype).removeprefix("torch."), None) if t.element_size() == 1 else None
+        if byte_dtype is not None:  # float8 codes and scales: their bytes
+            return t.contiguous().view(torch.uint8).numpy().view(byte_dtype)
         return t.numpy()
     try:
         return np.asarray(value)

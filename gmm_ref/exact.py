@@ -19,14 +19,15 @@ import numpy as np
 
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
-from gmm_ref.numerics import Numerics, error_bound
+from gmm_ref.numerics import Numerics, default_numerics, error_bound
 from gmm_ref.problem import Problem
+from gmm_ref.scaled import rounded_product
 
 __all__ = ["Reference", "reference"]
 
 
 def _wide(p: Problem) -> type:
-    return np.int64 if _dt.is_integer(p.lhs.dtype) else np.float64
+    return np.int64 if _dt.is_integer(p.lhs.dtype) and not p.scaled else np.float64
 
 
 def _undefine_outside(p: Problem, mask: np.ndarray) -> None:
@@ -161,6 +162,23 @@ def _single_threaded_blas() -> Any:
     return threadpool_limits(limits=1, user_api="blas")
 
 
+def _round_scaled(p: Problem, exact: np.ndarray, values: np.ndarray) -> None:
+    """Each group's finite results of a scaled problem from its exact sum, rounded once (the float64 ``exact``
+    rounds each product and sum; rounding that again could differ in the last place)."""
+    for blk in blocks(p):
+        if blk.k == 0 or blk.a.shape[0] == 0 or blk.b.shape[1] == 0:
+            continue
+        finite = np.isfinite(blk.a).all(axis=1)[:, None] & np.isfinite(blk.b).all(axis=0)[None, :]
+        a = np.nan_to_num(blk.a, nan=0.0, posinf=0.0, neginf=0.0)
+        b = np.nan_to_num(blk.b, nan=0.0, posinf=0.0, neginf=0.0)
+        rounded = rounded_product(a, b, p.out_dtype)
+        if rounded is None:
+            continue
+        target = values[blk.out_index]
+        ok = finite & np.isfinite(exact[blk.out_index])
+        target[ok] = rounded[ok].astype(values.dtype)
+
+
 class Reference:
     """The reference result of one problem: ``exact`` (float64/int64), ``mask``, and lazily
     ``values`` (rounded once to the output dtype) and ``bound(numerics)``."""
@@ -172,12 +190,14 @@ class Reference:
 
     @cached_property
     def values(self) -> np.ndarray:
-        """``exact`` rounded once to the output dtype."""
-        return _dt.round_to(self.exact, self.problem.out_dtype)
+        """``exact`` rounded once to the output dtype (for a scaled problem, the exact sum rounded once)."""
+        values = _dt.round_to(self.exact, self.problem.out_dtype)
+        if self.problem.scaled:
+            _round_scaled(self.problem, self.exact, values)
+        return values
 
     def default_numerics(self) -> Numerics:
-        p = self.problem
-        return Numerics.default_for(p.lhs.dtype, p.rhs.dtype, p.out_dtype)
+        return default_numerics(self.problem)
 
     def bound(self, numerics: Numerics | None = None) -> np.ndarray:
         """Per-element bound on ``|kernel - exact|`` for a kernel with these numerics

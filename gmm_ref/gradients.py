@@ -114,6 +114,9 @@ def _cotangent(p: Problem, cotangent: Any) -> np.ndarray:
         )
     if _dt.is_integer(p.out_dtype):
         raise TypeError("cotangent: integer problems have no gradients")
+    if p.scaled:
+        raise NotImplementedError("gradients: scaled (quantized) problems have no gradient model here (codes are "
+                                  "not differentiable; a quantized kernel's backward is its own scaled GEMM)")
     if dout.dtype not in _dt.INPUT_DTYPES:
         raise TypeError(f"cotangent: dtype {dout.dtype} cannot be a grouped GEMM input")
     if p.packed:

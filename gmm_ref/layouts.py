@@ -1,18 +1,20 @@
 """Layouts: map a packed operand buffer to its per-group blocks.
 
 Every block is returned in canonical orientation, ``(m_g, k_g)`` for lhs and
-``(k_g, n_g)`` for rhs, as a view whenever the storage allows it.
+``(k_g, n_g)`` for rhs, as a view whenever the storage allows it; a scaled
+operand's block is its dequantized values (float64, exact).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from gmm_ref.problem import Problem
 
-__all__ = ["Block", "blocks", "stored"]
+__all__ = ["Block", "blocks", "dequantized", "stored"]
 
 
 def _ragged_slice(mat: np.ndarray, axis: int, start: int, size: int, packed: bool) -> np.ndarray:
@@ -71,6 +73,10 @@ def blocks(p: Problem) -> Iterator[Block]:
                 start, size = 0, 0
             a = _operand(p, "lhs", bi, local, start, size)
             b = _operand(p, "rhs", bi, local, start, size)
+            if p.lhs_quant is not None:
+                a = dequantized(a, p.lhs_quant, p.scales_of("lhs", local))
+            if p.rhs_quant is not None:
+                b = dequantized(b.T, p.rhs_quant, p.scales_of("rhs", local)).T
             if fam == "ragged_m":
                 out_index = (*bi, slice(start, start + size), slice(None))
             elif fam == "ragged_n":
@@ -78,6 +84,15 @@ def blocks(p: Problem) -> Iterator[Block]:
             else:
                 out_index = (local, *bi)
             yield Block(g, local, bi, a, b, out_index, a.shape[1])
+
+
+def dequantized(codes: np.ndarray, quant: Any, scales: np.ndarray) -> np.ndarray:
+    """``scale * code`` of one group's ``[rows, K]`` codes, in float64: exact (a code has at most 4
+    significant bits, int8 7, a scale 24; their product fits float64's 53). NaN/Inf codes or scales give
+    NaN/Inf, as a kernel's arithmetic would."""
+    rows, k = codes.shape
+    with np.errstate(invalid="ignore", over="ignore"):
+        return codes.astype(np.float64) * quant.expand(scales, rows, k)
 
 
 def stored(a: np.ndarray, kind: str) -> np.ndarray:

@@ -5,6 +5,11 @@ For every defined output element (docs/numerics.md)::
     bound = (2*u_in + gamma(K_ij, u_acc) + gamma(K_ij + 1, u_ref)) * (|A||B|)_ij
             + u_out * |C_ij| + tiny_out
 
+For a scaled problem ``A`` and ``B`` are the dequantized values (scale * code)
+and ``K_ij`` counts one more rounding per scaled operand (its scale applied to a
+partial sum); a kernel that dequantizes first into a narrower type declares it as
+``multiply`` (the dequantized values pass through it).
+
 ``u_ref = 2**-53`` accounts for the float64 reference itself (its products
 are exact for inputs of float32 or narrower; its sums are not). When every
 input of an element's group is an integer small enough for the multiply
@@ -24,7 +29,7 @@ from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
 from gmm_ref.problem import Problem
 
-__all__ = ["Numerics", "error_bound", "gamma", "min_normal"]
+__all__ = ["Numerics", "default_numerics", "error_bound", "gamma", "min_normal"]
 
 U_REF = 2.0 ** -53
 
@@ -106,6 +111,15 @@ class Numerics:
         return in_limit, sum_limit
 
 
+def default_numerics(p: Problem) -> Numerics:
+    """The one default for ``p`` (:meth:`Numerics.default_for`); a scaled problem's default accumulates in
+    float32 (float64 for a float64 output), as scaled kernels do, whatever the codes."""
+    if p.scaled:
+        wide = np.float64 if p.out_dtype == np.dtype(np.float64) else np.float32
+        return Numerics(multiply=None, accumulate=wide, flush_subnormals=True)
+    return Numerics.default_for(p.lhs.dtype, p.rhs.dtype, p.out_dtype)
+
+
 def min_normal(dtype: Any) -> float:
     """The smallest positive normal number of a float dtype (0 for integers)."""
     dtype = np.dtype(dtype)
@@ -140,7 +154,7 @@ def _block_bound(p: Problem, a_in: np.ndarray, b_in: np.ndarray, existing: np.nd
                  exact: np.ndarray, k: int, numerics: Numerics) -> np.ndarray:
     """The bound of one group's output block ``a_in @ b_in`` (+ ``existing`` when accumulated), row
     chunk by row chunk of ``a_in`` (each output row depends on its lhs row only)."""
-    in_lim, sum_lim = numerics.exact_limits((p.lhs.dtype, p.rhs.dtype), p.out_dtype)
+    in_lim, sum_lim = numerics.exact_limits(p.value_dtypes, p.out_dtype)
     rows = max(1, BOUND_CHUNK_ELEMENTS // max(a_in.shape[1], 1))
     chunks = [slice(r, min(r + rows, a_in.shape[0])) for r in range(0, a_in.shape[0], rows)] or [slice(0, 0)]
     b = np.abs(b_in.astype(np.float64))
@@ -159,7 +173,7 @@ def _chunk_bound(p: Problem, a_in: np.ndarray, b_in: np.ndarray, b: np.ndarray, 
                  exact: np.ndarray, k: int, numerics: Numerics, sum_lim: float | None) -> np.ndarray:
     """The bound of some rows of a block; ``sum_lim`` when every operand is integer-valued (exact mode)."""
     fmt = _dt.float_format(p.out_dtype)
-    u_in = numerics.u_in(p.lhs.dtype, p.rhs.dtype)
+    u_in = numerics.u_in(*p.value_dtypes)
     acc = numerics.accumulate
     tiny_acc = 0.0 if _dt.is_integer(acc) else _dt.float_format(acc).tiny
     a = np.abs(a_in.astype(np.float64))
@@ -169,6 +183,9 @@ def _chunk_bound(p: Problem, a_in: np.ndarray, b_in: np.ndarray, b: np.ndarray, 
         ex = np.abs(existing.astype(np.float64))
         ab = ab + ex
         k += 1
+    # a scaled operand's scale multiplies a partial sum (after the K loop, or per K block) in the
+    # accumulator: one more rounding on every term's path per scaled operand
+    k += (p.lhs_quant is not None) + (p.rhs_quant is not None)
     with np.errstate(invalid="ignore", over="ignore"):
         # inputs rounded to the multiply precision (twice u_in plus its square), then
         # k roundings in the accumulator (Higham's gamma_k covers products and sums),

@@ -17,6 +17,15 @@ An operand whose ragged axis is its last (fast) axis is stored either
 *strided* (group g is a column slice of the whole matrix, ``packed=False``) or
 *packed* (group g is its own contiguous row-major ``(rows, size_g)`` block,
 one after the other, ``packed=True``).
+
+A *scaled* (quantized) operand holds codes (``float8_e4m3fn``, ``float8_e5m2``,
+``float4_e2m1fn``, ``int8``, ``int4``) and, in ``lhs_scales`` / ``rhs_scales``,
+one scale per block of its :class:`~gmm_ref.scaled.Quantization`
+(``lhs_quant`` / ``rhs_quant``). Its value is ``scale * code``. The scales of
+each local group are a ``Quantization.scale_shape(rows, K_g)`` block, in the
+operand's ``[rows, K]`` orientation (rows: M for lhs, N for rhs), and the
+blocks of the local groups lie one after the other, row-major, in one 1-D
+array (blocks restart at every group boundary; docs/scaled.md).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from typing import Any, Literal
 import numpy as np
 
 from gmm_ref import dtypes as _dt
+from gmm_ref.scaled import ELEMENT_DTYPES, Quantization
 
 __all__ = ["FAMILIES", "STORAGES", "Problem", "as_tiling"]
 
@@ -89,8 +99,16 @@ def _convention_name(value: Any) -> str | None:
     return value
 
 
-def _output_dtype(lhs: np.dtype, rhs: np.dtype, out_dtype: Any) -> np.dtype:
+def _output_dtype(lhs: np.dtype, rhs: np.dtype, out_dtype: Any, scaled: bool = False) -> np.dtype:
     """The output dtype: given, or int32 for integer inputs, else the inputs' common type."""
+    if scaled:
+        if out_dtype is None:
+            raise TypeError("out_dtype: required for a scaled problem (scaled kernels name their output dtype)")
+        out = _dt.as_dtype(out_dtype, name="out_dtype")
+        if _dt.is_integer(out) or out not in _dt.OUTPUT_DTYPES:
+            raise TypeError(f"out_dtype: a scaled problem gives a float output, one of "
+                            f"{[str(d) for d in _dt.OUTPUT_DTYPES if not _dt.is_integer(d)]}, got {out}")
+        return out
     if out_dtype is not None:
         out = _dt.as_dtype(out_dtype, name="out_dtype")
     elif _dt.is_integer(lhs):
@@ -182,6 +200,10 @@ class Problem:
     convention: str | None = None
     tiling: tuple[int, int, int] | None = None
     storage: tuple[str, str] = ("contiguous", "contiguous")
+    lhs_quant: Quantization | None = None
+    lhs_scales: np.ndarray | None = None
+    rhs_quant: Quantization | None = None
+    rhs_scales: np.ndarray | None = None
 
     # ---------------------------------------------------------------- validation
     def __post_init__(self) -> None:
@@ -191,13 +213,14 @@ class Problem:
         _choice("empty", self.empty, EMPTY_POLICIES)
         _choice("existing_policy", self.existing_policy, EXISTING_POLICIES)
         self._check_operands()
-        _set(self, "out_dtype", _output_dtype(self.lhs.dtype, self.rhs.dtype, self.out_dtype))
+        _set(self, "out_dtype", _output_dtype(self.lhs.dtype, self.rhs.dtype, self.out_dtype, self.scaled))
         self._check_shapes()
         if self.family == "batch":
             self._check_batch_groups()
         else:
             self._check_groups()
         self._check_existing()
+        self._check_scales()
         if self.tiling is not None:
             _set(self, "tiling", as_tiling(self.tiling))
         self._check_storage()
@@ -211,18 +234,32 @@ class Problem:
             _choice(f"storage[{name}]", kind, STORAGES)
         _set(self, "storage", tuple(st))
 
+    @property
+    def scaled(self) -> bool:
+        """Whether some operand is quantized (codes and scales)."""
+        return self.lhs_quant is not None or self.rhs_quant is not None
+
     def _check_operands(self) -> None:
         for name in ("lhs", "rhs"):
+            quant = getattr(self, f"{name}_quant")
+            if quant is not None and not isinstance(quant, Quantization):
+                raise TypeError(f"{name}_quant: expected a gmm_ref.Quantization or None, got {type(quant).__name__}")
             arr = getattr(self, name)
             if not isinstance(arr, np.ndarray):
                 raise TypeError(f"{name}: expected a numpy.ndarray, got {type(arr).__name__}")
-            if arr.dtype not in _dt.INPUT_DTYPES:
+            if quant is not None:
+                if arr.dtype != quant.elem:
+                    raise TypeError(f"{name}: expected codes of dtype {quant.elem} ({name}_quant.elem), "
+                                    f"got {arr.dtype}")
+            elif arr.dtype not in _dt.INPUT_DTYPES:
                 raise TypeError(
                     f"{name}: unsupported dtype {arr.dtype}; expected one of "
                     f"{[str(d) for d in _dt.INPUT_DTYPES]}"
+                    + (f" (or codes of {[str(d) for d in ELEMENT_DTYPES]} with {name}_quant)"
+                       if arr.dtype in ELEMENT_DTYPES else "")
                 )
             _set(self, name, _frozen(arr))
-        if _dt.is_integer(self.lhs.dtype) != _dt.is_integer(self.rhs.dtype):
+        if not self.scaled and _dt.is_integer(self.lhs.dtype) != _dt.is_integer(self.rhs.dtype):
             raise TypeError(
                 f"lhs/rhs: integer and floating inputs cannot be mixed "
                 f"(got {self.lhs.dtype} and {self.rhs.dtype})"
@@ -311,6 +348,77 @@ class Problem:
                 f"got {grouped[1].shape[0]}"
             )
 
+    def _check_scales(self) -> None:
+        for name in ("lhs", "rhs"):
+            quant, scales = getattr(self, f"{name}_quant"), getattr(self, f"{name}_scales")
+            if quant is None:
+                if scales is not None:
+                    raise ValueError(f"{name}_scales: given without {name}_quant (the Quantization they belong to)")
+                continue
+            if self.batch_ndim:
+                raise ValueError(f"{name}_quant: scaled problems take no batch dims (got batch_ndim="
+                                 f"{self.batch_ndim})")
+            if self.existing_out is not None:
+                raise ValueError(f"{name}_quant: scaled problems take no existing_out")
+            if scales is None:
+                raise ValueError(f"{name}_scales: required with {name}_quant")
+            if not isinstance(scales, np.ndarray):
+                if not isinstance(scales, (list, tuple)):
+                    raise TypeError(f"{name}_scales: expected a 1-D array, or one array per local group, "
+                                    f"got {type(scales).__name__}")
+                scales = self._join_scales(name, quant, scales)
+            if scales.dtype != quant.scale:
+                raise TypeError(f"{name}_scales: expected dtype {quant.scale} ({name}_quant.scale), got {scales.dtype}")
+            want = sum(int(np.prod(quant.scale_shape(*self.scale_extent(name, local))))
+                       for local in range(self.num_local_groups))
+            if scales.ndim != 1 or scales.size != want:
+                raise ValueError(f"{name}_scales: expected a 1-D array of {want} scales (the local groups' "
+                                 f"{quant.block} blocks one after the other), got shape {scales.shape}")
+            _set(self, f"{name}_scales", _frozen(scales))
+
+    def _join_scales(self, name: str, quant: Quantization, per_group: Any) -> np.ndarray:
+        if len(per_group) != self.num_local_groups:
+            raise ValueError(f"{name}_scales: expected one array per local group ({self.num_local_groups}), "
+                             f"got {len(per_group)}")
+        parts = []
+        for local, block in enumerate(per_group):
+            block = np.asarray(block)
+            shape = quant.scale_shape(*self.scale_extent(name, local))
+            if block.shape != shape:
+                raise ValueError(f"{name}_scales[{local}]: expected shape {shape} ({quant.block} blocks of a "
+                                 f"{list(self.scale_extent(name, local))} operand), got {block.shape}")
+            parts.append(block.reshape(-1))
+        return np.concatenate(parts) if parts else np.zeros(0, quant.scale)
+
+    def scale_extent(self, operand: str, local: int) -> tuple[int, int]:
+        """``(rows, K)`` of local group ``local``'s block of ``operand`` ("lhs" or "rhs"), in its ``[rows, K]``
+        orientation (rows: M for lhs, N for rhs)."""
+        fam = self.family
+        size = 0
+        if fam != "batch":
+            off = self.offsets_at(())
+            g = self.group_offset + local
+            size = int(off[g + 1] - off[g])
+        rows = self.m if operand == "lhs" else self.n
+        k = self.k
+        if (fam, operand) in (("ragged_m", "lhs"), ("ragged_n", "rhs")):
+            rows = size
+        elif fam == "ragged_k":
+            k = size
+        return rows, k
+
+    def scales_of(self, operand: str, local: int) -> np.ndarray:
+        """Local group ``local``'s scales of ``operand`` as a 2-D ``scale_shape`` block (its ``[rows, K]``
+        orientation); ValueError if that operand is not scaled."""
+        quant, flat = getattr(self, f"{operand}_quant"), getattr(self, f"{operand}_scales")
+        if quant is None:
+            raise ValueError(f"operand: {operand} of this problem is not scaled")
+        start = 0
+        for i in range(local):
+            start += int(np.prod(quant.scale_shape(*self.scale_extent(operand, i))))
+        shape = quant.scale_shape(*self.scale_extent(operand, local))
+        return flat[start:start + int(np.prod(shape))].reshape(shape)
+
     def _check_existing(self) -> None:
         ex = self.existing_out
         if ex is None:
@@ -331,6 +439,13 @@ class Problem:
         if operand == "lhs":
             return (fam == "ragged_m" and self.lhs_transposed) or (fam == "ragged_k" and not self.lhs_transposed)
         return (fam == "ragged_n" and not self.rhs_transposed) or (fam == "ragged_k" and self.rhs_transposed)
+
+    @property
+    def value_dtypes(self) -> tuple[np.dtype, np.dtype]:
+        """The dtypes of the operands' values: a scaled operand's values (scale * code) count as float64."""
+        f64 = np.dtype(np.float64)
+        return (f64 if self.lhs_quant is not None else self.lhs.dtype,
+                f64 if self.rhs_quant is not None else self.rhs.dtype)
 
     @property
     def num_groups(self) -> int:
@@ -402,8 +517,10 @@ class Problem:
             lay.append("packed")
         if lay:
             parts.append("layout=" + ",".join(lay))
-        parts.append(f"lhs{list(self.lhs.shape)}:{self.lhs.dtype}")
-        parts.append(f"rhs{list(self.rhs.shape)}:{self.rhs.dtype}")
+        for name in ("lhs", "rhs"):
+            arr, quant = getattr(self, name), getattr(self, f"{name}_quant")
+            scaled = "" if quant is None else f"*{quant.describe()}"
+            parts.append(f"{name}{list(arr.shape)}:{arr.dtype}{scaled}")
         parts.append(f"out{list(self.out_shape)}:{self.out_dtype}")
         if self.group_sizes is not None:
             parts.append(f"group_sizes={self.group_sizes.tolist()}")

@@ -23,6 +23,7 @@ import numpy as np
 
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import Problem
+from gmm_ref.scaled import Quantization
 
 __all__ = ["MAX_INLINE", "fenced", "load_array", "load_problem", "numerics_source", "problem_source",
            "repro_directory", "reproducer", "save_problem"]
@@ -34,7 +35,7 @@ MAX_INLINE = 256
 MAX_SAVED_BYTES = 1 << 30
 
 _META = "__problem__"
-_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float4_e2m1fn", "int4")
 
 
 def _dtype_named(name: str) -> np.dtype:
@@ -59,6 +60,8 @@ def save_problem(problem: Problem, path: str | os.PathLike[str], **extra: np.nda
         value = getattr(problem, f.name)
         if isinstance(value, np.ndarray):
             arrays[f.name], dtypes[f.name] = _stored(value), str(value.dtype)
+        elif isinstance(value, Quantization):
+            fields[f.name] = {"elem": str(value.elem), "scale": str(value.scale), "block": list(value.block)}
         elif isinstance(value, np.dtype):
             fields[f.name] = str(value)
         else:
@@ -93,6 +96,10 @@ def load_problem(path: str | os.PathLike[str]) -> Problem:
     fields = dict(meta["fields"])
     if fields.get("tiling") is not None:
         fields["tiling"] = tuple(fields["tiling"])
+    for name in ("lhs_quant", "rhs_quant"):
+        if fields.get(name) is not None:
+            q = fields[name]
+            fields[name] = Quantization(q["elem"], q["scale"], tuple(q["block"]))
     names = {f.name for f in dataclasses.fields(Problem)}
     return Problem(**fields, **{k: v for k, v in arrays.items() if k in names})
 
@@ -128,6 +135,8 @@ def _dtype_expr(dtype: np.dtype) -> str:
 def _array_expr(a: np.ndarray) -> str:
     if np.issubdtype(a.dtype, np.integer):
         vals = a.tolist()
+    elif str(a.dtype) == "int4":
+        vals = a.astype(np.int64).tolist()
     else:  # float() of any of our float dtypes is exact, and repr(float) round-trips
         vals = a.astype(np.float64).tolist()
     return f"np.array({vals!r}, dtype={_dtype_expr(a.dtype)}).reshape({a.shape})"

@@ -54,7 +54,7 @@ __all__ = [
     "Quantization",
     "ScaledReference",
     "round_exact",
-    "scaled_grouped_mm",
+    "rounded_product",
     "scaled_reference",
     "to_mx",
 ]
@@ -108,6 +108,15 @@ class Quantization:
             raise ValueError(f"block: expected one of {sorted(GRANULARITIES)} or (rows, k) with positive ints or "
                              f"None, got {self.block!r}")
         object.__setattr__(self, "block", block)
+
+    def describe(self) -> str:
+        """Short: ``float8_e4m3fn/float32@row`` (codes, scales, block)."""
+        name = next((n for n, b in GRANULARITIES.items() if b == self.block), None)
+        block = name or "x".join("all" if b is None else str(b) for b in self.block)
+        return f"{self.elem}/{self.scale}@{block}"
+
+    def __repr__(self) -> str:  # valid source, as reproducers print it
+        return f"gmm_ref.Quantization({str(self.elem)!r}, {str(self.scale)!r}, {self.block!r})"
 
     def scale_shape(self, rows: int, k: int) -> tuple[int, int]:
         """The shape of one group's scales for a ``[rows, k]`` block of codes (a partial last block counts)."""
@@ -194,6 +203,16 @@ def _nearest(n: Any, e: int, dtype: np.dtype) -> np.ndarray:
     flat = np.asarray(n, dtype=object).reshape(-1)
     out = np.array([round_exact(int(v), e, dtype) for v in flat], np.float64)
     return out.reshape(np.shape(n))
+
+
+def rounded_product(a: np.ndarray, b: np.ndarray, out_dtype: Any) -> np.ndarray | None:
+    """``a @ b`` of finite float64 values (``[m, k] @ [k, n]``) computed exactly and rounded once into
+    ``out_dtype``; None where the values span too many binades for int64 mantissas."""
+    try:
+        sums, e = _block_sums(a, b.T)
+    except OverflowError:
+        return None
+    return _nearest(sums, e, np.dtype(out_dtype))
 
 
 # ------------------------------------------------------------------------------------ the reference
@@ -431,85 +450,3 @@ def to_mx(x: Any, block_size: int = 32, elem_dtype: Any = ml_dtypes.float8_e4m3f
     codes = _dt.round_to(scaled, elem).reshape(arr.shape)  # once, to nearest even; saturated, so it stays finite
     scales = np.where(nan_scale, np.nan, scale).astype(ml_dtypes.float8_e8m0fnu).reshape(*arr.shape[:-1], nblocks)
     return codes, scales
-
-
-# ------------------------------------------------------------------------------------ torch front-end
-def scaled_grouped_mm(mat_a: Any, mat_b: Any, scale_a: Any, scale_b: Any, offs: Any = None,
-                      out_dtype: Any = None) -> np.ndarray:
-    """``torch._scaled_grouped_mm``'s rowwise FP8 contract in NumPy: float8_e4m3fn operands, float32 scales applied
-    after the K loop, output rounded once to ``out_dtype`` (default and only choice: bfloat16).
-
-    The four forms (``mat_b`` logical, ``[..., K, N]``; ``offs`` the cumulative group ends, int32):
-
-    ======  =============  ==============  ===========  =============  =========
-    form    mat_a          mat_b           scale_a      scale_b        output
-    ======  =============  ==============  ===========  =============  =========
-    2d-3d   ``[sum M, K]`` ``[G, K, N]``   ``[sum M]``  ``[G, N]``     ``[sum M, N]`` (ragged M)
-    3d-3d   ``[G, M, K]``  ``[G, K, N]``   ``[G, M]``   ``[G, N]``     ``[G, M, N]`` (no offs)
-    3d-2d   ``[G, M, K]``  ``[K, sum N]``  ``[G, M]``   ``[sum N]``    ``[M, sum N]`` (ragged N)
-    2d-2d   ``[M, sum K]`` ``[sum K, N]``  ``[G * M]``  ``[G * N]``    ``[G, M, N]`` (ragged K)
-    ======  =============  ==============  ===========  =============  =========
-    """
-    e4m3 = np.dtype(ml_dtypes.float8_e4m3fn)
-    a, b = np.asarray(mat_a), np.asarray(mat_b)
-    for name, arr in (("mat_a", a), ("mat_b", b)):
-        if arr.dtype != e4m3:
-            raise TypeError(f"{name}: expected float8_e4m3fn (rowwise FP8), got {arr.dtype}")
-    sa, sb = np.asarray(scale_a), np.asarray(scale_b)
-    for name, arr in (("scale_a", sa), ("scale_b", sb)):
-        if arr.dtype != np.float32:
-            raise TypeError(f"{name}: expected float32 rowwise scales, got {arr.dtype}")
-    out = np.dtype(ml_dtypes.bfloat16) if out_dtype is None else _dtype(out_dtype, OUT_DTYPES, "out_dtype")
-    if out != np.dtype(ml_dtypes.bfloat16):
-        raise ValueError(f"out_dtype: rowwise scaled grouped mm outputs bfloat16, got {out}")
-    q = Quantization(e4m3, np.float32, "row")
-    form = f"{a.ndim}d-{b.ndim}d"
-    if form not in ("2d-3d", "3d-3d", "3d-2d", "2d-2d"):
-        raise ValueError(f"mat_a, mat_b: expected 2-D or 3-D operands, got {a.ndim}-D and {b.ndim}-D")
-    sizes = np.zeros(0, np.int64)
-    if (form == "3d-3d") != (offs is None):
-        raise ValueError(f"offs: {'not taken' if form == '3d-3d' else 'required'} by the {form} form, got {offs!r}")
-    if offs is not None:
-        o = np.asarray(offs)
-        if o.ndim != 1 or o.dtype != np.int32:
-            raise TypeError(f"offs: expected a 1-D int32 array of cumulative group ends, got {o.dtype} {o.shape}")
-        if np.any(np.diff(np.concatenate([[0], o.astype(np.int64)])) < 0):
-            raise ValueError(f"offs: expected non-decreasing group ends, got {o.tolist()}")
-        sizes = np.diff(np.concatenate([[0], o.astype(np.int64)]))
-    if form == "2d-3d":
-        g, n = b.shape[0], b.shape[2]
-        _expect(sa, (a.shape[0],), "scale_a")
-        _expect(sb, (g, n), "scale_b")
-        if len(sizes) != g:
-            raise ValueError(f"offs: expected {g} group ends (one per mat_b group), got {len(sizes)}")
-        ends = np.concatenate([[0], np.cumsum(sizes)])
-        ls = [sa[ends[i]:ends[i + 1], None] for i in range(g)]
-        rs = [sb[i][:, None] for i in range(g)]
-        ref = scaled_reference(a, ls, b, rs, sizes, lhs_quant=q, rhs_quant=q, family="ragged_m", out_dtype=out)
-    elif form == "3d-3d":
-        g = a.shape[0]
-        _expect(sa, (g, a.shape[1]), "scale_a")
-        _expect(sb, (g, b.shape[2]), "scale_b")
-        ref = scaled_reference(a, [sa[i][:, None] for i in range(g)], b, [sb[i][:, None] for i in range(g)], None,
-                               lhs_quant=q, rhs_quant=q, family="batch", out_dtype=out)
-    elif form == "3d-2d":
-        g = a.shape[0]
-        _expect(sa, (g, a.shape[1]), "scale_a")
-        _expect(sb, (b.shape[1],), "scale_b")
-        ends = np.concatenate([[0], np.cumsum(sizes)])
-        ref = scaled_reference(a, [sa[i][:, None] for i in range(g)], b,
-                               [sb[ends[i]:ends[i + 1], None] for i in range(g)], sizes, lhs_quant=q, rhs_quant=q,
-                               family="ragged_n", out_dtype=out)
-    else:
-        g, m, n = len(sizes), a.shape[0], b.shape[1]
-        _expect(sa, (g * m,), "scale_a")
-        _expect(sb, (g * n,), "scale_b")
-        ref = scaled_reference(a, [sa[i * m:(i + 1) * m, None] for i in range(g)], b,
-                               [sb[i * n:(i + 1) * n, None] for i in range(g)], sizes, lhs_quant=q, rhs_quant=q,
-                               family="ragged_k", out_dtype=out)
-    return ref.values
-
-
-def _expect(arr: np.ndarray, shape: tuple[int, ...], name: str) -> None:
-    if arr.shape != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {arr.shape}")

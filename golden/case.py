@@ -16,13 +16,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 import gmm_ref
 from gmm_ref import conventions
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
-from golden.generator import values
+from golden.generator import raw_bits, values
 
 __all__ = ["Case", "GoldenError", "build_problem", "inputs_of", "select"]
 
@@ -118,11 +119,42 @@ def _shapes(c: Case, local: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     raise ValueError(f"family: expected one of {gmm_ref.FAMILIES}, got {c.family!r}")
 
 
+def _code_scale(quant: Any, kind: str) -> float:
+    """The range of a scaled operand's uniform codes: half its element's largest value (1 when unscaled)."""
+    if quant is None or kind != "uniform" or _dt.is_integer(quant.elem):
+        return 1.0
+    return float(ml_dtypes.finfo(quant.elem).max) / 2
+
+
+def _scaled(case: Case, p: gmm_ref.Problem, quants: tuple[Any, Any]) -> gmm_ref.Problem:
+    """``p`` with scales for its codes: ``2**((bits % 7) - 3) * (1 + u)`` rounded into the scale dtype
+    (``2**(bits % 2)`` for ``kind="int"``, so that exact cases stay exact), from the generator's stream
+    ``lhs_scales`` / ``rhs_scales``."""
+    extra: dict[str, Any] = {}
+    for name, q in zip(("lhs", "rhs"), quants, strict=True):
+        if q is None:
+            continue
+        count = sum(int(np.prod(q.scale_shape(*p.scale_extent(name, i)))) for i in range(p.num_local_groups))
+        top = raw_bits(case.seed, f"{name}_scales", count) >> np.uint64(11)
+        if case.kind == "int":
+            v = np.ldexp(1.0, (top % np.uint64(2)).astype(np.int64))
+        else:
+            u = top.astype(np.float64) * 2.0 ** -53
+            v = np.ldexp(1.0 + u, (top % np.uint64(7)).astype(np.int64) - 3)
+            if ml_dtypes.finfo(q.scale).nmant == 0:  # a power-of-two scale dtype (e8m0)
+                v = np.ldexp(1.0, np.floor(np.log2(v)).astype(np.int64))
+        extra[f"{name}_quant"] = q
+        extra[f"{name}_scales"] = _dt.round_to(v, q.scale) if q.scale.kind == "f" or ml_dtypes.finfo(
+            q.scale).nmant else v.astype(q.scale)
+    return p.replace(**extra)
+
+
 def _touched(p: gmm_ref.Problem, which: str) -> np.ndarray:
     """Which elements of operand ``which`` some group of ``p`` reads."""
     arr = getattr(p, which)
     index = np.arange(arr.size, dtype=np.float64).reshape(arr.shape)
-    probe = p.replace(**{which: index}, existing_out=None, out_dtype=None)
+    unscaled = dict(lhs_quant=None, lhs_scales=None, rhs_quant=None, rhs_scales=None)
+    probe = p.replace(**{which: index}, existing_out=None, out_dtype=np.float64, **unscaled)
     seen = np.zeros(arr.size, bool)
     for blk in blocks(probe):
         seen[(blk.a if which == "lhs" else blk.b).astype(np.int64).ravel()] = True
@@ -151,14 +183,17 @@ def build_problem(case: Case) -> gmm_ref.Problem:
     lshape, rshape = _shapes(case, local)
     dt = _dt.as_dtype(case.dtype, name="dtype")
     kw = {"kind": case.kind, "int_range": case.int_range}
-    lhs = values(case.seed, "lhs", lshape, dt, **kw)
-    rhs = values(case.seed, "rhs", rshape, dt, **kw)
+    quants = convention.quantizations[0] if convention.quantizations else (None, None)
+    lhs, rhs = (values(case.seed, name, shape, dt, **kw, scale=_code_scale(q, case.kind))
+                for name, shape, q in (("lhs", lshape, quants[0]), ("rhs", rshape, quants[1])))
     p = gmm_ref.Problem(
         case.family, lhs, rhs, gs, lhs_transposed=case.lhs_transposed,
         rhs_transposed=case.rhs_transposed, packed=case.packed, batch_ndim=len(case.batch_shape),
         out_dtype=case.out_dtype, group_offset=case.group_offset, num_local_groups=local,
         convention=case.convention, tiling=case.tiling, **convention.policies(case.family),
     )
+    if quants != (None, None):  # a scaled convention's cases: its (first) quantization, scales from the spec
+        p = _scaled(case, p, quants)
     if case.poison:
         if _dt.is_integer(dt):
             raise ValueError(f"case {case.name}: poison needs float inputs")
@@ -202,6 +237,9 @@ def inputs_of(p: gmm_ref.Problem) -> dict[str, np.ndarray]:
         d["group_sizes"] = p.group_sizes
     if p.existing_out is not None:
         d["existing_out"] = p.existing_out
+    for name in ("lhs_scales", "rhs_scales"):
+        if getattr(p, name) is not None:
+            d[name] = getattr(p, name)
     return d
 
 

@@ -14,7 +14,8 @@ kernels compile once per shape (interpreted Pallas costs about a second each):
 - ``megablox.gmm``: ``[32, 24] x [G, 24, 16]``, tiling (16, 16, 16) (a K remainder);
 - ``megablox.tgmm``: ``[16, 32] x [32, 16]``, tiling (16, 16, 16);
 - ``torch.grouped_mm``: every operand's last dim times its itemsize a multiple of 16 bytes;
-- ``te.grouped_gemm`` (reference only): packed and first/last layouts (TE has no ragged N).
+- ``te.grouped_gemm`` (reference only): packed and first/last layouts (TE has no ragged N);
+- ``torch.scaled_grouped_mm``: float8_e4m3fn codes with rowwise float32 scales, K and N multiples of 16.
 
 Tags name the edge classes a case covers (``python -m golden list``).
 """
@@ -32,6 +33,7 @@ GMM = dict(convention="megablox.gmm", family="ragged_m", m=32, k=24, n=16, tilin
 TGMM = dict(convention="megablox.tgmm", family="ragged_k", m=16, k=32, n=16, tiling=(16, 16, 16))
 TM = dict(convention="torch.grouped_mm")
 TE = dict(convention="te.grouped_gemm")
+TSC = dict(convention="torch.scaled_grouped_mm", dtype="float8_e4m3fn", out_dtype="bfloat16")
 
 CASES: list[Case] = [
     # ---------------------------------------------------------------- ragged_dot (lax, mode 1)
@@ -116,6 +118,16 @@ CASES: list[Case] = [
     Case("torch-batch-f32", **TM, family="batch", m=8, k=16, n=8, groups=3, seed=87, tags=()),
     Case("torch-batch-bf16-exact", **TM, family="batch", m=8, k=16, n=8, groups=3, dtype="bfloat16",
          kind="int", int_range=3, seed=88, tags=("exact",)),
+    # ------------------------------------------------- torch._scaled_grouped_mm (rowwise FP8)
+    Case("tsc-m-e4m3-tail-poison", **TSC, family="ragged_m", m=40, k=32, n=16, group_sizes=[0, 13, 0, 19],
+         poison=True, seed=120, tags=("scaled", "empty_first", "empty_middle", "tail", "poison", "unaligned")),
+    Case("tsc-m-e4m3-exact", **TSC, family="ragged_m", m=40, k=32, n=16, group_sizes=[8, 16, 16, 0],
+         kind="int", int_range=3, seed=121, tags=("scaled", "exact", "empty_last")),
+    Case("tsc-n-e4m3-unaligned", **TSC, family="ragged_n", m=8, k=32, n=48, group_sizes=[17, 0, 30],
+         seed=122, tags=("scaled", "empty_middle", "tail", "unaligned")),
+    Case("tsc-k-e4m3-empty", **TSC, family="ragged_k", m=8, k=48, n=16, group_sizes=[0, 21, 27],
+         seed=123, tags=("scaled", "empty_first", "unaligned")),
+    Case("tsc-batch-e4m3", **TSC, family="batch", m=8, k=32, n=16, groups=3, seed=124, tags=("scaled",)),
     # ---------------------------------------------------- TransformerEngine (reference only)
     Case("te-m-f32-lhs-last-packed", **TE, family="ragged_m", m=24, k=8, n=8, lhs_transposed=True,
          packed=True, group_sizes=[5, 0, 19], seed=100, tags=("packed", "transposed", "empty_middle")),

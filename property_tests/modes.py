@@ -109,6 +109,9 @@ def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None 
     mode = mode_of(mode)
     if mode.needs_sharding and not adapter.spec.sharding:
         raise Unsupported(f"{adapter.convention} has no group_offset (no sharded groups)")
+    if mode.name == "grad" and adapter.spec.quantizations:
+        raise Unsupported(f"{adapter.convention} takes quantized operands: codes have no gradient (a quantized "
+                          "layer's backward is its own scaled GEMM)")
     kwargs = dict(mode.options)
     declared = adapter.strategy_options()
     # group counts: the mode's range narrowed to what the kernel takes; dtypes: the intersection

@@ -1,7 +1,8 @@
 """The convention registry: every calling convention the harness knows, looked up by name.
 
 Built in: ``ragged_dot``, ``ragged_dot_general`` (jax.lax), ``megablox.gmm``,
-``megablox.tgmm``, ``torch.grouped_mm`` and ``te.grouped_gemm``, one module each.
+``megablox.tgmm``, ``torch.grouped_mm``, ``te.grouped_gemm`` and ``torch.scaled_grouped_mm``,
+one module each.
 Other packages add conventions through the ``gmm_harness.conventions``
 entry-point group (each entry point names a :class:`Convention` instance).
 
@@ -22,12 +23,13 @@ from gmm_ref.conventions.megablox import GMM, TGMM
 from gmm_ref.conventions.ragged_dot import RAGGED_DOT, RAGGED_DOT_GENERAL
 from gmm_ref.conventions.te import TE_GROUPED_GEMM
 from gmm_ref.conventions.torch_grouped import GROUPED_MM
+from gmm_ref.conventions.torch_scaled import SCALED_GROUPED_MM
 from gmm_ref.problem import Problem
 
 __all__ = ["ENTRY_POINT_GROUP", "Convention", "arguments", "get", "names", "problem_from_arguments", "registry"]
 
 ENTRY_POINT_GROUP = "gmm_harness.conventions"
-BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEMM)
+BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEMM, SCALED_GROUPED_MM)
 
 
 @functools.cache

@@ -102,6 +102,9 @@ class Convention:
     strided: bool = False
     #: the axes ("m", "k", "n") whose extent may be 0 (every one unless the API cannot take it)
     zero_extents: tuple[str, ...] = ("m", "k", "n")
+    #: the (lhs, rhs) quantizations a scaled convention takes (``gmm_ref.Quantization``; None: that operand
+    #: is not scaled); empty for a convention of unscaled operands
+    quantizations: tuple[tuple[Any, Any], ...] = ()
     summary: str = ""
 
     def __post_init__(self) -> None:
@@ -146,7 +149,8 @@ class Convention:
     # --------------------------------------------------------------- template
     def refusal(self, p: Problem) -> str | None:
         """None if this convention can express ``p`` with its policies, else the reason."""
-        for rule in (self._shape_refusal, self._sharding_refusal, self._policy_refusal, self._refusal):
+        for rule in (self._shape_refusal, self._sharding_refusal, self._scale_refusal, self._policy_refusal,
+                     self._refusal):
             reason = rule(p)
             if reason:
                 return reason
@@ -220,6 +224,17 @@ class Convention:
             if name == axis or (name == "ragged" and axis == ragged):
                 return " (16 bytes of the input dtype)" if req == "16B" else f" (the tile {req})"
         return ""
+
+    def _scale_refusal(self, p: Problem) -> str | None:
+        have = (p.lhs_quant, p.rhs_quant)
+        if not self.quantizations:
+            return f"{self.name} takes no scaled (quantized) operands" if p.scaled else None
+        if have not in self.quantizations:
+            def text(pair: tuple[Any, Any]) -> str:
+                return " x ".join("unscaled" if q is None else q.describe() for q in pair)
+            return (f"{self.name} takes the quantizations {', '.join(text(q) for q in self.quantizations)}, "
+                    f"not {text(have)}")
+        return None
 
     def _sharding_refusal(self, p: Problem) -> str | None:
         sharded = p.group_offset != 0 or p.num_local_groups != p.num_groups

@@ -20,7 +20,7 @@ from property_tests.strategies._config import config
 from property_tests.strategies._static import Config, Static, buckets, draw_free_static
 from property_tests.strategies.design import Cell, Design, design
 from property_tests.strategies.sizes import draw_sizes, draw_span_sizes
-from property_tests.strategies.values import VALUE_KINDS, few, fill, poison, unused_elements
+from property_tests.strategies.values import VALUE_KINDS, few, fill, fill_codes, fill_scales, poison, unused_elements
 
 __all__ = ["Covering", "CoveringCell", "covering", "problems"]
 
@@ -284,8 +284,11 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
     lead_l = (local,) if fam == "ragged_n" else (g,) if fam == "batch" else ()
     lead_r = (local,) if fam == "ragged_m" else (g,) if fam == "batch" else ()
     k_eff = k if fam != "ragged_k" else max(int(np.max(sizes)) if sizes is not None and sizes.size else 0, 1)
-    lhs = fill(rng, (*lead_l, *b, *((k, m) if lt else (m, k))), s.in_dtype, value_kind, k_eff, s.out_dtype, seed)
-    rhs = fill(rng, (*lead_r, *b, *((n, k) if rt else (k, n))), s.in_dtype, value_kind, k_eff, s.out_dtype, seed)
+    quants = draw(sampled(cfg.rules.quantizations)) if cfg.rules.quantizations else (None, None)
+    lhs, rhs = ((fill if q is None else fill_codes)(rng, (*lead, *b, *shape), s.in_dtype, value_kind, k_eff,
+                                                    s.out_dtype, seed)
+                for q, lead, shape in ((quants[0], lead_l, (k, m) if lt else (m, k)),
+                                       (quants[1], lead_r, (n, k) if rt else (k, n))))
     common: dict[str, Any] = dict(
         lhs_transposed=lt, rhs_transposed=rt, packed=packed, batch_ndim=len(b), out_dtype=s.out_dtype, storage=storage,
         convention=cfg.convention, tiling=cfg.tiling if (cfg.tiling_given or cfg.rules.default_tiling) else None,
@@ -312,4 +315,17 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
             # a few NaN/Inf inside groups too: they must propagate within their group only
             poison(rng, lhs, few(rng, ~lu))
             poison(rng, rhs, few(rng, ~ru))
+    if quants != (None, None):
+        return _scaled(rng, gmm_ref.Problem(fam, lhs, rhs, sizes, **common), quants, value_kind, k_eff)
     return gmm_ref.Problem(fam, lhs, rhs, sizes, **common)
+
+
+def _scaled(rng: np.random.Generator, p: gmm_ref.Problem, quants: tuple[Any, Any], kind: str, k: int
+            ) -> gmm_ref.Problem:
+    """``p`` with its codes scaled by ``quants``: one scale per block of every local group."""
+    extra: dict[str, Any] = {}
+    for name, q in zip(("lhs", "rhs"), quants, strict=True):
+        if q is not None:
+            count = sum(math.prod(q.scale_shape(*p.scale_extent(name, i))) for i in range(p.num_local_groups))
+            extra.update({f"{name}_quant": q, f"{name}_scales": fill_scales(rng, count, q, kind, k, p.out_dtype)})
+    return p.replace(**extra)

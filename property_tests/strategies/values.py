@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 import gmm_ref
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks as _blocks
 
-__all__ = ["VALUE_KINDS", "few", "fill", "poison", "unused_elements"]
+__all__ = ["VALUE_KINDS", "few", "fill", "fill_codes", "fill_scales", "poison", "unused_elements"]
 
 VALUE_KINDS = ("exact", "normal", "wide", "poisoned")
 
@@ -51,6 +52,44 @@ def fill(rng: np.random.Generator, shape: Any, dtype: Any, kind: str, k: int, ou
     mag[rng.random(size=shape) < 0.1] = 0.0
     mag = np.where(rng.random(size=shape) < 0.5, -mag, mag)
     return mag.astype(np.float32).astype(dtype) if dtype != np.dtype(np.float64) else mag
+
+
+def fill_codes(rng: np.random.Generator, shape: Any, dtype: Any, kind: str, k: int, out_dtype: Any,
+               seed: int) -> np.ndarray:
+    """Codes of a scaled operand. ``exact``: small integers (as :func:`fill`); ``normal``: values a quantizer
+    makes of normal data (spread over the codes' whole range, up to +-max); ``wide``: every finite code
+    equally likely (zeros, subnormals, +-max). Integer codes: their whole range but for ``exact``."""
+    dtype = np.dtype(dtype)
+    if kind == "exact" or _dt.is_integer(dtype):
+        return fill(rng, shape, dtype, kind, k, out_dtype, seed)
+    if kind == "normal":
+        fmt = _dt.float_format(dtype)
+        top = rng.uniform(0.25, 1.0) * fmt.max_finite / 3  # about 3 sigma at the top of the range
+        return _dt.round_to(np.clip(rng.standard_normal(size=shape) * top, -fmt.max_finite, fmt.max_finite), dtype)
+    bits = rng.integers(0, 256, size=shape, dtype=np.uint8).view(dtype)
+    finite = np.isfinite(bits.astype(np.float64))
+    return np.where(finite, bits, np.zeros((), dtype)).astype(dtype)
+
+
+def fill_scales(rng: np.random.Generator, count: int, quant: Any, kind: str, k: int, out_dtype: Any) -> np.ndarray:
+    """``count`` scales of ``quant.scale``'s dtype. ``exact``: 1 or 2 (exact products stay small integers);
+    ``normal``: what amax / max gives for data of unit scale (a float32 or bfloat16 scale is not a power of
+    two); ``wide``: powers of two (times a mantissa where the dtype has one) from 2**-40 up to where K
+    products of two fully scaled codes near the output's overflow."""
+    dtype = np.dtype(quant.scale)
+    mant = ml_dtypes.finfo(dtype).nmant
+    if kind == "exact":
+        vals = np.ldexp(1.0, rng.integers(0, 2, size=count))
+    elif kind == "normal":
+        code_max = float(ml_dtypes.finfo(quant.elem).max) if not _dt.is_integer(quant.elem) else 127.0
+        vals = rng.uniform(0.5, 2.0, size=count) * 3.0 / code_max
+    else:
+        code_max = float(ml_dtypes.finfo(quant.elem).max) if not _dt.is_integer(quant.elem) else 127.0
+        fout = _dt.float_format(out_dtype)
+        hi = math.floor(0.5 * (math.log2(fout.max_finite) - math.log2(max(k, 1))) - math.log2(code_max)) - 1
+        exp = rng.integers(-40, max(hi, -40) + 1, size=count)
+        vals = np.ldexp(rng.uniform(1.0, 2.0, size=count) if mant else np.ones(count), exp)
+    return _dt.round_to(vals, dtype) if dtype.kind == "f" or mant else vals.astype(dtype)
 
 
 def _wide_bits(rng: np.random.Generator, shape: Any, dtype: np.dtype, fin: Any, span: int) -> np.ndarray:

@@ -13,7 +13,7 @@ from property_tests.checking import check_kernel
 from property_tests.tests.broken_kernels import BROKEN, BROKEN_GRADIENTS, CORRECT
 
 CASES = [pytest.param(conv, fn, id=fn.__name__) for conv, fns in BROKEN.items() for fn in fns]
-FRAMEWORK = {"torch.grouped_mm": "torch"}
+FRAMEWORK = {"torch.grouped_mm": "torch", "torch.scaled_grouped_mm": "torch"}
 
 
 @pytest.mark.parametrize(("convention", "fn"), CASES)

@@ -287,6 +287,7 @@ FRONTS = {
     "ragged_dot": gmm_ref.ragged_dot, "ragged_dot_general": gmm_ref.ragged_dot_general,
     "megablox.gmm": gmm_ref.gmm, "megablox.tgmm": gmm_ref.tgmm,
     "torch.grouped_mm": gmm_ref.grouped_mm, "te.grouped_gemm": gmm_ref.te_grouped_gemm,
+    "torch.scaled_grouped_mm": gmm_ref.scaled_grouped_mm,
 }
 
 
@@ -305,6 +306,10 @@ def test_arguments_round_trip_through_the_front_end(convention):
         np.testing.assert_array_equal(via_front.mask, ref.mask)
         np.testing.assert_array_equal(via_front.values.astype(np.float64)[ref.mask],
                                       ref.values.astype(np.float64)[ref.mask])
+        for name in ("lhs", "rhs"):  # the scales come back too
+            assert getattr(q, f"{name}_quant") == getattr(p, f"{name}_quant")
+            if p.scaled:
+                np.testing.assert_array_equal(getattr(q, f"{name}_scales"), getattr(p, f"{name}_scales"))
 
 
 # ---------------------------------------------------------------- compile-aware

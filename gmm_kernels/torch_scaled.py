@@ -1,0 +1,114 @@
+"""torch's rowwise FP8 grouped GEMM (``torch.scaled_grouped_mm`` convention): two kernels.
+
+- ``torch.scaled_grouped_mm``: ``torch._scaled_grouped_mm`` itself. torch 2.13
+  has no CPU kernel for it (CUDA only, compute capability 9.0 or newer), so
+  here it is unavailable and says so; on a GPU machine it runs.
+- ``torch.scaled_mm[loop]``: the same contract as a loop over the groups of
+  ``torch._scaled_mm``, which does run on CPU: each group's codes are
+  dequantized to float32 (code * scale, rounded once to float32), multiplied
+  in float32 and rounded to bfloat16. It is what a framework without the
+  grouped kernel calls, and it checks the convention end to end here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gmm_kernels.base import KernelAdapter
+from gmm_kernels.convert import to_framework
+from gmm_ref import Numerics, Problem
+
+__all__ = ["TorchScaledGroupedMM", "TorchScaledMMLoop"]
+
+
+class TorchScaledGroupedMM(KernelAdapter):
+    """``torch._scaled_grouped_mm`` (rowwise FP8; CUDA only)."""
+
+    name = "torch.scaled_grouped_mm"
+    convention = "torch.scaled_grouped_mm"
+    requires = ("torch",)
+    # the CUDA kernel accumulates in float32 and applies both scales after the K loop
+    flush_subnormals = True
+
+    def _unavailable(self) -> str | None:
+        import torch
+
+        if not hasattr(torch, "_scaled_grouped_mm"):
+            return f"torch {torch.__version__} has no torch._scaled_grouped_mm"
+        if not torch.cuda.is_available():
+            return (f"torch {torch.__version__}'s _scaled_grouped_mm has no CPU kernel (CUDA only, compute "
+                    "capability 9.0+); torch.scaled_mm[loop] checks the same contract here")
+        return None
+
+    def call(self, mat_a: Any, mat_b: Any, scale_a: Any, scale_b: Any, offs: Any = None, out_dtype: Any = None
+             ) -> Any:
+        import torch
+
+        (a, b, sa, sb), kw = to_framework("torch", (mat_a, mat_b, scale_a, scale_b),
+                                          {"offs": offs, "out_dtype": out_dtype})
+        dev = torch.device("cuda")
+        b = b.to(dev).transpose(-2, -1).contiguous().transpose(-2, -1)  # column-major, as the kernel wants
+        kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        return torch._scaled_grouped_mm(a.to(dev), b, sa.to(dev), sb.to(dev), **kw)
+
+
+class TorchScaledMMLoop(KernelAdapter):
+    """The rowwise FP8 grouped contract as a per-group loop over ``torch._scaled_mm`` (runs on CPU)."""
+
+    name = "torch.scaled_mm[loop]"
+    convention = "torch.scaled_grouped_mm"
+    requires = ("torch",)
+
+    def _unavailable(self) -> str | None:
+        import torch
+
+        if not hasattr(torch, "_scaled_mm"):
+            return f"torch {torch.__version__} has no torch._scaled_mm"
+        return None
+
+    def numerics_for(self, problem: Problem) -> Numerics:
+        """Codes times scales rounded to float32 first (torch's CPU path dequantizes), then a float32 matmul."""
+        if self.scope is not None and self.scope.numerics is not None:
+            return self.scope.numerics
+        return Numerics(multiply="float32", accumulate="float32", flush_subnormals=True)
+
+    def call(self, mat_a: Any, mat_b: Any, scale_a: Any, scale_b: Any, offs: Any = None, out_dtype: Any = None
+             ) -> Any:
+        import torch
+
+        (a, b, sa, sb), kw = to_framework("torch", (mat_a, mat_b, scale_a, scale_b), {"out_dtype": out_dtype})
+        out_dtype = kw["out_dtype"] or torch.bfloat16
+
+        def mm(x: Any, y: Any, sx: Any, sy: Any) -> Any:
+            # _scaled_mm wants its second operand column-major, rowwise scales [M, 1] and [1, N]
+            y = y.t().contiguous().t()
+            return torch._scaled_mm(x, y, scale_a=sx.reshape(-1, 1), scale_b=sy.reshape(1, -1), out_dtype=out_dtype)
+
+        if offs is None:  # 3d-3d
+            return torch.stack([mm(a[g], b[g], sa[g], sb[g]) for g in range(a.shape[0])]) if a.shape[0] else \
+                torch.zeros((0, a.shape[1], b.shape[2]), dtype=out_dtype)
+        ends = [0, *np.asarray(offs).astype(np.int64).tolist()]
+        groups = range(len(ends) - 1)
+        if a.ndim == 2 and b.ndim == 3:  # ragged M; rows past the groups stay unwritten (zeros here)
+            out = torch.zeros((a.shape[0], b.shape[2]), dtype=out_dtype)
+            for g in groups:
+                lo, hi = ends[g], ends[g + 1]
+                if hi > lo:
+                    out[lo:hi] = mm(a[lo:hi], b[g], sa[lo:hi], sb[g])
+            return out
+        if a.ndim == 3:  # ragged N
+            out = torch.zeros((a.shape[1], b.shape[1]), dtype=out_dtype)
+            for g in groups:
+                lo, hi = ends[g], ends[g + 1]
+                if hi > lo:
+                    out[:, lo:hi] = mm(a[g], b[:, lo:hi], sa[g], sb[lo:hi])
+            return out
+        m, n = a.shape[0], b.shape[1]  # ragged K: one [M, N] block per group
+        out = torch.zeros((len(groups), m, n), dtype=out_dtype)
+        for g in groups:
+            lo, hi = ends[g], ends[g + 1]
+            if hi > lo:
+                out[g] = mm(a[:, lo:hi], b[lo:hi], sa[g * m:(g + 1) * m], sb[g * n:(g + 1) * n])
+        return out

@@ -1,0 +1,147 @@
+"""``torch._scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scale_result=None,
+out_dtype=None, use_fast_accum=False)``, rowwise FP8, in its four forms.
+
+float8_e4m3fn operands, one float32 scale per row of ``mat_a`` and per column
+of ``mat_b`` (``mat_b`` is logical ``[..., K, N]``), applied after the K loop;
+bfloat16 output. ``offs`` are int32 cumulative group ends:
+
+======  =============  ==============  ===========  =============  ===============
+form    mat_a          mat_b           scale_a      scale_b        output
+======  =============  ==============  ===========  =============  ===============
+2d-3d   ``[sum M, K]`` ``[G, K, N]``   ``[sum M]``  ``[G, N]``     ``[sum M, N]``
+3d-3d   ``[G, M, K]``  ``[G, K, N]``   ``[G, M]``   ``[G, N]``     ``[G, M, N]``
+3d-2d   ``[G, M, K]``  ``[K, sum N]``  ``[G, M]``   ``[sum N]``    ``[M, sum N]``
+2d-2d   ``[M, sum K]`` ``[sum K, N]``  ``[G * M]``  ``[G * N]``    ``[G, M, N]``
+======  =============  ==============  ===========  =============  ===============
+
+Rows (columns) past ``offs[-1]`` are never written: undefined. Their scales
+are read by no correct kernel: the arguments built here hold NaN there. The
+kernel is CUDA only in torch 2.13 (``gmm_kernels`` loops over
+``torch._scaled_mm``, which runs on CPU, to check the contract here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from gmm_ref.conventions import base
+from gmm_ref.conventions.base import Convention
+from gmm_ref.problem import FAMILIES, Problem
+from gmm_ref.scaled import Quantization
+
+__all__ = ["ROWWISE", "SCALED_GROUPED_MM", "scaled_grouped_mm"]
+
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+#: one float32 scale per row of mat_a and per column of mat_b, over the whole K of a group
+ROWWISE = Quantization(E4M3, np.float32, "row")
+
+
+def _offsets(offs: Any, form: str) -> np.ndarray:
+    if (form == "3d-3d") != (offs is None):
+        raise ValueError(f"offs: {'not taken' if form == '3d-3d' else 'required'} by the {form} form, got {offs!r}")
+    if offs is None:
+        return np.zeros(0, np.int64)
+    o = base.as_array("offs", offs)
+    if o.ndim != 1 or o.dtype != np.int32:
+        raise TypeError(f"offs: expected a 1-D int32 array of cumulative group ends, got {o.dtype} {o.shape}")
+    sizes = np.diff(np.concatenate([[0], o.astype(np.int64)]))
+    if np.any(sizes < 0):
+        raise ValueError(f"offs: expected non-decreasing non-negative group ends, got {o.tolist()}")
+    return sizes
+
+
+def _expect(arr: np.ndarray, shape: tuple[int, ...], name: str) -> None:
+    if arr.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {arr.shape}")
+
+
+class _ScaledGroupedMM(Convention):
+    def parse(self, mat_a: Any, mat_b: Any, scale_a: Any, scale_b: Any, offs: Any = None, bias: Any = None,
+              scale_result: Any = None, out_dtype: Any = None, use_fast_accum: bool = False) -> Problem:
+        """``torch._scaled_grouped_mm``'s rowwise FP8 contract: float8_e4m3fn operands, float32 scales (one per
+        row of ``mat_a``, one per column of ``mat_b``) applied after the K loop, bfloat16 output."""
+        a, b = base.as_array("mat_a", mat_a), base.as_array("mat_b", mat_b)
+        for name, arr in (("mat_a", a), ("mat_b", b)):
+            if arr.dtype != E4M3:
+                raise TypeError(f"{name}: expected float8_e4m3fn (rowwise FP8), got {arr.dtype}")
+        sa, sb = base.as_array("scale_a", scale_a), base.as_array("scale_b", scale_b)
+        for name, arr in (("scale_a", sa), ("scale_b", sb)):
+            if arr.dtype != np.float32:
+                raise TypeError(f"{name}: expected float32 rowwise scales, got {arr.dtype}")
+        if bias is not None or scale_result is not None:
+            raise ValueError("bias, scale_result: the rowwise grouped form takes neither; expected None")
+        out = BF16 if out_dtype is None else base.optional_dtype("out_dtype", out_dtype)
+        if out != BF16:
+            raise ValueError(f"out_dtype: rowwise scaled grouped mm outputs bfloat16, got {out}")
+        if not isinstance(use_fast_accum, bool):
+            raise TypeError(f"use_fast_accum: expected a bool, got {use_fast_accum!r}")
+        form = f"{a.ndim}d-{b.ndim}d"
+        if form not in ("2d-3d", "3d-3d", "3d-2d", "2d-2d"):
+            raise ValueError(f"mat_a, mat_b: expected 2-D or 3-D operands, got {a.ndim}-D and {b.ndim}-D")
+        sizes = _offsets(offs, form)
+        ends = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        g = len(sizes)
+        if form == "2d-3d":
+            _expect(sa, (a.shape[0],), "scale_a")
+            _expect(sb, (b.shape[0], b.shape[2]), "scale_b")
+            if g != b.shape[0]:
+                raise ValueError(f"offs: expected {b.shape[0]} group ends (one per mat_b group), got {g}")
+            family, ls, rs = "ragged_m", [sa[ends[i]:ends[i + 1]] for i in range(g)], list(sb)
+        elif form == "3d-3d":
+            g = a.shape[0]
+            _expect(sa, (g, a.shape[1]), "scale_a")
+            _expect(sb, (b.shape[0], b.shape[2]), "scale_b")
+            family, ls, rs, sizes = "batch", list(sa), list(sb), None
+        elif form == "3d-2d":
+            _expect(sa, (a.shape[0], a.shape[1]), "scale_a")
+            _expect(sb, (b.shape[1],), "scale_b")
+            if g != a.shape[0]:
+                raise ValueError(f"offs: expected {a.shape[0]} group ends (one per mat_a group), got {g}")
+            family, ls, rs = "ragged_n", list(sa), [sb[ends[i]:ends[i + 1]] for i in range(g)]
+        else:
+            m, n = a.shape[0], b.shape[1]
+            _expect(sa, (g * m,), "scale_a")
+            _expect(sb, (g * n,), "scale_b")
+            family, ls, rs = "ragged_k", [sa[i * m:(i + 1) * m] for i in range(g)], \
+                [sb[i * n:(i + 1) * n] for i in range(g)]
+        # one scale per row of the group's [rows, K] view
+        return Problem(family, a, b, sizes, out_dtype=out, convention=self.name, **self.policies(family),
+                       lhs_quant=ROWWISE, lhs_scales=[s.reshape(-1, 1) for s in ls],
+                       rhs_quant=ROWWISE, rhs_scales=[s.reshape(-1, 1) for s in rs])
+
+    def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        gs = base.sizes32(p)
+        g = p.num_groups
+        lhs = [p.scales_of("lhs", i)[:, 0] for i in range(g)]
+        rhs = [p.scales_of("rhs", i)[:, 0] for i in range(g)]
+        if p.family == "ragged_m":  # rows past the groups: NaN, which no correct kernel reads
+            sa = np.concatenate([*lhs, np.full(p.m - int(gs.sum()), np.nan, np.float32)])
+            sb = np.stack(rhs) if g else np.zeros((0, p.n), np.float32)
+        elif p.family == "ragged_n":
+            sa = np.stack(lhs) if g else np.zeros((0, p.m), np.float32)
+            sb = np.concatenate([*rhs, np.full(p.n - int(gs.sum()), np.nan, np.float32)])
+        elif p.family == "ragged_k":
+            sa = np.concatenate(lhs) if g else np.zeros(0, np.float32)
+            sb = np.concatenate(rhs) if g else np.zeros(0, np.float32)
+        else:
+            sa, sb = np.stack(lhs), np.stack(rhs)
+        offs = None if gs is None else np.cumsum(gs).astype(np.int32)
+        return (p.lhs, p.rhs, sa.astype(np.float32), sb.astype(np.float32)), {"offs": offs,
+                                                                                "out_dtype": p.out_dtype}
+
+
+SCALED_GROUPED_MM = _ScaledGroupedMM(
+    name="torch.scaled_grouped_mm", framework="torch", families=FAMILIES,
+    layouts=tuple((f, base.PLAIN) for f in FAMILIES),
+    dtype_pairs=((E4M3, BF16),), listed_pairs_only=True, tail="undefined", empty="zero",
+    # every operand's leading stride is a multiple of 16 bytes (16 float8 elements)
+    multiple_of=(("k", "16B"), ("n", "16B")),
+    default_tiling=(32, 32, 32),
+    quantizations=((ROWWISE, ROWWISE),),
+    summary="torch._scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, ...): rowwise FP8, 4 forms",
+)
+scaled_grouped_mm = base.front_end(SCALED_GROUPED_MM, "scaled_grouped_mm")
