@@ -109,10 +109,14 @@ def jax_group_offset(go: Any) -> Any:
 def _to_jax_value(v: Any) -> Any:
     if isinstance(v, RaggedDotDimensionNumbers):
         return lax_dimension_numbers(v)
+    if isinstance(v, tuple) and hasattr(v, "_fields"):  # a quantized operand: codes and scales
+        return type(v)(*(to_jax(x) for x in v))
     return to_jax(v)
 
 
 def _to_torch_value(v: Any) -> Any:
+    if isinstance(v, tuple) and hasattr(v, "_fields"):
+        return type(v)(*(_to_torch_value(x) for x in v))
     if isinstance(v, np.dtype):
         return torch_dtype(v)
     if isinstance(v, np.ndarray):

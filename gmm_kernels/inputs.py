@@ -25,7 +25,10 @@ _MAX_LISTED = 4
 
 def _copy(x: Any) -> Any:
     """A writable copy with the same memory layout: the same strides, and for a view into a wider
-    buffer (a slice, a chunk of a split) a copy of that whole buffer viewed the same way."""
+    buffer (a slice, a chunk of a split) a copy of that whole buffer viewed the same way. A named tuple
+    of arrays (a quantized operand's codes and scales) is copied field by field."""
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_copy(v) for v in x))
     if not isinstance(x, np.ndarray):
         return x
     owner = x
@@ -46,7 +49,13 @@ def fresh(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 def _names(convention: Convention, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     params = list(inspect.signature(convention.parse).parameters)
     named = [(params[i] if i < len(params) else f"argument {i}", a) for i, a in enumerate(args)]
-    return named + list(kwargs.items())
+    out = []
+    for name, value in named + list(kwargs.items()):
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # e.g. lhs.qvalue, lhs.scale
+            out += [(f"{name}.{f}", v) for f, v in zip(value._fields, value, strict=True)]
+        else:
+            out.append((name, value))
+    return out
 
 
 def _changed(name: str, before: np.ndarray, after: np.ndarray) -> str | None:

@@ -15,6 +15,7 @@ from gmm_kernels.ejkernel_ops import EjkernelGroupedMatmul
 from gmm_kernels.jax_lax import JaxRaggedDot, JaxRaggedDotGeneral
 from gmm_kernels.megablox import MegabloxGmm, MegabloxTgmm
 from gmm_kernels.mosaic_gpu import MosaicGpuRaggedDot
+from gmm_kernels.qwix_ops import QwixRaggedDot
 from gmm_kernels.tokamax_ops import TokamaxRaggedDot
 from gmm_kernels.torch_grouped import TorchGroupedMM
 from gmm_kernels.torch_scaled import TorchScaledGroupedMM, TorchScaledMMLoop
@@ -43,6 +44,8 @@ def _builtin() -> list[KernelAdapter]:
         TransformerEngineGroupedGemm(),
         TorchScaledMMLoop(),
         TorchScaledGroupedMM(),
+        QwixRaggedDot("fast"),
+        QwixRaggedDot("slow"),
     ]
 
 

@@ -4,7 +4,7 @@ Start with :class:`Problem` (the model), :func:`reference` (exact values,
 defined-mask, bound) and :func:`assert_matches_reference`; or call a
 convention front-end with a kernel's own arguments (:func:`ragged_dot`,
 :func:`ragged_dot_general`, :func:`gmm`, :func:`tgmm`, :func:`grouped_mm`,
-:func:`te_grouped_gemm`, :func:`scaled_grouped_mm`); :func:`arguments` turns a problem
+:func:`te_grouped_gemm`, :func:`scaled_grouped_mm`, :func:`qwix_ragged_dot`); :func:`arguments` turns a problem
 into its convention's arguments. Scaled (quantized) grouped GEMM: a :class:`Problem` with
 ``lhs_quant``/``lhs_scales`` (a :class:`Quantization` and its scales), the exact
 :func:`scaled_reference` and the MX quantizer :func:`to_mx` (``gmm_ref.scaled``). Needs only
@@ -16,6 +16,7 @@ from gmm_ref import conventions
 from gmm_ref.compare import Comparison, Mismatch, assert_deterministic, assert_matches_reference, check
 from gmm_ref.conventions import arguments, problem_from_arguments
 from gmm_ref.conventions.megablox import gmm, tgmm
+from gmm_ref.conventions.qwix import qwix_ragged_dot
 from gmm_ref.conventions.ragged_dot import RaggedDotDimensionNumbers, ragged_dot, ragged_dot_general
 from gmm_ref.conventions.te import te_grouped_gemm
 from gmm_ref.conventions.torch_grouped import grouped_mm
@@ -51,6 +52,7 @@ __all__ = [
     "load_array",
     "load_problem",
     "problem_from_arguments",
+    "qwix_ragged_dot",
     "ragged_dot",
     "ragged_dot_general",
     "reference",

@@ -67,6 +67,9 @@ class Case:
     poison: bool = False
     seed: int = 0
     tags: tuple[str, ...] = ()
+    #: a scaled convention's quantization: the index among those of its ``quantizations`` whose codes are
+    #: ``dtype`` (left out of the JSON spec when 0, so specs written before it stay the same)
+    quant: int = 0
 
     def __post_init__(self) -> None:
         ok = set("abcdefghijklmnopqrstuvwxyz0123456789._-")
@@ -86,6 +89,8 @@ class Case:
         d["tags"] = list(self.tags)
         if self.tiling is not None:
             d["tiling"] = list(self.tiling)
+        if not self.quant:
+            del d["quant"]
         return d
 
     @classmethod
@@ -119,6 +124,19 @@ def _shapes(c: Case, local: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     raise ValueError(f"family: expected one of {gmm_ref.FAMILIES}, got {c.family!r}")
 
 
+def _quantization(case: Case, convention: Any, dtype: np.dtype) -> tuple[Any, Any]:
+    """The case's (lhs, rhs) quantization: ``case.quant`` among its convention's whose codes are ``dtype``."""
+    if not convention.quantizations:
+        if case.quant:
+            raise ValueError(f"case {case.name}: quant={case.quant}, but {case.convention} is not scaled")
+        return (None, None)
+    mine = [q for q in convention.quantizations if all(x is None or x.elem == dtype for x in q)]
+    if not 0 <= case.quant < len(mine):
+        raise ValueError(f"case {case.name}: quant={case.quant}, but {case.convention} has {len(mine)} "
+                         f"quantizations of {dtype} codes")
+    return mine[case.quant]
+
+
 def _code_scale(quant: Any, kind: str) -> float:
     """The range of a scaled operand's uniform codes: half its element's largest value (1 when unscaled)."""
     if quant is None or kind != "uniform" or _dt.is_integer(quant.elem):
@@ -126,7 +144,7 @@ def _code_scale(quant: Any, kind: str) -> float:
     return float(ml_dtypes.finfo(quant.elem).max) / 2
 
 
-def _scaled(case: Case, p: gmm_ref.Problem, quants: tuple[Any, Any]) -> gmm_ref.Problem:
+def _scaled(case: Case, p: gmm_ref.Problem, quants: tuple[Any, Any], out_dtype: Any) -> gmm_ref.Problem:
     """``p`` with scales for its codes: ``2**((bits % 7) - 3) * (1 + u)`` rounded into the scale dtype
     (``2**(bits % 2)`` for ``kind="int"``, so that exact cases stay exact), from the generator's stream
     ``lhs_scales`` / ``rhs_scales``."""
@@ -146,7 +164,7 @@ def _scaled(case: Case, p: gmm_ref.Problem, quants: tuple[Any, Any]) -> gmm_ref.
         extra[f"{name}_quant"] = q
         extra[f"{name}_scales"] = _dt.round_to(v, q.scale) if q.scale.kind == "f" or ml_dtypes.finfo(
             q.scale).nmant else v.astype(q.scale)
-    return p.replace(**extra)
+    return p.replace(**extra, out_dtype=out_dtype)
 
 
 def _touched(p: gmm_ref.Problem, which: str) -> np.ndarray:
@@ -183,17 +201,18 @@ def build_problem(case: Case) -> gmm_ref.Problem:
     lshape, rshape = _shapes(case, local)
     dt = _dt.as_dtype(case.dtype, name="dtype")
     kw = {"kind": case.kind, "int_range": case.int_range}
-    quants = convention.quantizations[0] if convention.quantizations else (None, None)
+    quants = _quantization(case, convention, dt)
     lhs, rhs = (values(case.seed, name, shape, dt, **kw, scale=_code_scale(q, case.kind))
                 for name, shape, q in (("lhs", lshape, quants[0]), ("rhs", rshape, quants[1])))
     p = gmm_ref.Problem(
         case.family, lhs, rhs, gs, lhs_transposed=case.lhs_transposed,
         rhs_transposed=case.rhs_transposed, packed=case.packed, batch_ndim=len(case.batch_shape),
-        out_dtype=case.out_dtype, group_offset=case.group_offset, num_local_groups=local,
+        out_dtype=None if quants != (None, None) else case.out_dtype,  # a scaled case's codes: theirs, for now
+        group_offset=case.group_offset, num_local_groups=local,
         convention=case.convention, tiling=case.tiling, **convention.policies(case.family),
     )
     if quants != (None, None):  # a scaled convention's cases: its (first) quantization, scales from the spec
-        p = _scaled(case, p, quants)
+        p = _scaled(case, p, quants, case.out_dtype)
     if case.poison:
         if _dt.is_integer(dt):
             raise ValueError(f"case {case.name}: poison needs float inputs")

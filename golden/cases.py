@@ -15,7 +15,8 @@ kernels compile once per shape (interpreted Pallas costs about a second each):
 - ``megablox.tgmm``: ``[16, 32] x [32, 16]``, tiling (16, 16, 16);
 - ``torch.grouped_mm``: every operand's last dim times its itemsize a multiple of 16 bytes;
 - ``te.grouped_gemm`` (reference only): packed and first/last layouts (TE has no ragged N);
-- ``torch.scaled_grouped_mm``: float8_e4m3fn codes with rowwise float32 scales, K and N multiples of 16.
+- ``torch.scaled_grouped_mm``: float8_e4m3fn codes with rowwise float32 scales, K and N multiples of 16;
+- ``qwix.ragged_dot``: ``[40, 32] x [3, 32, 16]`` QArrays (per row / channel, K tiles of 16, per group).
 
 Tags name the edge classes a case covers (``python -m golden list``).
 """
@@ -33,6 +34,7 @@ GMM = dict(convention="megablox.gmm", family="ragged_m", m=32, k=24, n=16, tilin
 TGMM = dict(convention="megablox.tgmm", family="ragged_k", m=16, k=32, n=16, tiling=(16, 16, 16))
 TM = dict(convention="torch.grouped_mm")
 TE = dict(convention="te.grouped_gemm")
+QW = dict(convention="qwix.ragged_dot", family="ragged_m", m=40, k=32, n=16, out_dtype="float32")
 TSC = dict(convention="torch.scaled_grouped_mm", dtype="float8_e4m3fn", out_dtype="bfloat16")
 
 CASES: list[Case] = [
@@ -128,6 +130,13 @@ CASES: list[Case] = [
     Case("tsc-k-e4m3-empty", **TSC, family="ragged_k", m=8, k=48, n=16, group_sizes=[0, 21, 27],
          seed=123, tags=("scaled", "empty_first", "unaligned")),
     Case("tsc-batch-e4m3", **TSC, family="batch", m=8, k=32, n=16, groups=3, seed=124, tags=("scaled",)),
+    # ------------------------------------------------------ qwix.ragged_dot (QArray operands)
+    Case("qwix-e4m3-row-tail", **QW, dtype="float8_e4m3fn", group_sizes=[11, 0, 17], quant=0, seed=130,
+         tags=("scaled", "empty_middle", "tail", "unaligned")),
+    Case("qwix-e4m3-k-tiles", **QW, dtype="float8_e4m3fn", group_sizes=[0, 20, 12], quant=1, seed=131,
+         tags=("scaled", "empty_first", "unaligned")),
+    Case("qwix-int8-per-group", **QW, dtype="int8", kind="int", int_range=100, group_sizes=[16, 0, 0],
+         quant=2, seed=132, tags=("scaled", "exact", "empty_run", "empty_last", "tail")),
     # ---------------------------------------------------- TransformerEngine (reference only)
     Case("te-m-f32-lhs-last-packed", **TE, family="ragged_m", m=24, k=8, n=8, lhs_transposed=True,
          packed=True, group_sizes=[5, 0, 19], seed=100, tags=("packed", "transposed", "empty_middle")),

@@ -1,8 +1,8 @@
 """The convention registry: every calling convention the harness knows, looked up by name.
 
 Built in: ``ragged_dot``, ``ragged_dot_general`` (jax.lax), ``megablox.gmm``,
-``megablox.tgmm``, ``torch.grouped_mm``, ``te.grouped_gemm`` and ``torch.scaled_grouped_mm``,
-one module each.
+``megablox.tgmm``, ``torch.grouped_mm``, ``te.grouped_gemm``, and the scaled
+``torch.scaled_grouped_mm`` and ``qwix.ragged_dot``, one module each.
 Other packages add conventions through the ``gmm_harness.conventions``
 entry-point group (each entry point names a :class:`Convention` instance).
 
@@ -20,6 +20,7 @@ from typing import Any
 from gmm_ref import problem
 from gmm_ref.conventions.base import Convention
 from gmm_ref.conventions.megablox import GMM, TGMM
+from gmm_ref.conventions.qwix import QWIX_RAGGED_DOT
 from gmm_ref.conventions.ragged_dot import RAGGED_DOT, RAGGED_DOT_GENERAL
 from gmm_ref.conventions.te import TE_GROUPED_GEMM
 from gmm_ref.conventions.torch_grouped import GROUPED_MM
@@ -29,7 +30,8 @@ from gmm_ref.problem import Problem
 __all__ = ["ENTRY_POINT_GROUP", "Convention", "arguments", "get", "names", "problem_from_arguments", "registry"]
 
 ENTRY_POINT_GROUP = "gmm_harness.conventions"
-BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEMM, SCALED_GROUPED_MM)
+BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEMM, SCALED_GROUPED_MM,
+           QWIX_RAGGED_DOT)
 
 
 @functools.cache

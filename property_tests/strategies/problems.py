@@ -284,7 +284,7 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
     lead_l = (local,) if fam == "ragged_n" else (g,) if fam == "batch" else ()
     lead_r = (local,) if fam == "ragged_m" else (g,) if fam == "batch" else ()
     k_eff = k if fam != "ragged_k" else max(int(np.max(sizes)) if sizes is not None and sizes.size else 0, 1)
-    quants = draw(sampled(cfg.rules.quantizations)) if cfg.rules.quantizations else (None, None)
+    quants = _quantizations(draw, cfg, s)
     lhs, rhs = ((fill if q is None else fill_codes)(rng, (*lead, *b, *shape), s.in_dtype, value_kind, k_eff,
                                                     s.out_dtype, seed)
                 for q, lead, shape in ((quants[0], lead_l, (k, m) if lt else (m, k)),
@@ -315,17 +315,29 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
             # a few NaN/Inf inside groups too: they must propagate within their group only
             poison(rng, lhs, few(rng, ~lu))
             poison(rng, rhs, few(rng, ~ru))
-    if quants != (None, None):
-        return _scaled(rng, gmm_ref.Problem(fam, lhs, rhs, sizes, **common), quants, value_kind, k_eff)
+    if quants != (None, None):  # the codes as a problem of their own (its output dtype theirs), then scaled
+        codes = gmm_ref.Problem(fam, lhs, rhs, sizes, **{**common, "out_dtype": None})
+        return _scaled(rng, codes, quants, value_kind, k_eff, s.out_dtype)
     return gmm_ref.Problem(fam, lhs, rhs, sizes, **common)
 
 
-def _scaled(rng: np.random.Generator, p: gmm_ref.Problem, quants: tuple[Any, Any], kind: str, k: int
-            ) -> gmm_ref.Problem:
-    """``p`` with its codes scaled by ``quants``: one scale per block of every local group."""
+def _quantizations(draw: Any, cfg: Config, s: Static) -> tuple[Any, Any]:
+    """The (lhs, rhs) quantization of a scaled convention's problem (one whose codes are the bucket's input
+    dtype); (None, None) for an unscaled convention."""
+    if not cfg.rules.quantizations:
+        return (None, None)
+    mine = tuple(q for q in cfg.rules.quantizations if all(x is None or x.elem == s.in_dtype for x in q))
+    if not mine:
+        raise InvalidArgument(f"convention={cfg.convention!r} has no quantization of {s.in_dtype} codes")
+    return draw(sampled(mine))
+
+
+def _scaled(rng: np.random.Generator, p: gmm_ref.Problem, quants: tuple[Any, Any], kind: str, k: int,
+            out_dtype: Any) -> gmm_ref.Problem:
+    """``p`` with its codes scaled by ``quants`` (one scale per block of every local group) and ``out_dtype``."""
     extra: dict[str, Any] = {}
     for name, q in zip(("lhs", "rhs"), quants, strict=True):
         if q is not None:
             count = sum(math.prod(q.scale_shape(*p.scale_extent(name, i))) for i in range(p.num_local_groups))
-            extra.update({f"{name}_quant": q, f"{name}_scales": fill_scales(rng, count, q, kind, k, p.out_dtype)})
-    return p.replace(**extra)
+            extra.update({f"{name}_quant": q, f"{name}_scales": fill_scales(rng, count, q, kind, k, out_dtype)})
+    return p.replace(**extra, out_dtype=out_dtype)

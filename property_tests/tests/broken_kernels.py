@@ -13,6 +13,18 @@ import functools
 import ml_dtypes
 import numpy as np
 
+from property_tests.tests.broken_scaled import (
+    qwix_correct,
+    qwix_k_tile_scales_reversed,
+    qwix_weight_scales_of_group_zero,
+    scaled_mm_bfloat16_partial_sums,
+    scaled_mm_correct,
+    scaled_mm_dequantized_to_bfloat16,
+    scaled_mm_empty_k_groups_stale,
+    scaled_mm_row_scales_not_offset,
+    scaled_mm_weight_scales_of_previous_group,
+)
+
 
 def _np(x):
     return None if x is None else np.asarray(x)
@@ -407,106 +419,6 @@ def grouped_mm_rejects_float32_out(mat_a, mat_b, offs=None, bias=None, out_dtype
     return grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype)
 
 
-# ------------------------------------------------- torch.scaled_grouped_mm (rowwise FP8)
-def _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs):
-    """(out, [(out index, a, b, sa, sb)]) of the four forms: each group's codes and rowwise scales."""
-    import torch
-
-    a, b = mat_a.float(), mat_b.float()
-    if offs is None:
-        out = torch.zeros(a.shape[0], a.shape[1], b.shape[2])
-        return out, [((g,), a[g], b[g], scale_a[g], scale_b[g]) for g in range(a.shape[0])]
-    ends = [int(e) for e in offs.tolist()]
-    spans = list(zip([0, *ends[:-1]], ends, strict=True))
-    if a.dim() == 2 and b.dim() == 3:
-        out = torch.zeros(a.shape[0], b.shape[2])
-        return out, [((slice(s, e),), a[s:e], b[g], scale_a[s:e], scale_b[g]) for g, (s, e) in enumerate(spans)]
-    if a.dim() == 3:
-        out = torch.zeros(a.shape[1], b.shape[1])
-        return out, [((slice(None), slice(s, e)), a[g], b[:, s:e], scale_a[g], scale_b[s:e])
-                     for g, (s, e) in enumerate(spans)]
-    m, n = a.shape[0], b.shape[1]
-    out = torch.zeros(len(spans), m, n)
-    return out, [((g,), a[:, s:e], b[s:e], scale_a[g * m:(g + 1) * m], scale_b[g * n:(g + 1) * n])
-                 for g, (s, e) in enumerate(spans)]
-
-
-def scaled_mm_correct(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
-    """A correct rowwise FP8 grouped GEMM: exact code products summed in float32, both scales after the K loop."""
-    import torch
-
-    out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
-    for where, a, b, sa, sb in groups:
-        out[where] = (a @ b) * sa[:, None] * sb[None, :]
-    return out.to(out_dtype or torch.bfloat16)
-
-
-def scaled_mm_weight_scales_of_previous_group(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
-    """Group g > 0 reads the weight (column) scales of group g - 1: a scale pointer advanced one group too few."""
-    import torch
-
-    out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
-    sbs = [sb for *_, sb in groups]
-    for g, (where, a, b, sa, _) in enumerate(groups):
-        sb = sbs[max(g - 1, 0)]
-        if sb.shape != sbs[g].shape:
-            sb = sbs[g]
-        out[where] = (a @ b) * sa[:, None] * sb[None, :]
-    return out.to(out_dtype or torch.bfloat16)
-
-
-def scaled_mm_row_scales_not_offset(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
-    """2d x 3d: every group reads the token (row) scales from row 0 instead of from its own first row: the
-    scale pointer is not advanced by the group's offset, as the codes' pointer is."""
-    import torch
-
-    out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
-    ragged_m = offs is not None and mat_a.dim() == 2 and mat_b.dim() == 3
-    for where, a, b, sa, sb in groups:
-        if ragged_m:
-            sa = scale_a[:a.shape[0]]
-        out[where] = (a @ b) * sa[:, None] * sb[None, :]
-    return out.to(out_dtype or torch.bfloat16)
-
-
-def scaled_mm_bfloat16_partial_sums(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
-    """The K loop's partial sums kept in bfloat16 (a promotion to float32 skipped): fine for a few K, wrong for
-    the K of a real layer."""
-    import torch
-
-    out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
-    for where, a, b, sa, sb in groups:
-        acc = torch.zeros(a.shape[0], b.shape[1])
-        for kk in range(a.shape[1]):
-            acc = (acc + a[:, kk:kk + 1] * b[kk:kk + 1, :]).to(torch.bfloat16).float()
-        out[where] = acc * sa[:, None] * sb[None, :]
-    return out.to(out_dtype or torch.bfloat16)
-
-
-def scaled_mm_dequantized_to_bfloat16(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
-    """Each operand dequantized (code * scale) into bfloat16 before the matmul, while the kernel claims a float32
-    path: every element loses its low bits before the sum."""
-    import torch
-
-    out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
-    for where, a, b, sa, sb in groups:
-        da = (a * sa[:, None]).to(torch.bfloat16).float()
-        db = (b * sb[None, :]).to(torch.bfloat16).float()
-        out[where] = da @ db
-    return out.to(out_dtype or torch.bfloat16)
-
-
-def scaled_mm_empty_k_groups_stale(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
-    """2d x 2d: the output block of a group with no K is never written, so it holds stale memory."""
-    out = scaled_mm_correct(mat_a, mat_b, scale_a, scale_b, offs, out_dtype)
-    if offs is not None and mat_a.dim() == 2 and mat_b.dim() == 2:
-        ends = [int(e) for e in offs.tolist()]
-        for g, (s, e) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
-            if e == s:
-                out[g] = 3.0
-    return out
-
-
 # convention -> [(name, fn, what the message must name)]
 BROKEN = {
     "ragged_dot": [
@@ -531,6 +443,7 @@ BROKEN = {
     "torch.scaled_grouped_mm": [scaled_mm_weight_scales_of_previous_group, scaled_mm_row_scales_not_offset,
                                 scaled_mm_bfloat16_partial_sums, scaled_mm_dequantized_to_bfloat16,
                                 scaled_mm_empty_k_groups_stale],
+    "qwix.ragged_dot": [qwix_weight_scales_of_group_zero, qwix_k_tile_scales_reversed],
 }
 CORRECT = {
     "ragged_dot": ragged_dot_correct,
@@ -538,6 +451,7 @@ CORRECT = {
     "megablox.tgmm": tgmm_correct,
     "torch.grouped_mm": grouped_mm_correct,
     "torch.scaled_grouped_mm": scaled_mm_correct,
+    "qwix.ragged_dot": qwix_correct,
 }
 
 

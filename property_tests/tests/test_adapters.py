@@ -243,6 +243,13 @@ def _nan_leak_problem(convention: str) -> gmm_ref.Problem:
     """Group 1 is empty and its rhs is NaN: no output element reads it."""
     rhs = np.stack([np.ones((2, 2), np.float32), np.full((2, 2), np.nan, np.float32)])
     kw = dict(tail="undefined", tiling=(8, 8, 8)) if convention == "megablox.gmm" else {}
+    if convention == "qwix.ragged_dot":  # QArrays: float8 codes (NaN in the empty group's), K a multiple of 16
+        e4m3 = ml_dtypes.float8_e4m3fn
+        q = gmm_ref.conventions.qwix.QARRAY_QUANTIZATIONS[0]
+        rhs = np.stack([np.ones((16, 2)), np.full((16, 2), np.nan)]).astype(e4m3)
+        return gmm_ref.Problem("ragged_m", np.ones((8, 16), e4m3), rhs, np.array([8, 0]), convention=convention,
+                               out_dtype=np.float32, lhs_quant=q[0], lhs_scales=np.ones(8, np.float32),
+                               rhs_quant=q[1], rhs_scales=np.ones(4, np.float32))
     return gmm_ref.Problem("ragged_m", np.ones((8, 2), np.float32), rhs, np.array([8, 0]),
                            convention=convention, **kw)
 

@@ -48,7 +48,12 @@ def test_facts_are_well_formed(name):
             assert not packed or ragged_last(fam, lt, rt), f"{name}: packed {fam} layout without a ragged last axis"
     assert c.dtype_pairs
     for i, o in c.dtype_pairs:
-        assert i in _dt.INPUT_DTYPES and o in _dt.OUTPUT_DTYPES and _dt.is_integer(i) == _dt.is_integer(o)
+        assert i in _dt.INPUT_DTYPES and o in _dt.OUTPUT_DTYPES
+        # integer inputs give integer outputs, but for integer codes with scales (a float output)
+        assert _dt.is_integer(i) == _dt.is_integer(o) or (c.quantizations and not _dt.is_integer(o))
+    for pair in c.quantizations:  # each a (lhs, rhs) pair whose codes are among the input dtypes
+        assert len(pair) == 2 and any(q is not None for q in pair)
+        assert all(q is None or q.elem in {i for i, _ in c.dtype_pairs} for q in pair), pair
         assert not c.out_dtype_is_input or i == o
     assert c.tail in ("zero", "undefined") and c.foreign in ("zero", "undefined")
     assert c.empty in ("zero", "untouched", "undefined")
@@ -127,7 +132,7 @@ def test_it_refuses_what_it_cannot_express_and_says_why(name):
         assert other in conv.refusal(p)
         with pytest.raises(ValueError, match=f"convention: '{name}' cannot express this problem"):
             gmm_ref.arguments(p)
-    sharded = gmm_ref.Problem("ragged_m", np.ones((8, 8), np.float32), np.ones((1, 8, 8), np.float32),
+    sharded = gmm_ref.Problem("ragged_m", np.ones((8, 16), np.float32), np.ones((1, 16, 16), np.float32),
                               np.array([2, 2]), group_offset=1, num_local_groups=1)
     if "ragged_m" in conv.families and not conv.sharding:
         assert "group_offset" in conv.refusal(sharded)

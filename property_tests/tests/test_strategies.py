@@ -287,7 +287,7 @@ FRONTS = {
     "ragged_dot": gmm_ref.ragged_dot, "ragged_dot_general": gmm_ref.ragged_dot_general,
     "megablox.gmm": gmm_ref.gmm, "megablox.tgmm": gmm_ref.tgmm,
     "torch.grouped_mm": gmm_ref.grouped_mm, "te.grouped_gemm": gmm_ref.te_grouped_gemm,
-    "torch.scaled_grouped_mm": gmm_ref.scaled_grouped_mm,
+    "torch.scaled_grouped_mm": gmm_ref.scaled_grouped_mm, "qwix.ragged_dot": gmm_ref.qwix_ragged_dot,
 }
 
 
@@ -306,10 +306,13 @@ def test_arguments_round_trip_through_the_front_end(convention):
         np.testing.assert_array_equal(via_front.mask, ref.mask)
         np.testing.assert_array_equal(via_front.values.astype(np.float64)[ref.mask],
                                       ref.values.astype(np.float64)[ref.mask])
-        for name in ("lhs", "rhs"):  # the scales come back too
-            assert getattr(q, f"{name}_quant") == getattr(p, f"{name}_quant")
-            if p.scaled:
-                np.testing.assert_array_equal(getattr(q, f"{name}_scales"), getattr(p, f"{name}_scales"))
+        for name in ("lhs", "rhs"):  # the scales come back too: the same scale for every element
+            qa, pa = getattr(q, f"{name}_quant"), getattr(p, f"{name}_quant")
+            assert (qa is None) == (pa is None)
+            for g in range(p.num_local_groups if pa is not None else 0):
+                rows, k = p.scale_extent(name, g)
+                np.testing.assert_array_equal(qa.expand(q.scales_of(name, g), rows, k),
+                                              pa.expand(p.scales_of(name, g), rows, k))
 
 
 # ---------------------------------------------------------------- compile-aware

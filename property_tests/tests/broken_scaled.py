@@ -1,0 +1,150 @@
+"""Deliberately broken scaled (quantized) grouped GEMM kernels, each re-creating a real class of bug, and
+their correct twins (``torch.scaled_grouped_mm`` and ``qwix.ragged_dot`` conventions)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+# ------------------------------------------------- torch.scaled_grouped_mm (rowwise FP8)
+def _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs):
+    """(out, [(out index, a, b, sa, sb)]) of the four forms: each group's codes and rowwise scales."""
+    import torch
+
+    a, b = mat_a.float(), mat_b.float()
+    if offs is None:
+        out = torch.zeros(a.shape[0], a.shape[1], b.shape[2])
+        return out, [((g,), a[g], b[g], scale_a[g], scale_b[g]) for g in range(a.shape[0])]
+    ends = [int(e) for e in offs.tolist()]
+    spans = list(zip([0, *ends[:-1]], ends, strict=True))
+    if a.dim() == 2 and b.dim() == 3:
+        out = torch.zeros(a.shape[0], b.shape[2])
+        return out, [((slice(s, e),), a[s:e], b[g], scale_a[s:e], scale_b[g]) for g, (s, e) in enumerate(spans)]
+    if a.dim() == 3:
+        out = torch.zeros(a.shape[1], b.shape[1])
+        return out, [((slice(None), slice(s, e)), a[g], b[:, s:e], scale_a[g], scale_b[s:e])
+                     for g, (s, e) in enumerate(spans)]
+    m, n = a.shape[0], b.shape[1]
+    out = torch.zeros(len(spans), m, n)
+    return out, [((g,), a[:, s:e], b[s:e], scale_a[g * m:(g + 1) * m], scale_b[g * n:(g + 1) * n])
+                 for g, (s, e) in enumerate(spans)]
+
+
+def scaled_mm_correct(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
+    """A correct rowwise FP8 grouped GEMM: exact code products summed in float32, both scales after the K loop."""
+    import torch
+
+    out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
+    for where, a, b, sa, sb in groups:
+        out[where] = (a @ b) * sa[:, None] * sb[None, :]
+    return out.to(out_dtype or torch.bfloat16)
+
+
+def scaled_mm_weight_scales_of_previous_group(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
+    """Group g > 0 reads the weight (column) scales of group g - 1: a scale pointer advanced one group too few."""
+    import torch
+
+    out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
+    sbs = [sb for *_, sb in groups]
+    for g, (where, a, b, sa, _) in enumerate(groups):
+        sb = sbs[max(g - 1, 0)]
+        if sb.shape != sbs[g].shape:
+            sb = sbs[g]
+        out[where] = (a @ b) * sa[:, None] * sb[None, :]
+    return out.to(out_dtype or torch.bfloat16)
+
+
+def scaled_mm_row_scales_not_offset(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
+    """2d x 3d: every group reads the token (row) scales from row 0 instead of from its own first row: the
+    scale pointer is not advanced by the group's offset, as the codes' pointer is."""
+    import torch
+
+    out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
+    ragged_m = offs is not None and mat_a.dim() == 2 and mat_b.dim() == 3
+    for where, a, b, sa, sb in groups:
+        if ragged_m:
+            sa = scale_a[:a.shape[0]]
+        out[where] = (a @ b) * sa[:, None] * sb[None, :]
+    return out.to(out_dtype or torch.bfloat16)
+
+
+def scaled_mm_bfloat16_partial_sums(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
+    """The K loop's partial sums kept in bfloat16 (a promotion to float32 skipped): fine for a few K, wrong for
+    the K of a real layer."""
+    import torch
+
+    out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
+    for where, a, b, sa, sb in groups:
+        acc = torch.zeros(a.shape[0], b.shape[1])
+        for kk in range(a.shape[1]):
+            acc = (acc + a[:, kk:kk + 1] * b[kk:kk + 1, :]).to(torch.bfloat16).float()
+        out[where] = acc * sa[:, None] * sb[None, :]
+    return out.to(out_dtype or torch.bfloat16)
+
+
+def scaled_mm_dequantized_to_bfloat16(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
+    """Each operand dequantized (code * scale) into bfloat16 before the matmul, while the kernel claims a float32
+    path: every element loses its low bits before the sum."""
+    import torch
+
+    out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
+    for where, a, b, sa, sb in groups:
+        da = (a * sa[:, None]).to(torch.bfloat16).float()
+        db = (b * sb[None, :]).to(torch.bfloat16).float()
+        out[where] = da @ db
+    return out.to(out_dtype or torch.bfloat16)
+
+
+def scaled_mm_empty_k_groups_stale(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
+    """2d x 2d: the output block of a group with no K is never written, so it holds stale memory."""
+    out = scaled_mm_correct(mat_a, mat_b, scale_a, scale_b, offs, out_dtype)
+    if offs is not None and mat_a.dim() == 2 and mat_b.dim() == 2:
+        ends = [int(e) for e in offs.tolist()]
+        for g, (s, e) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+            if e == s:
+                out[g] = 3.0
+    return out
+
+
+# ----------------------------------------------------------- qwix.ragged_dot (QArray operands)
+def _qwix_parts(lhs, rhs, group_sizes):
+    """(codes and scales of lhs [T, K] / rhs [G, K, N] as float64 NumPy, group ends, K tile width)."""
+    a, sa = (np.asarray(x, np.float64) for x in lhs)
+    b, sb = (np.asarray(x, np.float64) for x in rhs)
+    k = a.shape[1]
+    tiles = max(sa.shape[1], sb.shape[1])
+    ends = np.concatenate([[0], np.cumsum(np.asarray(group_sizes))])
+    return a, sa, b, sb, ends, k // tiles, tiles
+
+
+def qwix_correct(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None):
+    """QArray x QArray as qwix's fast path does it: code products summed in float32 per K tile, each tile's
+    sums times its scales, the tiles summed."""
+    a, sa, b, sb, ends, width, tiles = _qwix_parts(lhs, rhs, group_sizes)
+    out = np.zeros((a.shape[0], b.shape[2]), np.float32)
+    for g in range(b.shape[0]):
+        lo, hi = ends[g], ends[g + 1]
+        for t in range(tiles):
+            ks = slice(t * width, (t + 1) * width)
+            part = a[lo:hi, ks].astype(np.float32) @ b[g, ks].astype(np.float32)
+            ls = sa[lo:hi, min(t, sa.shape[1] - 1)][:, None].astype(np.float32)
+            rs = sb[min(g, sb.shape[0] - 1), min(t, sb.shape[1] - 1)][None, :].astype(np.float32)
+            out[lo:hi] += part * ls * rs
+    return out.astype(preferred_element_type or np.float32)
+
+
+def qwix_weight_scales_of_group_zero(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
+                                     group_offset=None):
+    """Every group multiplies by the first group's weight scales (a per-group scale table indexed without the
+    group): right for G = 1 or equal scales only."""
+    qv, scale = rhs
+    return qwix_correct(lhs, type(rhs)(qv, np.broadcast_to(np.asarray(scale)[:1], np.shape(scale))), group_sizes,
+                        precision, preferred_element_type, group_offset)
+
+
+def qwix_k_tile_scales_reversed(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
+                                group_offset=None):
+    """The K tiles' activation scales applied in reverse order (a tile index counted from the wrong end)."""
+    qv, scale = lhs
+    return qwix_correct(type(lhs)(qv, np.asarray(scale)[:, ::-1]), rhs, group_sizes, precision,
+                        preferred_element_type, group_offset)
