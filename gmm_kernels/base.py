@@ -34,7 +34,7 @@ import numpy as np
 from gmm_kernels import autodiff, inputs
 from gmm_kernels.known_issues import xla_nan_leak_issues
 from gmm_kernels.scope import KnownIssue, Scope
-from gmm_ref import Numerics, Problem, conventions
+from gmm_ref import Numerics, Problem, Reference, conventions, reference
 from gmm_ref.dtypes import as_numpy
 from gmm_ref.numerics import default_numerics
 
@@ -114,6 +114,9 @@ class KernelAdapter:
     known_issues: ClassVar[tuple[KnownIssue, ...]] = ()
     #: input ("lhs", "rhs", "existing_out") -> the upstream bug in its gradient
     known_gradient_issues: ClassVar[dict[str, KnownIssue]] = {}
+    #: ``(lhs, rhs)`` ``gmm_ref.MXQuantizer`` (or None) of a kernel that quantizes its high-precision inputs
+    #: itself: it is held to the reference of its inputs quantized so (:meth:`reference_problem`)
+    quantizes: ClassVar[tuple[Any, Any] | None] = None
     tiling: tuple[int, int, int] | None = None
     #: what the kernel declares it supports within its convention (None: all of it)
     scope: Scope | None = None
@@ -187,6 +190,31 @@ class KernelAdapter:
         numerics = dataclasses.replace(base, flush_subnormals=self.flush_subnormals)
         return on_accelerator(numerics, problem) if self.default_precision else numerics
 
+    def reference_problem(self, problem: Problem) -> Problem:
+        """The problem the kernel's output is judged against: ``problem`` itself, or, for a kernel that
+        quantizes its inputs (its scope's or its own ``quantizes``), ``problem`` quantized so."""
+        quantizes = (self.scope.quantizes if self.scope is not None else None) or self.quantizes
+        if quantizes is None:
+            return problem
+        from gmm_ref import quantize_problem
+
+        return quantize_problem(problem, *quantizes)
+
+    def reference_for(self, problem: Problem) -> Reference:
+        """The reference the kernel's output on ``problem`` is held to: ``gmm_ref.reference(problem)``, or for a
+        kernel that quantizes its inputs, the reference of :meth:`reference_problem`, in which the output
+        elements that a NaN or Inf of the high-precision inputs reaches are left undefined. There the
+        quantizer's rules (an Inf saturates to the largest code, a NaN makes its block's scale NaN) and the
+        kernel's dequantized arithmetic (a code times a large scale may overflow) legitimately differ; every
+        other element is compared, so a NaN that leaks into other rows or groups is caught."""
+        scaled = self.reference_problem(problem)
+        ref = reference(scaled)
+        if scaled is problem:
+            return ref
+        with np.errstate(invalid="ignore", over="ignore"):
+            reached = ~np.isfinite(reference(problem).exact)
+        return Reference(scaled, ref.exact, ref.mask & ~reached)
+
     def strategy_options(self) -> dict[str, Any]:
         """Options for ``property_tests.strategies.problems`` so that strategies draw only
         problems the kernel takes: its dtype pairs among the convention's, plus
@@ -197,6 +225,8 @@ class KernelAdapter:
         mine = tuple(pr for pr in pairs if self.dtype_refusal(pr[0], pr[0], pr[1]) is None)
         if len(mine) < len(self.spec.dtype_pairs):
             opts.setdefault("dtypes", mine)
+        if self.families != self.spec.families:
+            opts.setdefault("families", self.families)
         return {**opts, **declared}
 
     # ------------------------------------------------------------------ hooks

@@ -19,6 +19,7 @@ from gmm_kernels.qwix_ops import QwixRaggedDot
 from gmm_kernels.tokamax_ops import TokamaxRaggedDot
 from gmm_kernels.torch_grouped import TorchGroupedMM
 from gmm_kernels.torch_scaled import TorchScaledGroupedMM, TorchScaledMMLoop
+from gmm_kernels.torchao_ops import TorchaoMXFP8GroupedMM
 from gmm_kernels.transformer_engine import TransformerEngineGroupedGemm
 
 __all__ = ["ENTRY_POINT_GROUP", "get", "names", "registry"]
@@ -46,6 +47,7 @@ def _builtin() -> list[KernelAdapter]:
         TorchScaledGroupedMM(),
         QwixRaggedDot("fast"),
         QwixRaggedDot("slow"),
+        TorchaoMXFP8GroupedMM(),
     ]
 
 

@@ -119,9 +119,20 @@ class Scope:
     known_issues: tuple[KnownIssue, ...] = ()
     #: the axes ("m", "k", "n") whose extent may be 0 (None: every one the convention takes)
     zero_extents: tuple[str, ...] | None = None
+    #: ``(lhs, rhs)`` ``gmm_ref.MXQuantizer`` (or None) of a kernel that quantizes its inputs itself: it is held
+    #: to the reference of its inputs quantized so (``gmm_ref.quantize_problem``)
+    quantizes: tuple[Any, Any] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if self.quantizes is not None:
+            from gmm_ref import MXQuantizer
+
+            q = self.quantizes
+            if (not isinstance(q, tuple) or len(q) != 2 or all(x is None for x in q)
+                    or not all(x is None or isinstance(x, MXQuantizer) for x in q)):
+                raise TypeError(f"quantizes: expected (lhs, rhs) gmm_ref.MXQuantizer or None, not both None, "
+                                f"got {q!r}")
         set_(self, "families", _names("families", self.families, FAMILIES))
         dtypes = _names("dtypes", self.dtypes)
         set_(self, "dtypes", None if dtypes is None else tuple(_dtype_entry(v) for v in dtypes))

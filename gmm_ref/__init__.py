@@ -26,13 +26,15 @@ from gmm_ref.exact import Reference, reference
 from gmm_ref.gradients import Gradients, gradients
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import FAMILIES, Problem, as_tiling
+from gmm_ref.quantize import quantize_problem
 from gmm_ref.repro import load_array, load_problem, reproducer, save_problem
-from gmm_ref.scaled import Quantization, scaled_reference, to_mx
+from gmm_ref.scaled import MXQuantizer, Quantization, scaled_reference, to_mx
 
 __all__ = [
     "FAMILIES",
     "Comparison",
     "Gradients",
+    "MXQuantizer",
     "Mismatch",
     "Numerics",
     "Problem",
@@ -52,6 +54,7 @@ __all__ = [
     "load_array",
     "load_problem",
     "problem_from_arguments",
+    "quantize_problem",
     "qwix_ragged_dot",
     "ragged_dot",
     "ragged_dot_general",

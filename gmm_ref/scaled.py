@@ -51,6 +51,7 @@ __all__ = [
     "GRANULARITIES",
     "SCALE_DTYPES",
     "SCALE_MODES",
+    "MXQuantizer",
     "Quantization",
     "ScaledReference",
     "round_exact",
@@ -366,22 +367,24 @@ def _target_max_pow2(elem: np.dtype) -> int:
 
 def _mx_exponent(amax: float, elem: np.dtype, mode: str) -> int:
     """The unbiased exponent of a block's e8m0 scale (clamped to [-127, 127])."""
-    if not math.isfinite(amax):
+    if math.isnan(amax):
         return 128  # NaN scale (0xFF)
+    if math.isinf(amax):  # a finite scale, as a float32 amax of +inf gives: its exponent field read as 128
+        return 127 if mode == "rceil" else min(127, 128 - _target_max_pow2(elem))
     if amax == 0.0:
         return -127
     if mode == "rceil":  # the smallest power of two that brings amax within the element's range
         e = _ceil_log2(Fraction(amax) / Fraction(float(ml_dtypes.finfo(elem).max)))
+    elif mode == "ceil":  # ceil(log2(amax)) - emax: never saturates, may flush small elements
+        e = _ceil_log2(Fraction(amax)) - _target_max_pow2(elem)
     else:
         mbits = int(ml_dtypes.finfo(elem).nmant)
         a = Fraction(amax)
-        if mode in ("ceil", "even"):  # round amax to the element's precision first (up, or to nearest even)
+        if mode == "even":  # round amax to nearest even at the element's precision first
             top = _floor_log2(a)
             quantum = Fraction(2) ** (top - mbits)
             q, r = divmod(a, quantum)
-            if mode == "ceil":
-                q += 1 if r else 0
-            elif r > quantum / 2 or (r == quantum / 2 and q % 2):
+            if r > quantum / 2 or (r == quantum / 2 and q % 2):
                 q += 1
             a = q * quantum
         e = _floor_log2(a) - _target_max_pow2(elem)
@@ -411,13 +414,15 @@ def to_mx(x: Any, block_size: int = 32, elem_dtype: Any = ml_dtypes.float8_e4m3f
 
     - ``floor`` (the OCP MX specification): ``e = floor(log2(amax)) - emax``; values past the element's range
       saturate;
-    - ``ceil``: amax rounded up to the element's precision first, then as ``floor``;
+    - ``ceil``: ``e = ceil(log2(amax)) - emax`` (never saturates; small elements may flush to zero);
     - ``even``: amax rounded to nearest even at the element's precision first, then as ``floor``;
     - ``rceil``: ``e = ceil(log2(amax / max))``, the smallest scale that needs no saturation.
 
-    ``e`` is clamped to [-127, 127]; an all-zero block gets 2**-127; a block holding NaN or Inf gets the NaN scale
-    (0xFF). Codes are ``x / 2**e`` rounded once to nearest even into the element dtype, saturated to its largest
-    finite value."""
+    ``e`` is clamped to [-127, 127]; an all-zero block gets 2**-127; a block holding a NaN gets the NaN scale
+    (0xFF). A block holding an Inf (and no NaN) gets a finite scale, as float32 arithmetic on an amax of +inf
+    gives it (torchao's ``to_mx``, and the saturating conversion of NVIDIA's hardware): ``rceil`` 2**127,
+    the others ``2**(128 - emax)``; its Inf codes saturate. Codes are ``x / 2**e`` rounded once to nearest
+    even into the element dtype, saturated to its largest finite value."""
     elem = _dtype(elem_dtype, ELEMENT_DTYPES[:3], "elem_dtype")
     if scale_mode not in SCALE_MODES:
         raise ValueError(f"scale_mode: expected one of {SCALE_MODES}, got {scale_mode!r}")
@@ -434,12 +439,12 @@ def to_mx(x: Any, block_size: int = 32, elem_dtype: Any = ml_dtypes.float8_e4m3f
     xf = arr.astype(np.float64)
     k = xf.shape[-1]
     nblocks = -(-k // block_size)
-    flat = xf.reshape(-1, k)
+    flat = xf.reshape(math.prod(xf.shape[:-1]), k)  # (not -1: K may be 0)
     exps = np.zeros((flat.shape[0], nblocks), np.int64)
     for r in range(flat.shape[0]):
         for bi in range(nblocks):
             block = flat[r, bi * block_size:(bi + 1) * block_size]
-            amax = float(np.max(np.abs(block))) if np.all(np.isfinite(block)) else math.nan
+            amax = math.nan if np.any(np.isnan(block)) else float(np.max(np.abs(block)))
             exps[r, bi] = _mx_exponent(amax, elem, scale_mode)
     nan_scale = exps == 128
     scale = np.ldexp(1.0, np.where(nan_scale, 0, exps))
@@ -450,3 +455,33 @@ def to_mx(x: Any, block_size: int = 32, elem_dtype: Any = ml_dtypes.float8_e4m3f
     codes = _dt.round_to(scaled, elem).reshape(arr.shape)  # once, to nearest even; saturated, so it stays finite
     scales = np.where(nan_scale, np.nan, scale).astype(ml_dtypes.float8_e8m0fnu).reshape(*arr.shape[:-1], nblocks)
     return codes, scales
+
+
+# ------------------------------------------------------------------------- kernels that quantize inside
+@dataclass(frozen=True)
+class MXQuantizer:
+    """The format of a kernel that quantizes its (high-precision) inputs itself to MX: ``elem`` codes with one
+    e8m0 scale per ``block_size`` consecutive elements along K, picked by ``scale_mode`` (see :func:`to_mx`)."""
+
+    elem: Any = ml_dtypes.float8_e4m3fn
+    block_size: int = 32
+    scale_mode: str = "rceil"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "elem", _dtype(self.elem, ELEMENT_DTYPES[:3], "elem"))
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size: expected a positive int, got {self.block_size!r}")
+        if self.scale_mode not in SCALE_MODES:
+            raise ValueError(f"scale_mode: expected one of {SCALE_MODES}, got {self.scale_mode!r}")
+
+    @property
+    def quantization(self) -> Quantization:
+        """The :class:`Quantization` of the codes and scales it makes."""
+        return Quantization(self.elem, ml_dtypes.float8_e8m0fnu, (1, self.block_size))
+
+    def quantize(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``x`` (``[rows, K]``) -> (codes, e8m0 scales ``[rows, ceil(K / block_size)]``)."""
+        return to_mx(np.asarray(x, np.float64), self.block_size, self.elem, self.scale_mode)
+
+    def __repr__(self) -> str:  # valid source, as reproducers print it
+        return f"gmm_ref.MXQuantizer({str(self.elem)!r}, {self.block_size}, {self.scale_mode!r})"

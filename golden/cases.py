@@ -118,6 +118,9 @@ CASES: list[Case] = [
     Case("torch-k-f32-aligned-tail", **TM, family="ragged_k", m=8, k=24, n=8, group_sizes=[8, 0, 8],
          seed=86, tags=("empty_middle", "tail")),
     Case("torch-batch-f32", **TM, family="batch", m=8, k=16, n=8, groups=3, seed=87, tags=()),
+    # K = 64: two 1x32 blocks, so a kernel that quantizes to MXFP8 inside (torchao) has a golden too
+    Case("torch-m-bf16-k64-tail", **TM, family="ragged_m", m=40, k=64, n=16, dtype="bfloat16",
+         group_sizes=[0, 13, 19], seed=89, tags=("empty_first", "tail", "unaligned")),
     Case("torch-batch-bf16-exact", **TM, family="batch", m=8, k=16, n=8, groups=3, dtype="bfloat16",
          kind="int", int_range=3, seed=88, tags=("exact",)),
     # ------------------------------------------------- torch._scaled_grouped_mm (rowwise FP8)

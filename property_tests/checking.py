@@ -109,7 +109,8 @@ def _check_gradients(adapter: KernelAdapter, problem: gmm_ref.Problem) -> None:
 
 def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode) -> None:
     __tracebackhide__ = True
-    ref = gmm_ref.reference(problem)  # from the harness's own read-only problem, before the kernel runs
+    # from the harness's own read-only problem, before the kernel runs (quantized as the kernel declares)
+    ref = adapter.reference_for(problem)
     numerics = adapter.numerics_for(problem)
     try:
         out = adapter.run(problem)

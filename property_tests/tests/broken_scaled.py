@@ -148,3 +148,62 @@ def qwix_k_tile_scales_reversed(lhs, rhs, group_sizes, precision=None, preferred
     qv, scale = lhs
     return qwix_correct(type(lhs)(qv, np.asarray(scale)[:, ::-1]), rhs, group_sizes, precision,
                         preferred_element_type, group_offset)
+
+
+# ----------------------------------- kernels that quantize inside: MXFP8 (torch.grouped_mm convention, ragged M)
+def _mxfp8(mat_a, mat_b, offs, out_dtype, *, mode="rceil", weights_along_n=False):
+    """Quantize bfloat16 activations and weights to MXFP8 (1x32 along K, e8m0), dequantize exactly, multiply."""
+    import torch
+
+    import gmm_ref
+    from gmm_kernels.convert import to_torch
+
+    a = gmm_ref.as_numpy(mat_a).astype(np.float64)
+    b = gmm_ref.as_numpy(mat_b).astype(np.float64)
+    e4m3 = "float8_e4m3fn"
+
+    def dequant(x):  # [rows, K] -> its MX value, blocks along K
+        codes, scales = gmm_ref.to_mx(x, 32, e4m3, mode)
+        return codes.astype(np.float64) * np.repeat(scales.astype(np.float64), 32, axis=-1)[..., :x.shape[-1]]
+
+    da = dequant(a)
+    ends = [0, *np.asarray(gmm_ref.as_numpy(offs)).astype(np.int64).tolist()]
+    out = np.zeros((a.shape[0], b.shape[2]))
+    for g in range(b.shape[0]):
+        db = dequant(b[g]) if weights_along_n else dequant(b[g].T).T  # the bug: blocks along N
+        with np.errstate(invalid="ignore", over="ignore"):
+            out[ends[g]:ends[g + 1]] = da[ends[g]:ends[g + 1]] @ db
+    return to_torch(gmm_ref.round_to(out, "bfloat16")).to(out_dtype or torch.bfloat16)
+
+
+def _declared(fn):
+    from gmm_kernels import declare
+    from gmm_ref import MXQuantizer
+
+    mx = MXQuantizer("float8_e4m3fn", 32, "rceil")
+    return declare("torch.grouped_mm", families=("ragged_m",), dtypes=("bfloat16",), out_dtypes=("bfloat16",),
+                   multiples={"k": 32}, zero_extents=("m",), quantizes=(mx, mx))(fn)
+
+
+def mxfp8_correct_undeclared(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """A correct MXFP8 grouped mm (RCEIL scales), exact after quantization; its format not declared."""
+    return _mxfp8(mat_a, mat_b, offs, out_dtype)
+
+
+@_declared
+def mxfp8_correct(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """A correct MXFP8 grouped mm, its format (1x32 e8m0 RCEIL on both operands) declared."""
+    return _mxfp8(mat_a, mat_b, offs, out_dtype)
+
+
+@_declared
+def mxfp8_floor_scales(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Declares RCEIL scales but computes them with FLOOR (the OCP rule): a block whose largest value's
+    mantissa passes 1.75 saturates."""
+    return _mxfp8(mat_a, mat_b, offs, out_dtype, mode="floor")
+
+
+@_declared
+def mxfp8_weight_blocks_along_n(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """The weights' 1x32 blocks taken along N instead of K (a scale applied per wrong block)."""
+    return _mxfp8(mat_a, mat_b, offs, out_dtype, weights_along_n=True)

@@ -1,0 +1,81 @@
+"""A problem's high-precision operands quantized with a kernel's declared format: the scaled problem that a
+kernel which quantizes inside really computes (docs/scaled.md).
+
+:func:`quantize_problem` quantizes each operand group by group in its ``[rows, K]`` view (M for lhs, N for
+rhs, by K), so blocks restart at every group boundary as the model says. It takes the layouts whose K is
+one axis of each stored operand: every family, untransposed, unpacked, without batch dims.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gmm_ref.problem import Problem
+from gmm_ref.scaled import MXQuantizer
+
+__all__ = ["quantize_problem"]
+
+
+def _check(name: str, q: Any) -> None:
+    if q is not None and not isinstance(q, MXQuantizer):
+        raise TypeError(f"{name}: expected a gmm_ref.MXQuantizer or None, got {type(q).__name__}")
+
+
+def quantize_problem(p: Problem, lhs: MXQuantizer | None = None, rhs: MXQuantizer | None = None) -> Problem:
+    """``p`` with ``lhs`` and/or ``rhs`` quantized by the given quantizers: codes in place of values, and their
+    scales. Elements no group reads (a tail, other shards' rows) are quantized too, their scales dropped."""
+    if not isinstance(p, Problem):
+        raise TypeError(f"problem: expected a gmm_ref.Problem, got {type(p).__name__}")
+    _check("lhs", lhs)
+    _check("rhs", rhs)
+    if p.scaled:
+        raise ValueError("problem: already scaled (its operands are codes)")
+    if p.lhs_transposed or p.rhs_transposed or p.packed or p.batch_ndim:
+        raise ValueError("problem: quantize_problem takes untransposed, unpacked layouts without batch dims")
+    if p.existing_out is not None:
+        raise ValueError("problem: a scaled problem takes no existing_out")
+    fields: dict[str, Any] = {}
+    if lhs is not None:
+        codes, scales = _quantize(p, "lhs", lhs)
+        fields.update(lhs=codes, lhs_quant=lhs.quantization, lhs_scales=scales)
+    if rhs is not None:
+        codes, scales = _quantize(p, "rhs", rhs)
+        fields.update(rhs=codes, rhs_quant=rhs.quantization, rhs_scales=scales)
+    return p.replace(**fields) if fields else p
+
+
+def _views(p: Problem, operand: str) -> list[tuple[Any, bool]]:
+    """(index into the stored operand, whether that index is transposed to [rows, K]) of each local group."""
+    fam, off = p.family, p.offsets_at(())
+    views = []
+    for local, g in enumerate(p.local_groups):
+        lo, hi = (int(off[g]), int(off[g + 1])) if fam != "batch" else (0, 0)
+        if operand == "lhs":  # stored [rows, K] (with a leading group axis in ragged_n / batch)
+            idx = {"ragged_m": (slice(lo, hi), slice(None)), "ragged_k": (slice(None), slice(lo, hi))}.get(
+                fam, (local, slice(None), slice(None)))
+            views.append((idx, False))
+        else:  # stored [K, N]: transposed to [N, K]
+            idx = {"ragged_n": (slice(None), slice(lo, hi)), "ragged_k": (slice(lo, hi), slice(None))}.get(
+                fam, (local, slice(None), slice(None)))
+            views.append((idx, True))
+    return views
+
+
+def _quantize(p: Problem, operand: str, q: MXQuantizer) -> tuple[np.ndarray, np.ndarray]:
+    values = getattr(p, operand).astype(np.float64)
+    # every element gets a code (unread ones too, row by row over the whole array), then each group's own
+    codes = np.zeros(values.shape, q.elem)
+    whole = values if operand == "lhs" else np.swapaxes(values, -1, -2)
+    flat_codes, _ = q.quantize(whole.reshape(-1, whole.shape[-1]))
+    codes[...] = flat_codes.reshape(whole.shape) if operand == "lhs" else np.swapaxes(
+        flat_codes.reshape(whole.shape), -1, -2)
+    scales = []
+    for idx, transposed in _views(p, operand):
+        block = values[idx].T if transposed else values[idx]
+        c, s = q.quantize(block)
+        codes[idx] = c.T if transposed else c
+        scales.append(s.reshape(-1))
+    flat = np.concatenate(scales) if scales else np.zeros(0, q.quantization.scale)
+    return codes, flat.astype(q.quantization.scale)
