@@ -16,7 +16,7 @@ from gmm_kernels.jax_lax import JaxRaggedDot, JaxRaggedDotGeneral
 from gmm_kernels.megablox import MegabloxGmm, MegabloxTgmm
 from gmm_kernels.mosaic_gpu import MosaicGpuRaggedDot
 from gmm_kernels.qwix_ops import QwixRaggedDot
-from gmm_kernels.tokamax_ops import TokamaxRaggedDot
+from gmm_kernels.tokamax_ops import TokamaxQArrayRaggedDot, TokamaxRaggedDot
 from gmm_kernels.torch_grouped import TorchGroupedMM
 from gmm_kernels.torch_scaled import TorchScaledGroupedMM, TorchScaledMMLoop
 from gmm_kernels.torchao_ops import TorchaoMXFP8GroupedMM
@@ -48,6 +48,7 @@ def _builtin() -> list[KernelAdapter]:
         QwixRaggedDot("fast"),
         QwixRaggedDot("slow"),
         TorchaoMXFP8GroupedMM(),
+        TokamaxQArrayRaggedDot(),
     ]
 
 

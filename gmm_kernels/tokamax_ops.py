@@ -5,7 +5,8 @@ at least float32, then casts). ``"mosaic"`` (Mosaic GPU sm90/sm100, or Mosaic
 TPU v5+) and ``"triton"`` (Pallas Triton) raise ``NotImplementedError: Not
 supported on cpu``: every op checks ``supported_on(device)`` before running,
 so neither the Mosaic TPU op's ``interpret=True`` field nor jax's GPU
-interpret mode can reach them on a CPU.
+interpret mode can reach them on a CPU. ``"xla"`` also takes qwix QArray operands
+(:class:`TokamaxQArrayRaggedDot`, in the ``qwix.ragged_dot`` convention).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels.base import VariantAdapter
+from gmm_kernels.base import KernelAdapter, VariantAdapter
 from gmm_kernels.convert import jax_x64, uses_64bit
+from gmm_ref import Numerics
 
-__all__ = ["TokamaxRaggedDot"]
+__all__ = ["TokamaxQArrayRaggedDot", "TokamaxRaggedDot"]
 
 _NEEDS = {
     "mosaic": "a Hopper/Blackwell GPU (Mosaic GPU) or a TPU v5+ (Mosaic TPU)",
@@ -93,3 +95,54 @@ class TokamaxRaggedDot(VariantAdapter):
         with jax_x64(uses_64bit(lhs, rhs, ped)):
             out = _jitted(self.implementation, ped)(lhs, rhs, np.asarray(group_sizes, np.int32))
             return np.asarray(out)
+
+
+@functools.cache
+def _jitted_qarray(preferred_element_type: Any) -> Any:
+    import jax
+    import qwix
+    import tokamax
+
+    _absl_flags_parsed()
+
+    def as_qarray(x: Any) -> Any:
+        return qwix.QArray(qvalue=x[0], scale=x[1]) if isinstance(x, tuple) else x
+
+    return jax.jit(lambda a, b, g: tokamax.ragged_dot(
+        as_qarray(a), as_qarray(b), g, preferred_element_type=preferred_element_type, implementation="xla"))
+
+
+class TokamaxQArrayRaggedDot(KernelAdapter):
+    """``tokamax.ragged_dot(..., implementation="xla")`` with QArray operands (``qwix.ragged_dot`` convention).
+
+    tokamax 0.0.12's XLA op dequantizes each QArray first (``quantization.as_array``: code * scale in the scale's
+    dtype, float32 here), then calls ``lax.ragged_dot_general`` accumulating in float32."""
+
+    name = "tokamax.ragged_dot[xla,QArray]"
+    convention = "qwix.ragged_dot"
+    requires = ("jax", "tokamax", "qwix")
+
+    @property
+    def known_issues(self) -> Any:  # type: ignore[override]
+        from gmm_kernels.known_issues import xla_nan_leak_issues
+
+        return xla_nan_leak_issues("tokamax 0.0.12 implementation='xla' calls lax.ragged_dot_general")
+
+    def numerics_for(self, problem: Any) -> Numerics:
+        """Dequantized values (code * float32 scale, rounded once) multiplied in float32."""
+        if self.scope is not None and self.scope.numerics is not None:
+            return self.scope.numerics
+        return Numerics(multiply="float32", accumulate="float32", flush_subnormals=True)
+
+    def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None, preferred_element_type: Any = None,
+             group_offset: Any = None) -> np.ndarray:
+        import jax.numpy as jnp
+
+        if precision is not None or group_offset is not None:
+            raise ValueError("this adapter runs the default precision and no group_offset")
+
+        def to_jax(x: Any) -> Any:
+            return tuple(jnp.asarray(v) for v in x) if isinstance(x, tuple) else jnp.asarray(x)
+
+        ped = None if preferred_element_type is None else np.dtype(preferred_element_type)
+        return np.asarray(_jitted_qarray(ped)(to_jax(lhs), to_jax(rhs), jnp.asarray(np.asarray(group_sizes, np.int32))))
