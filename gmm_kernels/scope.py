@@ -26,7 +26,7 @@ from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import has_tail
 from gmm_ref.dtypes import as_dtype
 
-__all__ = ["KnownIssue", "Scope", "declare", "parse_multiples", "parse_numerics"]
+__all__ = ["KnownIssue", "Scope", "declare", "parse_multiples", "parse_numerics", "parse_quantizes"]
 
 _AXES = ("m", "k", "n")
 
@@ -217,14 +217,22 @@ class Scope:
                 "zero_extents": None if self.zero_extents is None else list(self.zero_extents),
                 "numerics": None if n is None else {"multiply": None if n.multiply is None else str(n.multiply),
                                                     "accumulate": str(n.accumulate),
-                                                    "flush_subnormals": n.flush_subnormals}}
+                                                    "flush_subnormals": n.flush_subnormals},
+                "quantizes": None if self.quantizes is None else [
+                    None if q is None else {"elem": str(q.elem), "block_size": q.block_size, "scale_mode": q.scale_mode}
+                    for q in self.quantizes]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Scope:
         numerics = None if d.get("numerics") is None else Numerics(**d["numerics"])
+        quantizes = None
+        if d.get("quantizes") is not None:
+            from gmm_ref import MXQuantizer
+
+            quantizes = tuple(None if q is None else MXQuantizer(**q) for q in d["quantizes"])
         return cls(families=d.get("families"), dtypes=d.get("dtypes"), out_dtypes=d.get("out_dtypes"),
                    multiples=d.get("multiples") or {}, tail=d.get("tail", True), numerics=numerics,
-                   zero_extents=d.get("zero_extents"))
+                   zero_extents=d.get("zero_extents"), quantizes=quantizes)
 
     def describe(self) -> str:
         parts = [f"families {','.join(self.families)}" if self.families else "",
@@ -235,6 +243,8 @@ class Scope:
                  "" if self.zero_extents is None else
                  f"zero extents {','.join(self.zero_extents) or 'none'}",
                  f"numerics {self.numerics}" if self.numerics else "",
+                 "" if self.quantizes is None else "quantizes " + " x ".join(
+                     "-" if q is None else f"{q.elem}/{q.block_size}/{q.scale_mode}" for q in self.quantizes),
                  f"{len(self.known_issues)} known issue(s)" if self.known_issues else ""]
         return "; ".join(p for p in parts if p) or "the whole convention"
 
@@ -288,3 +298,37 @@ def parse_numerics(text: str | None, *, option: str = "--numerics") -> Numerics 
     except TypeError as exc:
         raise ValueError(f"{option}: {exc}") from None
 
+
+
+def parse_quantizes(text: str | None, *, option: str = "--quantizes") -> tuple[Any, Any] | None:
+    """``"mx:float8_e4m3fn:32:rceil"`` (both operands) or ``"lhs=mx:...,rhs=mx:..."`` -> ``(lhs, rhs)``
+    ``gmm_ref.MXQuantizer`` (None for an operand not named); each part after ``mx`` is optional (defaults:
+    float8_e4m3fn, 32, rceil). ValueError naming ``option``."""
+    if text is None:
+        return None
+    from gmm_ref import MXQuantizer
+
+    def one(spec: str) -> Any:
+        kind, *parts = spec.split(":")
+        if kind != "mx" or len(parts) > 3:
+            raise ValueError(f"{option}: expected mx[:ELEM[:BLOCK[:MODE]]] (e.g. mx:float8_e4m3fn:32:rceil), "
+                             f"got {spec!r}")
+        elem, block, mode = (parts + [None] * 3)[:3]
+        try:
+            return MXQuantizer(elem or "float8_e4m3fn", int(block) if block else 32, mode or "rceil")
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{option}: {exc}") from None
+
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if len(items) == 1 and "=" not in items[0]:
+        q = one(items[0])
+        return (q, q)
+    out: dict[str, Any] = {}
+    for item in items:
+        side, eq, spec = item.partition("=")
+        if side not in ("lhs", "rhs") or not eq or side in out:
+            raise ValueError(f"{option}: expected SPEC for both operands or lhs=SPEC and/or rhs=SPEC, got {text!r}")
+        out[side] = one(spec)
+    if not out:
+        raise ValueError(f"{option}: expected a quantizer, got {text!r}")
+    return (out.get("lhs"), out.get("rhs"))

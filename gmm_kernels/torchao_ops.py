@@ -5,7 +5,7 @@ its bfloat16 inputs itself.
 ``kernel_preference=EMULATED`` (torchao 0.18.0; the SM100 path needs a Blackwell GPU) quantizes the
 activations ``[M, K]`` and each expert's weights (along K) to float8_e4m3fn codes with one e8m0 scale per 32
 elements (scale mode RCEIL, torchao's default here), dequantizes them into bfloat16 and calls
-``torch._grouped_mm``. It declares that format (``quantizes``): the harness quantizes the same inputs with
+``torch._grouped_mm``. It declares that format (its scope's ``quantizes``): the harness quantizes the same inputs with
 ``gmm_ref.to_mx`` (which agrees with torchao's ``to_mx`` bit for bit in the floor, rceil and even modes) and
 holds the kernel to the exact reference of those codes and scales. Its numerics: the dequantized values in
 bfloat16, a float32 accumulator, and the CPU bfloat16 matmul's flushed subnormals.
@@ -31,9 +31,8 @@ class TorchaoMXFP8GroupedMM(KernelAdapter):
     name = "torchao.mxfp8_grouped_mm[emulated]"
     convention = "torch.grouped_mm"
     requires = ("torch", "torchao")
-    quantizes = (MXFP8_RCEIL, MXFP8_RCEIL)
     scope = Scope(families=("ragged_m",), dtypes=("bfloat16",), out_dtypes=("bfloat16",), multiples={"k": 32},
-                  zero_extents=("m",),
+                  zero_extents=("m",), quantizes=(MXFP8_RCEIL, MXFP8_RCEIL),
                   numerics=Numerics(multiply="bfloat16", accumulate="float32", flush_subnormals=True))
 
     def _unavailable(self) -> str | None:

@@ -1,7 +1,8 @@
 """The scope options the main job and the pytest plugin share (the plugin's carry a ``--gmm-`` prefix).
 
 ``--families ragged_m --dtypes bfloat16 --out-dtypes float32 --multiple k=32 --no-tail
---zero-extents none --numerics accumulate=float32,flush`` declare what a kernel supports
+--zero-extents none --numerics accumulate=float32,flush --quantizes mx:float8_e4m3fn:32:rceil`` declare what a
+kernel supports
 (``gmm_kernels.Scope``): they narrow the scope the kernel already declares
 (``gmm_kernels.declare``) field by field, and one that leaves nothing to check
 is a usage error naming the option.
@@ -14,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gmm_kernels import KernelAdapter, Scope
-from gmm_kernels.scope import parse_multiples, parse_numerics
+from gmm_kernels.scope import parse_multiples, parse_numerics, parse_quantizes
 
 __all__ = ["SCOPE_OPTIONS", "add_scope_options", "apply_scope", "modes_option", "scope_fields", "split_list"]
 
@@ -28,6 +29,8 @@ SCOPE_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("no-tail", dict(action="store_true", help="every row is in a group: no rows past the last group")),
     ("zero-extents", dict(metavar="AXES", help="the axes whose extent may be 0: some of m,k,n, or none")),
     ("numerics", dict(metavar="SPEC", help="the kernel's arithmetic: accumulate=DTYPE[,multiply=DTYPE][,flush]")),
+    ("quantizes", dict(metavar="SPEC", help="the kernel quantizes its inputs itself: mx[:ELEM[:BLOCK[:MODE]]] for "
+                                            "both operands, or lhs=...,rhs=... (docs/scaled.md)")),
 )
 
 
@@ -73,6 +76,9 @@ def scope_fields(values: Mapping[str, Any], prefix: str = "--") -> dict[str, Any
     numerics = parse_numerics(values.get("numerics"), option=prefix + "numerics")
     if numerics is not None:
         fields["numerics"] = numerics
+    quantizes = parse_quantizes(values.get("quantizes"), option=prefix + "quantizes")
+    if quantizes is not None:
+        fields["quantizes"] = quantizes
     return fields
 
 

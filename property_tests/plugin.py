@@ -12,7 +12,7 @@ its pytest configuration (this repository does). Then:
   ``--gmm-convention`` and ``--gmm-tiling`` select the kernels the kernel
   checks run on; with ``--gmm-kernel`` only the kernel checks run;
 - ``--gmm-families``, ``--gmm-dtypes``, ``--gmm-out-dtypes``, ``--gmm-multiple``,
-  ``--gmm-no-tail`` and ``--gmm-numerics`` declare the kernels' scope
+  ``--gmm-no-tail``, ``--gmm-numerics`` and ``--gmm-quantizes`` declare the kernels' scope
   (``property_tests.options``; the same as the main job's options without the prefix);
 - the ``gmm_kernel`` fixture parametrizes a test over the selected kernels;
 - ``pytest_report_header`` lists the kernels under test and why any is skipped;

@@ -171,3 +171,37 @@ def test_quantize_problem_restarts_blocks_at_groups_and_refuses_what_it_cannot_q
         gmm_ref.quantize_problem(q, mx)
     with pytest.raises(ValueError, match="scale_mode"):
         gmm_ref.MXQuantizer(E4M3, 32, "round")
+
+
+def test_parse_quantizes_names_the_option():
+    from gmm_kernels.scope import parse_quantizes
+
+    mx = gmm_ref.MXQuantizer("float8_e4m3fn", 32, "rceil")
+    assert parse_quantizes("mx") == (mx, mx)
+    assert parse_quantizes("rhs=mx:float8_e5m2:16:floor") == (None, gmm_ref.MXQuantizer("float8_e5m2", 16, "floor"))
+    for bad, text in [("fp8", "expected mx"), ("mx:float8_e4m3fn:32:round", "scale_mode"), ("mx:int8", "elem"),
+                      ("lhs=mx,lhs=mx", "lhs=SPEC and/or rhs=SPEC"), (",", "expected a quantizer")]:
+        with pytest.raises(ValueError, match=text):
+            parse_quantizes(bad, option="--quantizes")
+
+
+def test_the_main_job_s_quantizes_option_declares_the_format(tmp_path):
+    """From the command line: the undeclared MXFP8 kernel fails the wide mode; with --quantizes it passes."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("torch", reason="the MXFP8 test kernel takes torch tensors")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    base = [sys.executable, "-m", "property_tests.main", "check", "--kernel",
+            "property_tests.tests.broken_scaled:mxfp8_correct_undeclared", "--convention", "torch.grouped_mm",
+            "--families", "ragged_m", "--dtypes", "bfloat16", "--out-dtypes", "bfloat16", "--multiple", "k=32",
+            "--zero-extents", "m", "--modes", "wide", "--no-goldens", "--max-examples", "6"]
+    plain = subprocess.run(base, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert plain.returncode == 1 and "FAIL" in plain.stdout, plain.stdout[-2000:] + plain.stderr[-2000:]
+    declared = subprocess.run([*base, "--quantizes", "mx:float8_e4m3fn:32:rceil"], capture_output=True, text=True,
+                              timeout=600, cwd=tmp_path, env=env)
+    assert declared.returncode == 0, declared.stdout[-2000:] + declared.stderr[-2000:]
+    assert "quantizes float8_e4m3fn/32/rceil x float8_e4m3fn/32/rceil" in declared.stdout
