@@ -23,6 +23,7 @@ from property_tests.tests.broken_scaled import (
     scaled_mm_empty_k_groups_stale,
     scaled_mm_row_scales_not_offset,
     scaled_mm_weight_scales_of_previous_group,
+    stale_empty_k_blocks,
 )
 
 
@@ -388,13 +389,7 @@ def grouped_mm_empty_k_groups_stale(mat_a, mat_b, offs=None, bias=None, out_dtyp
     """2d x 2d (the weight gradient): the output block of a group with no K (no routed tokens) is never
     written, so it holds stale memory (github.com/pytorch/pytorch/issues/172439,
     github.com/tgale96/grouped_gemm/issues/36, github.com/NVIDIA/TransformerEngine/issues/2499)."""
-    out = grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype)
-    if offs is not None and mat_a.dim() == 2 and mat_b.dim() == 2:
-        ends = [int(e) for e in offs.tolist()]
-        for g, (s, e) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
-            if e == s:
-                out[g] = 3.0
-    return out
+    return stale_empty_k_blocks(grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype), mat_a, mat_b, offs)
 
 
 def grouped_mm_spanning_tiles_dropped(mat_a, mat_b, offs=None, bias=None, out_dtype=None):

@@ -97,7 +97,11 @@ def scaled_mm_dequantized_to_bfloat16(mat_a, mat_b, scale_a, scale_b, offs=None,
 
 def scaled_mm_empty_k_groups_stale(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
     """2d x 2d: the output block of a group with no K is never written, so it holds stale memory."""
-    out = scaled_mm_correct(mat_a, mat_b, scale_a, scale_b, offs, out_dtype)
+    return stale_empty_k_blocks(scaled_mm_correct(mat_a, mat_b, scale_a, scale_b, offs, out_dtype), mat_a, mat_b, offs)
+
+
+def stale_empty_k_blocks(out, mat_a, mat_b, offs):
+    """``out`` with the [M, N] block of every empty group of a 2d x 2d call holding stale values (3.0)."""
     if offs is not None and mat_a.dim() == 2 and mat_b.dim() == 2:
         ends = [int(e) for e in offs.tolist()]
         for g, (s, e) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
