@@ -369,8 +369,10 @@ class Problem:
                 scales = self._join_scales(name, quant, scales)
             if scales.dtype != quant.scale:
                 raise TypeError(f"{name}_scales: expected dtype {quant.scale} ({name}_quant.scale), got {scales.dtype}")
-            want = sum(int(np.prod(quant.scale_shape(*self.scale_extent(name, local))))
-                       for local in range(self.num_local_groups))
+            shapes = [quant.scale_shape(*self.scale_extent(name, local)) for local in range(self.num_local_groups)]
+            starts = np.concatenate([[0], np.cumsum([r * c for r, c in shapes], dtype=np.int64)])
+            want = int(starts[-1])
+            _set(self, f"_{name}_scale_blocks", (tuple(shapes), starts))  # each group's block: shape, start
             if scales.ndim != 1 or scales.size != want:
                 raise ValueError(f"{name}_scales: expected a 1-D array of {want} scales (the local groups' "
                                  f"{quant.block} blocks one after the other), got shape {scales.shape}")
@@ -413,11 +415,9 @@ class Problem:
         quant, flat = getattr(self, f"{operand}_quant"), getattr(self, f"{operand}_scales")
         if quant is None:
             raise ValueError(f"operand: {operand} of this problem is not scaled")
-        start = 0
-        for i in range(local):
-            start += int(np.prod(quant.scale_shape(*self.scale_extent(operand, i))))
-        shape = quant.scale_shape(*self.scale_extent(operand, local))
-        return flat[start:start + int(np.prod(shape))].reshape(shape)
+        shapes, starts = getattr(self, f"_{operand}_scale_blocks")
+        start = int(starts[local])
+        return flat[start:int(starts[local + 1])].reshape(shapes[local])
 
     def _check_existing(self) -> None:
         ex = self.existing_out

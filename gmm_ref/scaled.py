@@ -38,7 +38,6 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 import ml_dtypes
@@ -365,44 +364,32 @@ def _target_max_pow2(elem: np.dtype) -> int:
     return math.floor(math.log2(float(ml_dtypes.finfo(elem).max)))
 
 
-def _mx_exponent(amax: float, elem: np.dtype, mode: str) -> int:
-    """The unbiased exponent of a block's e8m0 scale (clamped to [-127, 127])."""
-    if math.isnan(amax):
-        return 128  # NaN scale (0xFF)
-    if math.isinf(amax):  # a finite scale, as a float32 amax of +inf gives: its exponent field read as 128
-        return 127 if mode == "rceil" else min(127, 128 - _target_max_pow2(elem))
-    if amax == 0.0:
-        return -127
-    if mode == "rceil":  # the smallest power of two that brings amax within the element's range
-        e = _ceil_log2(Fraction(amax) / Fraction(float(ml_dtypes.finfo(elem).max)))
-    elif mode == "ceil":  # ceil(log2(amax)) - emax: never saturates, may flush small elements
-        e = _ceil_log2(Fraction(amax)) - _target_max_pow2(elem)
-    else:
+def _mx_exponents(amax: np.ndarray, elem: np.dtype, mode: str) -> np.ndarray:
+    """The unbiased exponents of blocks' e8m0 scales (clamped to [-127, 127]; 128 for the NaN scale), exactly:
+    every step is a power-of-two scaling or a comparison of float64 values."""
+    emax = _target_max_pow2(elem)
+    top = float(ml_dtypes.finfo(elem).max)
+    regular = np.isfinite(amax) & (amax > 0)
+    a = np.where(regular, amax, 1.0)
+    m, ex = np.frexp(a)  # a = m * 2**ex, 0.5 <= m < 1: floor(log2(a)) = ex - 1
+    floor = ex.astype(np.int64) - 1
+    if mode == "rceil":  # the smallest e with a <= top * 2**e (top * 2**e is exact in float64)
+        e = np.ceil(np.log2(a / top)).astype(np.int64)
+        e = np.where(a > np.ldexp(top, e), e + 1, e)
+        e = np.where(a <= np.ldexp(top, e - 1), e - 1, e)
+    elif mode == "ceil":  # ceil(log2(a)) - emax: never saturates, may flush small elements
+        e = np.where(m == 0.5, floor, floor + 1) - emax
+    elif mode == "even":  # a rounded to nearest even at the element's precision first
         mbits = int(ml_dtypes.finfo(elem).nmant)
-        a = Fraction(amax)
-        if mode == "even":  # round amax to nearest even at the element's precision first
-            top = _floor_log2(a)
-            quantum = Fraction(2) ** (top - mbits)
-            q, r = divmod(a, quantum)
-            if r > quantum / 2 or (r == quantum / 2 and q % 2):
-                q += 1
-            a = q * quantum
-        e = _floor_log2(a) - _target_max_pow2(elem)
-    return max(-127, min(127, e))
-
-
-def _floor_log2(x: Fraction) -> int:
-    e = x.numerator.bit_length() - x.denominator.bit_length()
-    while Fraction(2) ** e > x:
-        e -= 1
-    while Fraction(2) ** (e + 1) <= x:
-        e += 1
-    return e
-
-
-def _ceil_log2(x: Fraction) -> int:
-    e = _floor_log2(x)
-    return e if Fraction(2) ** e == x else e + 1
+        q = np.rint(np.ldexp(m, mbits + 1))  # exact scaling; rint rounds half to even
+        e = np.where(q >= 2.0 ** (mbits + 1), floor + 1, floor) - emax
+    else:
+        e = floor - emax
+    e = np.clip(e, -127, 127)
+    e = np.where(amax == 0, -127, e)
+    # an Inf keeps a finite scale, as a float32 amax of +inf gives it (its exponent field read as 128)
+    e = np.where(np.isinf(amax), 127 if mode == "rceil" else min(127, 128 - emax), e)
+    return np.where(np.isnan(amax), 128, e)
 
 
 def to_mx(x: Any, block_size: int = 32, elem_dtype: Any = ml_dtypes.float8_e4m3fn, scale_mode: str = "floor"
@@ -440,12 +427,12 @@ def to_mx(x: Any, block_size: int = 32, elem_dtype: Any = ml_dtypes.float8_e4m3f
     k = xf.shape[-1]
     nblocks = -(-k // block_size)
     flat = xf.reshape(math.prod(xf.shape[:-1]), k)  # (not -1: K may be 0)
-    exps = np.zeros((flat.shape[0], nblocks), np.int64)
-    for r in range(flat.shape[0]):
-        for bi in range(nblocks):
-            block = flat[r, bi * block_size:(bi + 1) * block_size]
-            amax = math.nan if np.any(np.isnan(block)) else float(np.max(np.abs(block)))
-            exps[r, bi] = _mx_exponent(amax, elem, scale_mode)
+    padded = np.zeros((flat.shape[0], nblocks * block_size))
+    padded[:, :k] = np.abs(flat)  # zeros past K change no block's largest magnitude
+    blocks = padded.reshape(flat.shape[0], nblocks, block_size)
+    has_nan = np.isnan(blocks).any(axis=-1)
+    amax = np.where(has_nan, np.nan, np.max(np.where(np.isnan(blocks), 0.0, blocks), axis=-1, initial=0.0))
+    exps = _mx_exponents(amax, elem, scale_mode)
     nan_scale = exps == 128
     scale = np.ldexp(1.0, np.where(nan_scale, 0, exps))
     full = np.repeat(scale, block_size, axis=1)[:, :k]

@@ -122,13 +122,13 @@ def _mx_check(fn, modes=None):
     return check_kernel(fn, convention="torch.grouped_mm", modes=modes, raise_on_failure=False)
 
 
-def test_a_correct_mxfp8_kernel_passes_every_mode_once_it_declares_its_format():
+def test_a_correct_mxfp8_kernel_passes_once_it_declares_its_format():
     from gmm_kernels import Status, declare
     from property_tests.tests import broken_scaled as bs
 
-    report = _mx_check(bs.mxfp8_correct)
-    assert all(r.status in (Status.PASSED, Status.UNSUPPORTED) for r in report), report
-    assert {r.check for r in report if r.status is Status.PASSED} >= {"exact", "normal", "wide", "poisoned"}
+    # (torchao's MXFP8 kernel, declared the same way, runs every mode in test_kernels.py)
+    report = _mx_check(bs.mxfp8_correct, modes=["exact", "wide", "poisoned", "all_empty"])
+    assert all(r.status is Status.PASSED for r in report), report
     # undeclared, the same kernel is held to the unquantized reference: the wide mode's blocks flush
     # elements far below their maximum, which no per-element bound of bfloat16 arithmetic allows
     plain = declare("torch.grouped_mm", families=("ragged_m",), dtypes=("bfloat16",), out_dtypes=("bfloat16",),
@@ -186,7 +186,8 @@ def test_parse_quantizes_names_the_option():
 
 
 def test_the_main_job_s_quantizes_option_declares_the_format(tmp_path):
-    """From the command line: the undeclared MXFP8 kernel fails the wide mode; with --quantizes it passes."""
+    """From the command line, --quantizes declares the format: the MXFP8 kernel that fails the wide mode undeclared
+    (test_a_correct_mxfp8_kernel_passes_once_it_declares_its_format) passes it."""
     import os
     import subprocess
     import sys
@@ -199,8 +200,6 @@ def test_the_main_job_s_quantizes_option_declares_the_format(tmp_path):
             "property_tests.tests.broken_scaled:mxfp8_correct_undeclared", "--convention", "torch.grouped_mm",
             "--families", "ragged_m", "--dtypes", "bfloat16", "--out-dtypes", "bfloat16", "--multiple", "k=32",
             "--zero-extents", "m", "--modes", "wide", "--no-goldens", "--max-examples", "6"]
-    plain = subprocess.run(base, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
-    assert plain.returncode == 1 and "FAIL" in plain.stdout, plain.stdout[-2000:] + plain.stderr[-2000:]
     declared = subprocess.run([*base, "--quantizes", "mx:float8_e4m3fn:32:rceil"], capture_output=True, text=True,
                               timeout=600, cwd=tmp_path, env=env)
     assert declared.returncode == 0, declared.stdout[-2000:] + declared.stderr[-2000:]
