@@ -190,10 +190,16 @@ class KernelAdapter:
         numerics = dataclasses.replace(base, flush_subnormals=self.flush_subnormals)
         return on_accelerator(numerics, problem) if self.default_precision else numerics
 
+    @property
+    def declared_quantizes(self) -> tuple[Any, Any] | None:
+        """The ``(lhs, rhs)`` format of a kernel that quantizes its inputs itself (its scope's, else its own
+        ``quantizes``), or None."""
+        return (self.scope.quantizes if self.scope is not None else None) or self.quantizes
+
     def reference_problem(self, problem: Problem) -> Problem:
         """The problem the kernel's output is judged against: ``problem`` itself, or, for a kernel that
-        quantizes its inputs (its scope's or its own ``quantizes``), ``problem`` quantized so."""
-        quantizes = (self.scope.quantizes if self.scope is not None else None) or self.quantizes
+        quantizes its inputs (:attr:`declared_quantizes`), ``problem`` quantized so."""
+        quantizes = self.declared_quantizes
         if quantizes is None:
             return problem
         from gmm_ref import quantize_problem

@@ -22,24 +22,36 @@ import numpy as np
 from gmm_kernels.base import VariantAdapter
 from gmm_ref import Numerics, Problem
 
-__all__ = ["QwixRaggedDot"]
+__all__ = ["QwixRaggedDot", "as_qarray", "to_jax"]
+
+
+def to_jax(x: Any) -> Any:
+    """An operand of the ``qwix.ragged_dot`` convention (an array, or ``QArrayArgs`` codes and scales) as jax."""
+    import jax.numpy as jnp
+
+    return tuple(jnp.asarray(v) for v in x) if isinstance(x, tuple) else jnp.asarray(x)
+
+
+def as_qarray(x: Any, zero_point: bool = False) -> Any:
+    """(codes, scales) as a ``qwix.QArray`` (with a zero point of 0 when ``zero_point``); an array as it is."""
+    if not isinstance(x, tuple):
+        return x
+    import jax.numpy as jnp
+    import qwix
+
+    qv, scale = x
+    zp = jnp.zeros((1,) * qv.ndim, qv.dtype) if zero_point else None
+    return qwix.QArray(qvalue=qv, scale=scale, zero_point=zp)
 
 
 @functools.cache
 def _jitted(preferred_element_type: Any, zero_point: bool) -> Any:
     import jax
-    import jax.numpy as jnp
     import qwix
 
-    def as_qarray(x: Any) -> Any:
-        if isinstance(x, tuple):
-            qv, scale = x
-            zp = jnp.zeros((1,) * qv.ndim, qv.dtype) if zero_point else None
-            return qwix.QArray(qvalue=qv, scale=scale, zero_point=zp)
-        return x
-
     def f(lhs: Any, rhs: Any, gs: Any) -> Any:
-        return qwix.ragged_dot(as_qarray(lhs), as_qarray(rhs), gs, preferred_element_type=preferred_element_type)
+        return qwix.ragged_dot(as_qarray(lhs, zero_point), as_qarray(rhs, zero_point), gs,
+                               preferred_element_type=preferred_element_type)
 
     return jax.jit(f)
 
@@ -82,10 +94,6 @@ class QwixRaggedDot(VariantAdapter):
 
         if precision is not None or group_offset is not None:
             raise ValueError("this adapter runs the default precision and no group_offset")
-
-        def to_jax(x: Any) -> Any:
-            return tuple(jnp.asarray(v) for v in x) if isinstance(x, tuple) else jnp.asarray(x)
-
         fn = _jitted(None if preferred_element_type is None else np.dtype(preferred_element_type),
                      self.implementation == "slow")
         return np.asarray(fn(to_jax(lhs), to_jax(rhs), jnp.asarray(np.asarray(group_sizes, np.int32))))

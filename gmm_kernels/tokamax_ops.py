@@ -18,6 +18,7 @@ import numpy as np
 
 from gmm_kernels.base import KernelAdapter, VariantAdapter
 from gmm_kernels.convert import jax_x64, uses_64bit
+from gmm_kernels.qwix_ops import as_qarray, to_jax
 from gmm_ref import Numerics
 
 __all__ = ["TokamaxQArrayRaggedDot", "TokamaxRaggedDot"]
@@ -100,14 +101,9 @@ class TokamaxRaggedDot(VariantAdapter):
 @functools.cache
 def _jitted_qarray(preferred_element_type: Any) -> Any:
     import jax
-    import qwix
     import tokamax
 
     _absl_flags_parsed()
-
-    def as_qarray(x: Any) -> Any:
-        return qwix.QArray(qvalue=x[0], scale=x[1]) if isinstance(x, tuple) else x
-
     return jax.jit(lambda a, b, g: tokamax.ragged_dot(
         as_qarray(a), as_qarray(b), g, preferred_element_type=preferred_element_type, implementation="xla"))
 
@@ -140,9 +136,5 @@ class TokamaxQArrayRaggedDot(KernelAdapter):
 
         if precision is not None or group_offset is not None:
             raise ValueError("this adapter runs the default precision and no group_offset")
-
-        def to_jax(x: Any) -> Any:
-            return tuple(jnp.asarray(v) for v in x) if isinstance(x, tuple) else jnp.asarray(x)
-
         ped = None if preferred_element_type is None else np.dtype(preferred_element_type)
         return np.asarray(_jitted_qarray(ped)(to_jax(lhs), to_jax(rhs), jnp.asarray(np.asarray(group_sizes, np.int32))))

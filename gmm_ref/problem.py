@@ -362,14 +362,14 @@ class Problem:
                 raise ValueError(f"{name}_quant: scaled problems take no existing_out")
             if scales is None:
                 raise ValueError(f"{name}_scales: required with {name}_quant")
+            shapes = self.scale_shapes(name, quant)
             if not isinstance(scales, np.ndarray):
                 if not isinstance(scales, (list, tuple)):
                     raise TypeError(f"{name}_scales: expected a 1-D array, or one array per local group, "
                                     f"got {type(scales).__name__}")
-                scales = self._join_scales(name, quant, scales)
+                scales = self._join_scales(name, quant, scales, shapes)
             if scales.dtype != quant.scale:
                 raise TypeError(f"{name}_scales: expected dtype {quant.scale} ({name}_quant.scale), got {scales.dtype}")
-            shapes = [quant.scale_shape(*self.scale_extent(name, local)) for local in range(self.num_local_groups)]
             starts = np.concatenate([[0], np.cumsum([r * c for r, c in shapes], dtype=np.int64)])
             want = int(starts[-1])
             _set(self, f"_{name}_scale_blocks", (tuple(shapes), starts))  # each group's block: shape, start
@@ -378,14 +378,14 @@ class Problem:
                                  f"{quant.block} blocks one after the other), got shape {scales.shape}")
             _set(self, f"{name}_scales", _frozen(scales))
 
-    def _join_scales(self, name: str, quant: Quantization, per_group: Any) -> np.ndarray:
+    def _join_scales(self, name: str, quant: Quantization, per_group: Any, shapes: list[tuple[int, int]]
+                     ) -> np.ndarray:
         if len(per_group) != self.num_local_groups:
             raise ValueError(f"{name}_scales: expected one array per local group ({self.num_local_groups}), "
                              f"got {len(per_group)}")
         parts = []
-        for local, block in enumerate(per_group):
+        for local, (block, shape) in enumerate(zip(per_group, shapes, strict=True)):
             block = np.asarray(block)
-            shape = quant.scale_shape(*self.scale_extent(name, local))
             if block.shape != shape:
                 raise ValueError(f"{name}_scales[{local}]: expected shape {shape} ({quant.block} blocks of a "
                                  f"{list(self.scale_extent(name, local))} operand), got {block.shape}")
@@ -408,6 +408,11 @@ class Problem:
         elif fam == "ragged_k":
             k = size
         return rows, k
+
+    def scale_shapes(self, operand: str, quant: Quantization) -> list[tuple[int, int]]:
+        """The shape of each local group's block of ``operand``'s scales under ``quant`` (their sizes summed:
+        how many scales the operand takes)."""
+        return [quant.scale_shape(*self.scale_extent(operand, local)) for local in range(self.num_local_groups)]
 
     def scales_of(self, operand: str, local: int) -> np.ndarray:
         """Local group ``local``'s scales of ``operand`` as a 2-D ``scale_shape`` block (its ``[rows, K]``

@@ -54,6 +54,7 @@ __all__ = [
     "Quantization",
     "ScaledReference",
     "round_exact",
+    "round_scales",
     "rounded_product",
     "scaled_reference",
     "to_mx",
@@ -203,6 +204,15 @@ def _nearest(n: Any, e: int, dtype: np.dtype) -> np.ndarray:
     flat = np.asarray(n, dtype=object).reshape(-1)
     out = np.array([round_exact(int(v), e, dtype) for v in flat], np.float64)
     return out.reshape(np.shape(n))
+
+
+def round_scales(values: Any, dtype: Any) -> np.ndarray:
+    """``values`` (float64) rounded once to nearest even into a scale dtype. e8m0 holds powers of two only:
+    ``values`` must be powers of two there (they convert exactly)."""
+    dtype = np.dtype(dtype)
+    if ml_dtypes.finfo(dtype).nmant == 0:
+        return np.asarray(values, np.float64).astype(dtype)
+    return _dt.round_to(values, dtype)
 
 
 def rounded_product(a: np.ndarray, b: np.ndarray, out_dtype: Any) -> np.ndarray | None:

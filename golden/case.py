@@ -23,6 +23,7 @@ import gmm_ref
 from gmm_ref import conventions
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
+from gmm_ref.scaled import round_scales
 from golden.generator import raw_bits, values
 
 __all__ = ["Case", "GoldenError", "build_problem", "inputs_of", "select"]
@@ -152,7 +153,7 @@ def _scaled(case: Case, p: gmm_ref.Problem, quants: tuple[Any, Any], out_dtype: 
     for name, q in zip(("lhs", "rhs"), quants, strict=True):
         if q is None:
             continue
-        count = sum(int(np.prod(q.scale_shape(*p.scale_extent(name, i)))) for i in range(p.num_local_groups))
+        count = sum(r * c for r, c in p.scale_shapes(name, q))
         top = raw_bits(case.seed, f"{name}_scales", count) >> np.uint64(11)
         if case.kind == "int":
             v = np.ldexp(1.0, (top % np.uint64(2)).astype(np.int64))
@@ -162,8 +163,7 @@ def _scaled(case: Case, p: gmm_ref.Problem, quants: tuple[Any, Any], out_dtype: 
             if ml_dtypes.finfo(q.scale).nmant == 0:  # a power-of-two scale dtype (e8m0)
                 v = np.ldexp(1.0, np.floor(np.log2(v)).astype(np.int64))
         extra[f"{name}_quant"] = q
-        extra[f"{name}_scales"] = _dt.round_to(v, q.scale) if q.scale.kind == "f" or ml_dtypes.finfo(
-            q.scale).nmant else v.astype(q.scale)
+        extra[f"{name}_scales"] = round_scales(v, q.scale)
     return p.replace(**extra, out_dtype=out_dtype)
 
 

@@ -150,7 +150,7 @@ class _QwixRaggedDot(Convention):
             lhs = QArrayArgs(p.lhs, np.concatenate([*parts, tail]))
         if p.rhs_quant is not None:
             blocks = [np.swapaxes(p.scales_of("rhs", i), 0, 1) for i in range(g)]
-            shape = np.swapaxes(np.zeros(p.rhs_quant.scale_shape(p.n, p.k)), 0, 1).shape
+            shape = p.rhs_quant.scale_shape(p.n, p.k)[::-1]  # [K tiles, N] per group
             rhs = QArrayArgs(p.rhs, np.stack(blocks) if g else np.zeros((0, *shape), p.rhs_quant.scale))
         return (lhs, rhs, base.sizes32(p)), {"preferred_element_type": p.out_dtype}
 

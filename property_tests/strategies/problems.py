@@ -338,6 +338,6 @@ def _scaled(rng: np.random.Generator, p: gmm_ref.Problem, quants: tuple[Any, Any
     extra: dict[str, Any] = {}
     for name, q in zip(("lhs", "rhs"), quants, strict=True):
         if q is not None:
-            count = sum(math.prod(q.scale_shape(*p.scale_extent(name, i))) for i in range(p.num_local_groups))
+            count = sum(math.prod(shape) for shape in p.scale_shapes(name, q))
             extra.update({f"{name}_quant": q, f"{name}_scales": fill_scales(rng, count, q, kind, k, out_dtype)})
     return p.replace(**extra, out_dtype=out_dtype)

@@ -11,6 +11,7 @@ import numpy as np
 import gmm_ref
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks as _blocks
+from gmm_ref.scaled import round_scales
 
 __all__ = ["VALUE_KINDS", "few", "fill", "fill_codes", "fill_scales", "poison", "unused_elements"]
 
@@ -76,20 +77,18 @@ def fill_scales(rng: np.random.Generator, count: int, quant: Any, kind: str, k: 
     ``normal``: what amax / max gives for data of unit scale (a float32 or bfloat16 scale is not a power of
     two); ``wide``: powers of two (times a mantissa where the dtype has one) from 2**-40 up to where K
     products of two fully scaled codes near the output's overflow."""
-    dtype = np.dtype(quant.scale)
-    mant = ml_dtypes.finfo(dtype).nmant
+    code_max = 127.0 if _dt.is_integer(quant.elem) else float(ml_dtypes.finfo(quant.elem).max)
     if kind == "exact":
         vals = np.ldexp(1.0, rng.integers(0, 2, size=count))
     elif kind == "normal":
-        code_max = float(ml_dtypes.finfo(quant.elem).max) if not _dt.is_integer(quant.elem) else 127.0
         vals = rng.uniform(0.5, 2.0, size=count) * 3.0 / code_max
     else:
-        code_max = float(ml_dtypes.finfo(quant.elem).max) if not _dt.is_integer(quant.elem) else 127.0
         fout = _dt.float_format(out_dtype)
         hi = math.floor(0.5 * (math.log2(fout.max_finite) - math.log2(max(k, 1))) - math.log2(code_max)) - 1
         exp = rng.integers(-40, max(hi, -40) + 1, size=count)
+        mant = ml_dtypes.finfo(quant.scale).nmant
         vals = np.ldexp(rng.uniform(1.0, 2.0, size=count) if mant else np.ones(count), exp)
-    return _dt.round_to(vals, dtype) if dtype.kind == "f" or mant else vals.astype(dtype)
+    return round_scales(vals, quant.scale)
 
 
 def _wide_bits(rng: np.random.Generator, shape: Any, dtype: np.dtype, fin: Any, span: int) -> np.ndarray:
