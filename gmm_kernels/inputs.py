@@ -1,4 +1,5 @@
-"""A kernel gets copies of its inputs, and writing to them is a reported failure.
+"""A kernel gets copies of its inputs, and writing to them is a reported failure (but for the output buffer of a
+convention whose kernels write their result in place, ``Convention.out_argument``).
 
 The harness keeps its own pristine arrays (a ``gmm_ref.Problem`` holds
 read-only copies) and hands a kernel fresh, writable copies. After the call
@@ -78,7 +79,7 @@ def _changed(name: str, before: np.ndarray, after: np.ndarray) -> str | None:
 def modified(kernel: str, convention: Convention, pristine: tuple[tuple, dict], given: tuple[tuple, dict]) -> None:
     """Raise ``gmm_ref.Mismatch`` (kind ``"modified_input"``) if the kernel changed an array it was given."""
     __tracebackhide__ = True
-    before = _names(convention, *pristine)
+    before = [(name, b) for name, b in _names(convention, *pristine) if name != convention.out_argument]
     after = dict(_names(convention, *given))
     changes = [c for name, b in before if isinstance(b, np.ndarray)
                and (c := _changed(name, b, np.asarray(after[name]))) is not None]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from importlib import metadata
 
 from gmm_kernels.base import KernelAdapter
+from gmm_kernels.deep_gemm_ops import DeepGemmContiguous, DeepGemmContiguousPsum, DeepGemmMasked
 from gmm_kernels.ejkernel_ops import EjkernelGroupedMatmul
 from gmm_kernels.jax_lax import JaxRaggedDot, JaxRaggedDotGeneral
 from gmm_kernels.megablox import MegabloxGmm, MegabloxTgmm
@@ -18,9 +19,10 @@ from gmm_kernels.mosaic_gpu import MosaicGpuRaggedDot
 from gmm_kernels.qwix_ops import QwixRaggedDot
 from gmm_kernels.tokamax_ops import TokamaxQArrayRaggedDot, TokamaxRaggedDot
 from gmm_kernels.torch_grouped import TorchGroupedMM
-from gmm_kernels.torch_scaled import TorchScaledGroupedMM, TorchScaledMMLoop
+from gmm_kernels.torch_scaled import TorchaoMXFP8ScaledGroupedMM, TorchScaledGroupedMM, TorchScaledMMLoop
 from gmm_kernels.torchao_ops import TorchaoMXFP8GroupedMM
 from gmm_kernels.transformer_engine import TransformerEngineGroupedGemm
+from gmm_kernels.vllm_ops import VllmBatchedMoE
 
 __all__ = ["ENTRY_POINT_GROUP", "get", "names", "registry"]
 
@@ -48,7 +50,12 @@ def _builtin() -> list[KernelAdapter]:
         QwixRaggedDot("fast"),
         QwixRaggedDot("slow"),
         TorchaoMXFP8GroupedMM(),
+        TorchaoMXFP8ScaledGroupedMM(),
         TokamaxQArrayRaggedDot(),
+        DeepGemmContiguous(),
+        DeepGemmContiguousPsum(),
+        DeepGemmMasked(),
+        VllmBatchedMoE(),
     ]
 
 

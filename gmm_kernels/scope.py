@@ -215,16 +215,14 @@ class Scope:
         return {"families": self.families, "dtypes": self.dtypes, "out_dtypes": self.out_dtypes,
                 "multiples": dict(self.multiples), "tail": self.tail,
                 "zero_extents": None if self.zero_extents is None else list(self.zero_extents),
-                "numerics": None if n is None else {"multiply": None if n.multiply is None else str(n.multiply),
-                                                    "accumulate": str(n.accumulate),
-                                                    "flush_subnormals": n.flush_subnormals},
+                "numerics": None if n is None else n.to_json(),
                 "quantizes": None if self.quantizes is None else [
                     None if q is None else {"elem": str(q.elem), "block_size": q.block_size, "scale_mode": q.scale_mode}
                     for q in self.quantizes]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Scope:
-        numerics = None if d.get("numerics") is None else Numerics(**d["numerics"])
+        numerics = None if d.get("numerics") is None else Numerics.from_json(d["numerics"])
         quantizes = None
         if d.get("quantizes") is not None:
             from gmm_ref import MXQuantizer
@@ -290,13 +288,31 @@ def parse_numerics(text: str | None, *, option: str = "--numerics") -> Numerics 
             fields["flush_subnormals"] = False
         elif key in ("multiply", "accumulate") and eq:
             fields[key] = None if value in ("exact", "none") else value
+        elif key == "promote_every" and eq and value.isdigit():
+            fields[key] = int(value)
+        elif key == "partial" and eq:
+            fields["partial_accumulate"] = _roundoff(value)
         else:
-            raise ValueError(f"{option}: expected accumulate=DTYPE, multiply=DTYPE|exact and flush[=true|false] "
-                             f"separated by commas, got {item!r}")
+            raise ValueError(f"{option}: expected accumulate=DTYPE, multiply=DTYPE|exact, flush[=true|false], "
+                             f"promote_every=N and partial=DTYPE|2**-BITS separated by commas, got {item!r}")
     try:
         return Numerics(**fields)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"{option}: {exc}") from None
+
+
+def _roundoff(value: str) -> Any:
+    """``partial=``'s value: ``2**-13`` (a unit roundoff), a float, or a dtype name."""
+    text = value.replace("^", "**")
+    if text.startswith("2**"):
+        try:
+            return 2.0 ** int(text[3:])
+        except ValueError:
+            return value
+    try:
+        return float(text)
+    except ValueError:
+        return value
 
 
 

@@ -7,20 +7,27 @@
   ``torch._scaled_mm``, which does run on CPU: each group's codes are
   dequantized to float32 (code * scale, rounded once to float32), multiplied
   in float32 and rounded to bfloat16. It is what a framework without the
-  grouped kernel calls, and it checks the convention end to end here.
+  grouped kernel calls, and it checks the convention end to end here (rowwise).
+- ``torchao.mxfp8_scaled_grouped_mm[emulated]``: the MXFP8 form (2d-3d), torchao's emulated MXFP8 scaled grouped
+  mm on CPU: it reads the swizzled scales back into each group's ``[rows, K / 32]`` block (the layout torch's
+  kernel reads), dequantizes into bfloat16 and calls ``torch._grouped_mm``.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
 
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import to_framework
+from gmm_kernels.scope import Scope
 from gmm_ref import Numerics, Problem
+from gmm_ref.conventions.torch_scaled import MX_BLOCK, MXFP8, ROWWISE
+from gmm_ref.scale_layouts import blocked_shape, from_blocked
 
-__all__ = ["TorchScaledGroupedMM", "TorchScaledMMLoop"]
+__all__ = ["TorchScaledGroupedMM", "TorchScaledMMLoop", "TorchaoMXFP8ScaledGroupedMM", "unswizzled_2d_3d"]
 
 
 class TorchScaledGroupedMM(KernelAdapter):
@@ -40,6 +47,13 @@ class TorchScaledGroupedMM(KernelAdapter):
         if not torch.cuda.is_available():
             return (f"torch {torch.__version__}'s _scaled_grouped_mm has no CPU kernel (CUDA only, compute "
                     "capability 9.0+); torch.scaled_mm[loop] checks the same contract here")
+        return None
+
+    def _refusal(self, problem: Problem) -> str | None:
+        import torch
+
+        if problem.lhs_quant == MXFP8 and torch.cuda.get_device_capability()[0] < 10:
+            return "torch's MXFP8 grouped mm needs compute capability 10.0 (Blackwell) or newer"
         return None
 
     def call(self, mat_a: Any, mat_b: Any, scale_a: Any, scale_b: Any, offs: Any = None, out_dtype: Any = None
@@ -67,6 +81,14 @@ class TorchScaledMMLoop(KernelAdapter):
         if not hasattr(torch, "_scaled_mm"):
             return f"torch {torch.__version__} has no torch._scaled_mm"
         return None
+
+    def _refusal(self, problem: Problem) -> str | None:
+        if problem.lhs_quant == MXFP8:
+            return "torch._scaled_mm on CPU takes tensorwise and rowwise scales, not MXFP8 blocks"
+        return None
+
+    def _strategy_options(self) -> dict[str, Any]:
+        return {"quantizations": ((ROWWISE, ROWWISE),)}
 
     def numerics_for(self, problem: Problem) -> Numerics:
         """Codes times scales rounded to float32 first (torch's CPU path dequantizes), then a float32 matmul."""
@@ -112,3 +134,66 @@ class TorchScaledMMLoop(KernelAdapter):
             if hi > lo:
                 out[g] = mm(a[:, lo:hi], b[lo:hi], sa[g * m:(g + 1) * m], sb[g * n:(g + 1) * n])
         return out
+
+
+def unswizzled_2d_3d(scale_a: Any, scale_b: Any, offs: Any, m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """torch's MXFP8 2d-3d scales unswizzled: ``scale_a`` ``[M, ceil(K/32)]`` row by row of ``mat_a`` (rows past
+    the groups get scale 1) and ``scale_b`` ``[G, ceil(K/32), N]``, from each group's padded swizzled block."""
+    from gmm_ref import as_numpy
+
+    kb = -(-k // MX_BLOCK)
+    ends = [0, *np.asarray(as_numpy(offs)).astype(np.int64).tolist()]
+    flat_a, flat_b = as_numpy(scale_a).reshape(-1), as_numpy(scale_b)
+    a = np.ones((m, kb), flat_a.dtype)
+    at = 0
+    for lo, hi in itertools.pairwise(ends):
+        size = int(np.prod(blocked_shape(hi - lo, kb)))
+        a[lo:hi] = from_blocked(flat_a[at:at + size], hi - lo, kb)
+        at += size
+    b = np.stack([from_blocked(flat_b[g], n, kb).T for g in range(flat_b.shape[0])]) if flat_b.shape[0] else \
+        np.zeros((0, kb, n), flat_b.dtype)
+    return a, b
+
+
+class TorchaoMXFP8ScaledGroupedMM(KernelAdapter):
+    """torchao's emulated MXFP8 scaled grouped mm (2d-3d) behind torch's swizzled MXFP8 scale layout (CPU)."""
+
+    name = "torchao.mxfp8_scaled_grouped_mm[emulated]"
+    convention = "torch.scaled_grouped_mm"
+    requires = ("torch", "torchao")
+    # the codes times their e8m0 scales in bfloat16, then torch._grouped_mm (bfloat16 in, float32 accumulation)
+    scope = Scope(families=("ragged_m",), multiples={"k": MX_BLOCK}, zero_extents=("m",),
+                  numerics=Numerics(multiply="bfloat16", accumulate="float32", flush_subnormals=True))
+
+    def _unavailable(self) -> str | None:
+        try:
+            from torchao.prototype.moe_training.mxfp8_grouped_mm import (  # noqa: F401
+                _emulated_mxfp8_scaled_grouped_mm_2d_3d,
+            )
+        except Exception as exc:  # noqa: BLE001 - an import that fails here is the reason it cannot run
+            return f"torchao's emulated MXFP8 scaled grouped mm does not import here: {exc}"
+        return None
+
+    def _refusal(self, problem: Problem) -> str | None:
+        if problem.lhs_quant != MXFP8:
+            return f"{self.name} takes MXFP8 operands (e8m0 scales per 32 along K), not rowwise ones"
+        return None
+
+    def _strategy_options(self) -> dict[str, Any]:
+        return {"quantizations": ((MXFP8, MXFP8),)}
+
+    def call(self, mat_a: Any, mat_b: Any, scale_a: Any, scale_b: Any, offs: Any = None, out_dtype: Any = None
+             ) -> Any:
+        import logging
+
+        import torch
+        from torchao.prototype.moe_training.mxfp8_grouped_mm import _emulated_mxfp8_scaled_grouped_mm_2d_3d
+
+        from gmm_kernels.convert import to_torch
+
+        logging.getLogger("torchao").setLevel(logging.ERROR)  # it warns about its CUDA extensions on import
+        m, k = mat_a.shape
+        sa, sb = unswizzled_2d_3d(scale_a, scale_b, offs, m, k, mat_b.shape[2])
+        (a, b), kw = to_framework("torch", (mat_a, mat_b), {"offs": offs, "out_dtype": out_dtype})
+        return _emulated_mxfp8_scaled_grouped_mm_2d_3d(a, to_torch(sa), b, to_torch(sb), offs=kw["offs"],
+                                                       out_dtype=kw["out_dtype"] or torch.bfloat16)

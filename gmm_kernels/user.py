@@ -69,7 +69,9 @@ class FunctionAdapter(KernelAdapter):
         framework = self.spec.framework
         if framework == "torch":
             a, kw = to_framework(framework, args, kwargs)
-            return self.fn(*a, **kw)
+            out = self.fn(*a, **kw)
+            # a kernel that writes its output buffer in place (DeepGEMM's d) returns nothing: the buffer it got
+            return self.spec.out_value(a, kw) if out is None and self.spec.out_argument is not None else out
         with jax_x64(uses_64bit(*args, *kwargs.values())):
             a, kw = to_framework(framework, args, kwargs)
             out = self.fn(*a, **kw)

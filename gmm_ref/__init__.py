@@ -4,7 +4,9 @@ Start with :class:`Problem` (the model), :func:`reference` (exact values,
 defined-mask, bound) and :func:`assert_matches_reference`; or call a
 convention front-end with a kernel's own arguments (:func:`ragged_dot`,
 :func:`ragged_dot_general`, :func:`gmm`, :func:`tgmm`, :func:`grouped_mm`,
-:func:`te_grouped_gemm`, :func:`scaled_grouped_mm`, :func:`qwix_ragged_dot`); :func:`arguments` turns a problem
+:func:`te_grouped_gemm`, :func:`scaled_grouped_mm`, :func:`qwix_ragged_dot`, the serving layouts'
+:func:`deep_gemm_m_grouped_contiguous`, :func:`deep_gemm_m_grouped_masked`, :func:`vllm_batched_moe`);
+:func:`arguments` turns a problem
 into its convention's arguments. Scaled (quantized) grouped GEMM: a :class:`Problem` with
 ``lhs_quant``/``lhs_scales`` (a :class:`Quantization` and its scales), the exact
 :func:`scaled_reference` and the MX quantizer :func:`to_mx` (``gmm_ref.scaled``). Needs only
@@ -15,12 +17,14 @@ numerics.md, scaled.md).
 from gmm_ref import conventions
 from gmm_ref.compare import Comparison, Mismatch, assert_deterministic, assert_matches_reference, check
 from gmm_ref.conventions import arguments, problem_from_arguments
+from gmm_ref.conventions.deep_gemm import deep_gemm_m_grouped_contiguous, deep_gemm_m_grouped_masked
 from gmm_ref.conventions.megablox import gmm, tgmm
 from gmm_ref.conventions.qwix import qwix_ragged_dot
 from gmm_ref.conventions.ragged_dot import RaggedDotDimensionNumbers, ragged_dot, ragged_dot_general
 from gmm_ref.conventions.te import te_grouped_gemm
 from gmm_ref.conventions.torch_grouped import grouped_mm
 from gmm_ref.conventions.torch_scaled import scaled_grouped_mm
+from gmm_ref.conventions.vllm import vllm_batched_moe
 from gmm_ref.dtypes import as_numpy, round_to, unit_roundoff
 from gmm_ref.exact import Reference, reference
 from gmm_ref.gradients import Gradients, gradients
@@ -48,6 +52,8 @@ __all__ = [
     "assert_matches_reference",
     "check",
     "conventions",
+    "deep_gemm_m_grouped_contiguous",
+    "deep_gemm_m_grouped_masked",
     "gmm",
     "gradients",
     "grouped_mm",
@@ -68,4 +74,5 @@ __all__ = [
     "tgmm",
     "to_mx",
     "unit_roundoff",
+    "vllm_batched_moe",
 ]

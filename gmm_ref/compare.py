@@ -20,7 +20,7 @@ from gmm_ref.problem import Problem
 from gmm_ref.repro import fenced, reproducer
 
 __all__ = ["REPRODUCE", "Comparison", "Mismatch", "assert_deterministic", "assert_matches_reference", "check",
-           "group_of", "group_span", "groups_of"]
+           "group_of", "group_span", "groups_of", "scale_blocks_of"]
 
 DEFAULT_TILE = (128, 128, 128)
 MAX_LISTED = 8
@@ -72,6 +72,16 @@ REPRODUCE = "Reproduce with:\n"
 def groups_of(p: Problem, idx: np.ndarray) -> np.ndarray:
     """The group of each output index (rows of ``idx``); -1 for the tail past every group."""
     nb = len(p.batch_shape)
+    if p.family == "masked":  # group g's matrix; -1 past its valid rows
+        g = idx[:, 0].astype(np.int64)
+        return np.where(idx[:, 1] < p.group_sizes[g], g, -1)
+    if p.family == "padded_contiguous":  # the group whose rows hold it; -1 for padding rows
+        starts, ends = p.spans_at(())
+        row = idx[:, 0]
+        g = np.searchsorted(starts, row, side="right") - 1
+        inside = (g >= 0) & (row < ends[np.maximum(g, 0)])
+        # empty groups share their start with the next group: the last group starting there holds the row
+        return np.where(inside, g, -1)
     if p.family in ("ragged_k", "batch"):
         return p.group_offset + idx[:, 0].astype(np.int64)
     pos = idx[:, nb] if p.family == "ragged_m" else idx[:, nb + 1]
@@ -93,9 +103,14 @@ def group_of(p: Problem, index: tuple[int, ...]) -> int:
 def group_span(p: Problem, g: int, index: tuple[int, ...]) -> str:
     """``group g (rows [a, b), size s)``: the group of output ``index`` and its ragged range."""
     if g < 0:
-        return "tail (past sum(group_sizes))"
+        return {"masked": "rows past a group's valid count (masked)",
+                "padded_contiguous": "padding rows (no group's)"}.get(p.family, "tail (past sum(group_sizes))")
     if p.group_sizes is None or p.family == "batch":
         return f"group {g}"
+    if p.family in ("masked", "padded_contiguous"):
+        starts, ends = p.spans_at(())
+        where = "of its own matrix " if p.family == "masked" else ""
+        return f"group {g} (rows [{starts[g]}, {ends[g]}) {where}, size {ends[g] - starts[g]})".replace(" ,", ",")
     nb = len(p.batch_shape)
     lead = 1 if p.family == "ragged_k" else 0
     bi = tuple(index[lead:lead + nb]) if p.group_sizes.ndim > 1 else ()
@@ -113,7 +128,75 @@ def _group_summary(p: Problem, idx: np.ndarray) -> tuple[str, dict[int, int]]:
              for g, i, c in list(zip(found, first, counts, strict=True))[:MAX_LISTED]]
     if len(found) > MAX_LISTED:
         lines.append(f"  ... and {len(found) - MAX_LISTED} more groups")
+    if p.family == "masked" and found.size and found[0] == -1:  # name the groups whose rows past the count are wrong
+        past = idx[groups < 0, 0]
+        owners, n_past = np.unique(past, return_counts=True)
+        lines[0] = "  rows past a group's valid count (masked):"
+        lines[1:1] = [f"    group {int(g)} (valid rows [0, {int(p.group_sizes[g])}) of {p.m}): {int(c)} wrong past them"
+                      for g, c in list(zip(owners, n_past, strict=True))[:MAX_LISTED]]
     return "\n".join(lines), by_group
+
+
+def scale_blocks_of(p: Problem, idx: np.ndarray) -> np.ndarray:
+    """For output indices of a scaled problem (rows of ``idx``): ``(group, lhs block row, rhs block row)``, the
+    blocks of the group's scales (``Problem.scales_of``) whose row of lhs scales and row of rhs scales the element
+    multiplies (every K block of them); group -1 for elements of no group."""
+    groups = groups_of(p, idx)
+    out = np.full((len(idx), 3), -1, np.int64)
+    out[:, 0] = groups
+    fam = p.family
+    starts = None if fam in ("batch", "ragged_k") else p.spans_at(())[0]
+    for i, (g, ix) in enumerate(zip(groups.tolist(), idx.tolist(), strict=True)):
+        if g < 0:
+            continue
+        row, col = ix[-2], ix[-1]
+        if fam in ("ragged_m", "padded_contiguous"):
+            row -= int(starts[g])
+        elif fam == "ragged_n":
+            col -= int(starts[g])
+        for j, (quant, at) in enumerate(((p.lhs_quant, row), (p.rhs_quant, col)), 1):
+            if quant is not None:
+                out[i, j] = 0 if quant.block[0] is None else at // quant.block[0]
+    return out
+
+
+def _ranges(values: list[int], most: int = 6) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (the first ``most`` runs)."""
+    runs: list[list[int]] = []
+    for v in sorted(set(values)):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:most])
+    return text + (", ..." if len(runs) > most else "")
+
+
+def _scale_block_summary(p: Problem, idx: np.ndarray) -> list[str]:
+    """Per wrong group, which block rows of its lhs and rhs scales the wrong elements multiply, of how many: a
+    misapplied scale shows as one block row wrong, a whole group's wrong scales as every one of them."""
+    blocks = scale_blocks_of(p, idx)
+    blocks = blocks[blocks[:, 0] >= 0]
+    if not len(blocks):
+        return []
+    lines = [f"Wrong scale blocks (lhs {p.lhs_quant.describe() if p.lhs_quant else 'unscaled'}, rhs "
+             f"{p.rhs_quant.describe() if p.rhs_quant else 'unscaled'}; the block rows of each group's scales that "
+             "wrong elements multiply):"]
+    groups = sorted(set(blocks[:, 0].tolist()))
+    for g in groups[:MAX_LISTED]:
+        mine = blocks[blocks[:, 0] == g]
+        parts = []
+        for j, name in ((1, "lhs"), (2, "rhs")):
+            quant = getattr(p, f"{name}_quant")
+            if quant is None:
+                continue
+            total = p.scales_of(name, g - p.group_offset).shape[0]
+            rows = mine[:, j].tolist()
+            parts.append(f"{name} block rows {_ranges(rows)} ({len(set(rows))} of {total})")
+        lines.append(f"  group {g}: {'; '.join(parts)}")
+    if len(groups) > MAX_LISTED:
+        lines.append(f"  ... and {len(groups) - MAX_LISTED} more groups")
+    return lines
 
 
 def _tile_map(p: Problem, bad: np.ndarray, mask: np.ndarray) -> str:
@@ -251,6 +334,8 @@ def _failure(act: np.ndarray, ref: Reference, bad: np.ndarray, bound: np.ndarray
         lines += stats
     summary, counts = _group_summary(p, idx)
     lines += ["Wrong groups:", summary]
+    if p.scaled:
+        lines += _scale_block_summary(p, idx)
     tiles = _tile_map(p, bad, ref.mask)
     if tiles:
         lines.append(tiles)

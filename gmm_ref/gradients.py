@@ -121,6 +121,9 @@ def _cotangent(p: Problem, cotangent: Any) -> np.ndarray:
         raise TypeError(f"cotangent: dtype {dout.dtype} cannot be a grouped GEMM input")
     if p.packed:
         raise NotImplementedError("gradients: packed layouts are not supported")
+    if p.family in ("masked", "padded_contiguous"):
+        raise NotImplementedError(f"gradients: the {p.family} family has no gradient model here (its kernels are "
+                                  "inference kernels)")
     return dout
 
 

@@ -47,7 +47,8 @@ def _operand(p: Problem, which: str, bi: tuple[int, ...], local: int, start: int
     fam = p.family
     buf = p.lhs if which == "lhs" else p.rhs
     transposed = p.lhs_transposed if which == "lhs" else p.rhs_transposed
-    grouped = (fam in ("ragged_n", "batch")) if which == "lhs" else (fam in ("ragged_m", "batch"))
+    grouped = (fam in ("ragged_n", "batch", "masked")) if which == "lhs" else (
+        fam in ("ragged_m", "batch", "masked", "padded_contiguous"))
     mat = buf[(local, *bi)] if grouped else buf[bi]
     # logical ragged dim of this operand: lhs (M, K) -> 0 or 1; rhs (K, N) -> 0 or 1
     ragged = {
@@ -55,6 +56,8 @@ def _operand(p: Problem, which: str, bi: tuple[int, ...], local: int, start: int
         ("ragged_k", "lhs"): 1,
         ("ragged_k", "rhs"): 0,
         ("ragged_n", "rhs"): 1,
+        ("masked", "lhs"): 0,  # the valid rows of the group's own matrix
+        ("padded_contiguous", "lhs"): 0,
     }.get((fam, which))
     if ragged is not None:
         stored_axis = ragged if not transposed else 1 - ragged
@@ -66,9 +69,9 @@ def blocks(p: Problem) -> Iterator[Block]:
     """Every (batch index, local group) block of the problem, in order."""
     fam = p.family
     for bi in np.ndindex(*p.batch_shape):
-        off = p.offsets_at(bi)
+        starts, ends = p.spans_at(bi)
         for local, g in enumerate(p.local_groups):
-            start, size = int(off[g]), int(off[g + 1] - off[g])
+            start, size = int(starts[g]), int(ends[g] - starts[g])
             if fam == "batch":
                 start, size = 0, 0
             a = _operand(p, "lhs", bi, local, start, size)
@@ -77,8 +80,10 @@ def blocks(p: Problem) -> Iterator[Block]:
                 a = dequantized(a, p.lhs_quant, p.scales_of("lhs", local))
             if p.rhs_quant is not None:
                 b = dequantized(b.T, p.rhs_quant, p.scales_of("rhs", local)).T
-            if fam == "ragged_m":
+            if fam in ("ragged_m", "padded_contiguous"):
                 out_index = (*bi, slice(start, start + size), slice(None))
+            elif fam == "masked":
+                out_index = (local, slice(0, size), slice(None))
             elif fam == "ragged_n":
                 out_index = (*bi, slice(None), slice(start, start + size))
             else:

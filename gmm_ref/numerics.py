@@ -8,7 +8,11 @@ For every defined output element (docs/numerics.md)::
 For a scaled problem ``A`` and ``B`` are the dequantized values (scale * code)
 and ``K_ij`` counts one more rounding per scaled operand (its scale applied to a
 partial sum); a kernel that dequantizes first into a narrower type declares it as
-``multiply`` (the dequantized values pass through it).
+``multiply`` (the dequantized values pass through it). A kernel that keeps partial
+sums of ``L = promote_every`` terms in a precision of their own (``partial_accumulate``)
+and promotes them into the accumulator earns
+``(1 + gamma(L, u_partial)) * (1 + gamma(ceil(K / L) + 2, u_acc))`` in place of
+``1 + gamma(K_ij, u_acc)``.
 
 ``u_ref = 2**-53`` accounts for the float64 reference itself (its products
 are exact for inputs of float32 or narrower; its sums are not). When every
@@ -67,6 +71,12 @@ class Numerics:
     #: (FTZ/DAZ, as XLA on CPU and most GPU/TPU paths do): widens the bound by the
     #: flushed terms and the smallest normals of the accumulator and the output.
     flush_subnormals: bool = False
+    #: partial sums of at most this many K terms are kept apart and then promoted (scales applied) into the
+    #: ``accumulate`` accumulator: DeepGEMM's SM90 FP8 kernels promote every 128 (None: one accumulator over K)
+    promote_every: int | None = None
+    #: the precision of those partial sums: a dtype, or the unit roundoff of an accumulator that is none
+    #: (Hopper's FP8 tensor cores keep about 14 significant bits, truncating: ``2**-13``); None: ``accumulate``
+    partial_accumulate: Any = None
 
     def __post_init__(self) -> None:
         if self.multiply is not None:
@@ -74,6 +84,50 @@ class Numerics:
         object.__setattr__(self, "accumulate", _dt.as_dtype(self.accumulate, name="accumulate"))
         if not isinstance(self.flush_subnormals, (bool, np.bool_)):
             raise TypeError(f"flush_subnormals: expected a bool, got {self.flush_subnormals!r}")
+        every = self.promote_every
+        if every is not None and (isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1):
+            raise ValueError(f"promote_every: expected a positive int (K terms per partial sum) or None, got {every!r}")
+        part = self.partial_accumulate
+        if part is not None:
+            if every is None:
+                raise ValueError("partial_accumulate: given without promote_every (how many K terms a partial sum "
+                                 "holds)")
+            if isinstance(part, float) or (isinstance(part, (int, np.floating)) and not isinstance(part, bool)):
+                if not 0 < float(part) < 1:
+                    raise ValueError(f"partial_accumulate: expected a dtype or a unit roundoff in (0, 1), got {part!r}")
+                object.__setattr__(self, "partial_accumulate", float(part))
+            else:
+                object.__setattr__(self, "partial_accumulate", _dt.as_dtype(part, name="partial_accumulate"))
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field as JSON (the fields at their defaults left out but for the first three)."""
+        out: dict[str, Any] = {"multiply": None if self.multiply is None else str(self.multiply),
+                               "accumulate": str(self.accumulate), "flush_subnormals": bool(self.flush_subnormals)}
+        if self.promote_every is not None:
+            part = self.partial_accumulate
+            out.update(promote_every=int(self.promote_every),
+                       partial_accumulate=part if part is None or isinstance(part, float) else str(part))
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Numerics:
+        """The inverse of :meth:`to_json`."""
+        return cls(multiply=d["multiply"], accumulate=d["accumulate"],
+                   flush_subnormals=bool(d.get("flush_subnormals", False)), promote_every=d.get("promote_every"),
+                   partial_accumulate=d.get("partial_accumulate"))
+
+    def source(self) -> str:
+        """``gmm_ref.Numerics(...)`` as valid source."""
+        args = ", ".join(f"{k}={v!r}" for k, v in self.to_json().items())
+        return f"gmm_ref.Numerics({args})"
+
+    @property
+    def u_partial(self) -> float:
+        """The unit roundoff of the partial sums (``partial_accumulate``, else the accumulator's)."""
+        part = self.partial_accumulate
+        if part is None:
+            return self.u_acc
+        return part if isinstance(part, float) else _dt.unit_roundoff(part)
 
     @classmethod
     def default_for(cls, lhs_dtype: Any, rhs_dtype: Any, out_dtype: Any) -> Numerics:
@@ -108,6 +162,8 @@ class Numerics:
         if self.multiply is not None:
             in_limit = min(in_limit, sig_limit(self.multiply))
         sum_limit = min(sig_limit(self.accumulate), sig_limit(out_dtype))
+        if self.partial_accumulate is not None:  # integers below 1 / u hold exactly in the partial sums
+            sum_limit = min(sum_limit, 1.0 / self.u_partial)
         return in_limit, sum_limit
 
 
@@ -185,13 +241,21 @@ def _chunk_bound(p: Problem, a_in: np.ndarray, b_in: np.ndarray, b: np.ndarray, 
         k += 1
     # a scaled operand's scale multiplies a partial sum (after the K loop, or per K block) in the
     # accumulator: one more rounding on every term's path per scaled operand
-    k += (p.lhs_quant is not None) + (p.rhs_quant is not None)
+    scales = (p.lhs_quant is not None) + (p.rhs_quant is not None)
+    k += scales
     with np.errstate(invalid="ignore", over="ignore"):
         # inputs rounded to the multiply precision (twice u_in plus its square), then
         # k roundings in the accumulator (Higham's gamma_k covers products and sums),
         # products underflowing in it (k * its tiny), the reference's own float64
         # sums, and the one rounding to the output dtype of a value that far off.
-        rel = (1 + u_in) ** 2 * (1 + gamma(k, numerics.u_acc)) - 1 + gamma(k + 1, U_REF)
+        acc = 1 + gamma(k, numerics.u_acc)
+        if numerics.promote_every is not None:
+            # partial sums of at most L terms in their own precision, then per block the scales' product and
+            # its product with the partial sum, and one sum over the blocks, in the accumulator
+            span = min(max(k - scales, 1), numerics.promote_every)
+            blocks = -(-max(k - scales, 1) // numerics.promote_every)
+            acc = (1 + gamma(span, numerics.u_partial)) * (1 + gamma(blocks + 2, numerics.u_acc))
+        rel = (1 + u_in) ** 2 * acc - 1 + gamma(k + 1, U_REF)
         err = rel * ab + k * tiny_acc
         if numerics.flush_subnormals:
             err = err + _flush_error(a_in, b_in, a, b, k, numerics)

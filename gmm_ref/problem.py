@@ -13,6 +13,24 @@ family        lhs                     rhs                     out
 ``batch``     ``[G, b..., M, K]``     ``[G, b..., K, N]``     ``[G, b..., M, N]``
 ============  ======================  ======================  =====================
 
+Two serving layouts (no batch dims, no sharding; an existing output is kept where no group writes):
+
+=====================  ==============  ==============  ==============
+family                 lhs             rhs             out
+=====================  ==============  ==============  ==============
+``masked``             ``[G, M, K]``   ``[G, K, N]``   ``[G, M, N]``
+``padded_contiguous``  ``[T, K]``      ``[G, K, N]``   ``[T, N]``
+=====================  ==============  ==============  ==============
+
+``masked``: group g is the first ``group_sizes[g]`` rows of its own ``[M, K]``
+matrix (a valid row count per group, as DeepGEMM's masked layout and vLLM's
+batched experts take it). ``padded_contiguous``: the groups lie one after the
+other in ``[T, K]``, each starting at a multiple of ``alignment`` (group g
+starts at the end of group g - 1 rounded up to it), as DeepGEMM's contiguous
+layout and vLLM's block-aligned expert layout take them. Output rows of no
+group (rows past a group's count, padding rows between groups, rows past the
+last group) follow ``tail``.
+
 An operand whose ragged axis is its last (fast) axis is stored either
 *strided* (group g is a column slice of the whole matrix, ``packed=False``) or
 *packed* (group g is its own contiguous row-major ``(rows, size_g)`` block,
@@ -31,18 +49,34 @@ array (blocks restart at every group boundary; docs/scaled.md).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 from gmm_ref import dtypes as _dt
+from gmm_ref.checks import (
+    aligned_starts,
+    as_int,
+    as_tiling,
+    choice,
+    convention_name,
+    frozen_copy,
+    known_conventions,
+    output_dtype,
+    set_field,
+    shard_of,
+)
 from gmm_ref.scaled import ELEMENT_DTYPES, Quantization
 
-__all__ = ["FAMILIES", "STORAGES", "Problem", "as_tiling"]
+__all__ = ["FAMILIES", "RAGGED_FAMILIES", "SERVING_FAMILIES", "STORAGES", "Problem", "aligned_starts", "as_tiling",
+           "known_conventions"]
 
-FAMILIES = ("ragged_m", "ragged_n", "ragged_k", "batch")
+FAMILIES = ("ragged_m", "ragged_n", "ragged_k", "batch", "masked", "padded_contiguous")
+#: the families of one ragged axis (and batch), each with every layout, batch dims and sharding
+RAGGED_FAMILIES = ("ragged_m", "ragged_n", "ragged_k", "batch")
+#: the serving layouts: a valid row count per group's own matrix, or groups at aligned row offsets
+SERVING_FAMILIES = ("masked", "padded_contiguous")
 TAIL_POLICIES = ("zero", "undefined")
 EMPTY_POLICIES = ("zero", "untouched", "undefined")
 EXISTING_POLICIES = ("overwrite", "accumulate")
@@ -50,121 +84,7 @@ EXISTING_POLICIES = ("overwrite", "accumulate")
 #: its own contiguous buffer, a transposed view of one, a slice of a wider buffer, a chunk of a split
 STORAGES = ("contiguous", "transposed", "slice", "chunk")
 
-Family = Literal["ragged_m", "ragged_n", "ragged_k", "batch"]
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
-
-
-def _as_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    arr = np.asarray(value)
-    if arr.size != 1 or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"{name}: expected an integer, got {value!r}")
-    return int(arr.reshape(()))
-
-
-def _set(obj: Any, name: str, value: Any) -> None:
-    object.__setattr__(obj, name, value)  # validation normalises fields of the frozen dataclass
-
-
-def _frozen(arr: np.ndarray) -> np.ndarray:
-    """A read-only copy: nothing the caller (or a kernel) does to its array changes the problem."""
-    out = np.array(arr, copy=True)
-    out.flags.writeable = False
-    return out
-
-
-_convention_names: Callable[[], Iterable[str]] = tuple
-
-
-def known_conventions(names: Callable[[], Iterable[str]]) -> None:
-    """Tell problems where the registered convention names come from (``gmm_ref.conventions``
-    calls it on import: a problem sits below the conventions, so it is told rather than importing them)."""
-    global _convention_names
-    _convention_names = names
-
-
-def _convention_name(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise TypeError(f"convention: expected a convention name (str) or None, got {type(value).__name__}")
-    names = tuple(_convention_names())
-    if names and value not in names:
-        raise ValueError(f"convention: expected one of {names} or None, got {value!r}")
-    return value
-
-
-def _output_dtype(lhs: np.dtype, rhs: np.dtype, out_dtype: Any, scaled: bool = False) -> np.dtype:
-    """The output dtype: given, or int32 for integer inputs, else the inputs' common type."""
-    if scaled:
-        if out_dtype is None:
-            raise TypeError("out_dtype: required for a scaled problem (scaled kernels name their output dtype)")
-        out = _dt.as_dtype(out_dtype, name="out_dtype")
-        if _dt.is_integer(out) or out not in _dt.OUTPUT_DTYPES:
-            raise TypeError(f"out_dtype: a scaled problem gives a float output, one of "
-                            f"{[str(d) for d in _dt.OUTPUT_DTYPES if not _dt.is_integer(d)]}, got {out}")
-        return out
-    if out_dtype is not None:
-        out = _dt.as_dtype(out_dtype, name="out_dtype")
-    elif _dt.is_integer(lhs):
-        out = np.dtype(np.int32)
-    else:
-        try:
-            out = np.promote_types(lhs, rhs)
-        except TypeError:  # e.g. float8_e4m3fn with float8_e5m2
-            raise TypeError(
-                f"out_dtype: required, since lhs dtype {lhs} and rhs dtype {rhs} have no common type"
-            ) from None
-    if out not in _dt.OUTPUT_DTYPES:
-        raise TypeError(
-            f"out_dtype: unsupported output dtype {out}; expected one of {[str(d) for d in _dt.OUTPUT_DTYPES]}"
-        )
-    if _dt.is_integer(out) != _dt.is_integer(lhs):
-        raise TypeError(
-            f"out_dtype: {out} does not fit inputs of dtype {lhs} "
-            "(integer inputs give int32, float inputs a float dtype)"
-        )
-    return out
-
-
-def _shard(g: int, group_offset: Any, num_local_groups: Any) -> tuple[int, int]:
-    """Validated ``(group_offset, num_local_groups)`` of G groups."""
-    off = _as_int("group_offset", group_offset)
-    if not 0 <= off <= g:
-        raise ValueError(f"group_offset: expected 0 <= group_offset <= G={g}, got {off}")
-    nl = _as_int("num_local_groups", num_local_groups, allow_none=True)
-    if nl is None:
-        nl = g - off
-    if nl < 0 or off + nl > g:
-        raise ValueError(
-            f"num_local_groups: expected 0 <= num_local_groups <= G - group_offset = {g - off}, got {nl}"
-        )
-    return off, nl
-
-
-def as_tiling(value: Any, *, name: str = "tiling") -> tuple[int, int, int]:
-    """``(tm, tk, tn)`` from three positive ints or a ``"TM,TK,TN"`` string; ValueError naming ``name``."""
-    expected = f"{name}: expected three positive ints (tm, tk, tn)"
-    parts: Any = value
-    if isinstance(value, str):
-        parts = [p.strip() for p in value.split(",")]
-        try:
-            parts = [int(p) for p in parts]
-        except ValueError:
-            raise ValueError(f"{expected} such as 128,128,128, got {value!r}") from None
-    try:
-        t = tuple(parts)
-    except TypeError:
-        raise ValueError(f"{expected}, got {value!r}") from None
-    if len(t) != 3 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-                              and v > 0 for v in t):
-        raise ValueError(f"{expected}, got {value!r}")
-    return (int(t[0]), int(t[1]), int(t[2]))
+Family = Literal["ragged_m", "ragged_n", "ragged_k", "batch", "masked", "padded_contiguous"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -204,35 +124,39 @@ class Problem:
     lhs_scales: np.ndarray | None = None
     rhs_quant: Quantization | None = None
     rhs_scales: np.ndarray | None = None
+    #: ``padded_contiguous`` only: every group starts at a multiple of it
+    alignment: int | None = None
 
     # ---------------------------------------------------------------- validation
     def __post_init__(self) -> None:
-        _choice("family", self.family, FAMILIES)
-        _choice("tail", self.tail, TAIL_POLICIES)
-        _choice("foreign", self.foreign, TAIL_POLICIES)
-        _choice("empty", self.empty, EMPTY_POLICIES)
-        _choice("existing_policy", self.existing_policy, EXISTING_POLICIES)
+        choice("family", self.family, FAMILIES)
+        choice("tail", self.tail, TAIL_POLICIES)
+        choice("foreign", self.foreign, TAIL_POLICIES)
+        choice("empty", self.empty, EMPTY_POLICIES)
+        choice("existing_policy", self.existing_policy, EXISTING_POLICIES)
         self._check_operands()
-        _set(self, "out_dtype", _output_dtype(self.lhs.dtype, self.rhs.dtype, self.out_dtype, self.scaled))
+        set_field(self, "out_dtype", output_dtype(self.lhs.dtype, self.rhs.dtype, self.out_dtype, self.scaled))
         self._check_shapes()
         if self.family == "batch":
             self._check_batch_groups()
+        elif self.family in SERVING_FAMILIES:
+            self._check_serving_groups()
         else:
             self._check_groups()
         self._check_existing()
         self._check_scales()
         if self.tiling is not None:
-            _set(self, "tiling", as_tiling(self.tiling))
+            set_field(self, "tiling", as_tiling(self.tiling))
         self._check_storage()
-        _set(self, "convention", _convention_name(self.convention))
+        set_field(self, "convention", convention_name(self.convention))
 
     def _check_storage(self) -> None:
         st = self.storage
         if isinstance(st, str) or not isinstance(st, (tuple, list)) or len(st) != 2:
             raise TypeError(f"storage: expected a pair (lhs, rhs) of {STORAGES}, got {st!r}")
         for name, kind in zip(("lhs", "rhs"), st, strict=True):
-            _choice(f"storage[{name}]", kind, STORAGES)
-        _set(self, "storage", tuple(st))
+            choice(f"storage[{name}]", kind, STORAGES)
+        set_field(self, "storage", tuple(st))
 
     @property
     def scaled(self) -> bool:
@@ -258,7 +182,7 @@ class Problem:
                     + (f" (or codes of {[str(d) for d in ELEMENT_DTYPES]} with {name}_quant)"
                        if arr.dtype in ELEMENT_DTYPES else "")
                 )
-            _set(self, name, _frozen(arr))
+            set_field(self, name, frozen_copy(arr))
         if not self.scaled and _dt.is_integer(self.lhs.dtype) != _dt.is_integer(self.rhs.dtype):
             raise TypeError(
                 f"lhs/rhs: integer and floating inputs cannot be mixed "
@@ -267,16 +191,25 @@ class Problem:
         for name in ("lhs_transposed", "rhs_transposed", "packed"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
-        nb = _as_int("batch_ndim", self.batch_ndim)
+        nb = as_int("batch_ndim", self.batch_ndim)
         if nb < 0:
             raise ValueError(f"batch_ndim: expected >= 0, got {nb}")
-        _set(self, "batch_ndim", nb)
+        set_field(self, "batch_ndim", nb)
 
     def _check_shapes(self) -> None:
         fam, nb = self.family, self.batch_ndim
         lhs, rhs = self.lhs, self.rhs
-        grouped_lhs = fam in ("ragged_n", "batch")
-        grouped_rhs = fam in ("ragged_m", "batch")
+        grouped_lhs = fam in ("ragged_n", "batch", "masked")
+        grouped_rhs = fam in ("ragged_m", "batch", "masked", "padded_contiguous")
+        if fam in SERVING_FAMILIES:
+            if nb:
+                raise ValueError(f"batch_ndim: the {fam} family takes no batch dims, got {nb}")
+            if fam == "padded_contiguous" and self.lhs_transposed:
+                raise ValueError("lhs_transposed: the padded_contiguous family stores lhs [T, K] (its rows are the "
+                                 "groups' rows), expected False")
+        if self.alignment is not None and fam != "padded_contiguous":
+            raise ValueError(f"alignment: only the padded_contiguous family takes one, got {self.alignment!r} for "
+                             f"family {fam!r}")
         for name, arr, want in (("lhs", lhs, nb + 2 + grouped_lhs), ("rhs", rhs, nb + 2 + grouped_rhs)):
             if arr.ndim != want:
                 raise ValueError(
@@ -293,8 +226,8 @@ class Problem:
             raise ValueError(f"lhs/rhs: contracting extents differ: lhs has K={k}, rhs has K={k2}")
         if self.packed and not any(self.ragged_last(op) for op in ("lhs", "rhs")):
             raise ValueError("packed: True, but no operand of this problem is ragged along its last axis")
-        _set(self, "_mkn", (m, k, n))
-        _set(self, "_batch_shape", tuple(lb))
+        set_field(self, "_mkn", (m, k, n))
+        set_field(self, "_batch_shape", tuple(lb))
 
     def _check_batch_groups(self) -> None:
         if self.group_sizes is not None:
@@ -305,10 +238,10 @@ class Problem:
             raise ValueError(f"rhs: expected {g} groups on axis 0 (as lhs), got {self.rhs.shape[0]}")
         if self.group_offset != 0 or self.num_local_groups not in (None, g):
             raise ValueError("group_offset/num_local_groups: the batch family has no sharding")
-        _set(self, "group_sizes", None)
-        _set(self, "group_offset", 0)
-        _set(self, "num_local_groups", g)
-        _set(self, "_G", g)
+        set_field(self, "group_sizes", None)
+        set_field(self, "group_offset", 0)
+        set_field(self, "num_local_groups", g)
+        set_field(self, "_G", g)
 
     def _check_groups(self) -> None:
         fam = self.family
@@ -334,19 +267,66 @@ class Problem:
         if np.any(totals > extent):
             raise ValueError(f"group_sizes: sum {int(np.max(totals))} exceeds the ragged extent {extent} ({axis})")
         g = gs.shape[-1]
-        off, nl = _shard(g, self.group_offset, self.num_local_groups)
-        _set(self, "group_offset", off)
-        _set(self, "num_local_groups", nl)
-        _set(self, "_G", g)
+        off, nl = shard_of(g, self.group_offset, self.num_local_groups)
+        set_field(self, "group_offset", off)
+        set_field(self, "num_local_groups", nl)
+        set_field(self, "_G", g)
         gs = np.array(gs, dtype=np.int64)
         gs.setflags(write=False)
-        _set(self, "group_sizes", gs)
+        set_field(self, "group_sizes", gs)
         grouped = {"ragged_m": ("rhs", self.rhs), "ragged_n": ("lhs", self.lhs)}.get(fam)
         if grouped is not None and grouped[1].shape[0] != nl:
             raise ValueError(
                 f"{grouped[0]}: expected {nl} local groups on axis 0 (G={g}, group_offset={off}), "
                 f"got {grouped[1].shape[0]}"
             )
+
+    def _check_serving_groups(self) -> None:
+        fam = self.family
+        gs = self.group_sizes
+        if gs is None:
+            raise ValueError(f"group_sizes: required for family {fam!r}")
+        gs = np.asarray(gs)
+        if gs.ndim != 1 or not np.issubdtype(gs.dtype, np.integer):
+            raise TypeError(f"group_sizes: expected a 1-D integer array [G] for family {fam!r}, got dtype {gs.dtype} "
+                            f"shape {gs.shape}")
+        if np.any(gs < 0):
+            raise ValueError(f"group_sizes: must be non-negative, got {gs.tolist()}")
+        g = gs.size
+        if self.group_offset != 0 or self.num_local_groups not in (None, g):
+            raise ValueError(f"group_offset/num_local_groups: the {fam} family has no sharding (every group is "
+                             "local)")
+        if self.existing_out is not None and self.existing_policy != "overwrite":
+            raise ValueError(f"existing_policy: the {fam} family's existing output is kept where no group writes "
+                             f"('overwrite'), got {self.existing_policy!r}")
+        rhs_groups = self.rhs.shape[0]
+        if rhs_groups != g:
+            raise ValueError(f"rhs: expected {g} groups on axis 0 (len(group_sizes)), got {rhs_groups}")
+        gs = np.array(gs, dtype=np.int64)
+        if fam == "masked":
+            if self.lhs.shape[0] != g:
+                raise ValueError(f"lhs: expected {g} groups on axis 0 (len(group_sizes)), got {self.lhs.shape[0]}")
+            if np.any(gs > self.m):
+                raise ValueError(f"group_sizes: a valid row count {int(gs.max())} exceeds the rows of a group's "
+                                 f"matrix (M={self.m})")
+        else:
+            al = as_int("alignment", self.alignment, allow_none=True)
+            if al is None or al < 1:
+                raise ValueError(f"alignment: the padded_contiguous family needs a positive int (each group starts at "
+                                 f"a multiple of it), got {self.alignment!r}")
+            set_field(self, "alignment", al)
+            if np.any(gs > self.m):  # checked first: a sum of huge sizes could wrap around
+                raise ValueError(f"group_sizes: size {int(np.max(gs))} exceeds the ragged extent {self.m} (M)")
+            ends = aligned_starts(gs, al) + gs
+            end = int(np.max(ends[gs > 0], initial=0))  # an empty group past the last row holds none
+            if end > self.m:
+                raise ValueError(f"group_sizes: the groups, each starting at a multiple of alignment={al}, end at row "
+                                 f"{end}, past the ragged extent {self.m} (M)")
+        set_field(self, "group_offset", 0)
+        set_field(self, "num_local_groups", g)
+        set_field(self, "_G", g)
+        gs.setflags(write=False)
+        set_field(self, "group_sizes", gs)
 
     def _check_scales(self) -> None:
         for name in ("lhs", "rhs"):
@@ -358,8 +338,9 @@ class Problem:
             if self.batch_ndim:
                 raise ValueError(f"{name}_quant: scaled problems take no batch dims (got batch_ndim="
                                  f"{self.batch_ndim})")
-            if self.existing_out is not None:
-                raise ValueError(f"{name}_quant: scaled problems take no existing_out")
+            if self.existing_out is not None and self.existing_policy != "overwrite":
+                raise ValueError(f"{name}_quant: a scaled problem's existing_out is only kept where no group writes "
+                                 f"(existing_policy='overwrite'), not accumulated into")
             if scales is None:
                 raise ValueError(f"{name}_scales: required with {name}_quant")
             shapes = self.scale_shapes(name, quant)
@@ -372,11 +353,11 @@ class Problem:
                 raise TypeError(f"{name}_scales: expected dtype {quant.scale} ({name}_quant.scale), got {scales.dtype}")
             starts = np.concatenate([[0], np.cumsum([r * c for r, c in shapes], dtype=np.int64)])
             want = int(starts[-1])
-            _set(self, f"_{name}_scale_blocks", (tuple(shapes), starts))  # each group's block: shape, start
+            set_field(self, f"_{name}_scale_blocks", (tuple(shapes), starts))  # each group's block: shape, start
             if scales.ndim != 1 or scales.size != want:
                 raise ValueError(f"{name}_scales: expected a 1-D array of {want} scales (the local groups' "
                                  f"{quant.block} blocks one after the other), got shape {scales.shape}")
-            _set(self, f"{name}_scales", _frozen(scales))
+            set_field(self, f"{name}_scales", frozen_copy(scales))
 
     def _join_scales(self, name: str, quant: Quantization, per_group: Any, shapes: list[tuple[int, int]]
                      ) -> np.ndarray:
@@ -398,12 +379,15 @@ class Problem:
         fam = self.family
         size = 0
         if fam != "batch":
-            off = self.offsets_at(())
+            starts, ends = self.spans_at(())
             g = self.group_offset + local
-            size = int(off[g + 1] - off[g])
+            size = int(ends[g] - starts[g])
         rows = self.m if operand == "lhs" else self.n
         k = self.k
-        if (fam, operand) in (("ragged_m", "lhs"), ("ragged_n", "rhs")):
+        if fam == "masked":
+            size = int(self.group_sizes[self.group_offset + local])
+        if (fam, operand) in (("ragged_m", "lhs"), ("ragged_n", "rhs"), ("masked", "lhs"),
+                              ("padded_contiguous", "lhs")):
             rows = size
         elif fam == "ragged_k":
             k = size
@@ -435,7 +419,7 @@ class Problem:
                 f"existing_out: expected shape {self.out_shape} and dtype {self.out_dtype}, "
                 f"got shape {ex.shape} and dtype {ex.dtype}"
             )
-        _set(self, "existing_out", _frozen(ex))
+        set_field(self, "existing_out", frozen_copy(ex))
 
     # ----------------------------------------------------------------- derived
     def ragged_last(self, operand: str) -> bool:
@@ -474,12 +458,14 @@ class Problem:
 
     @property
     def ragged_extent(self) -> int | None:
-        return {"ragged_m": self.m, "ragged_n": self.n, "ragged_k": self.k}.get(self.family)
+        """The extent the group sizes live in: the ragged axis (``masked``: the rows of one group's matrix)."""
+        return {"ragged_m": self.m, "ragged_n": self.n, "ragged_k": self.k, "masked": self.m,
+                "padded_contiguous": self.m}.get(self.family)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
         b, m, n = self.batch_shape, self.m, self.n
-        if self.family in ("ragged_m", "ragged_n"):
+        if self.family in ("ragged_m", "ragged_n", "padded_contiguous"):
             return (*b, m, n)
         return (self.num_local_groups, *b, m, n)
 
@@ -494,6 +480,18 @@ class Problem:
         """Exclusive prefix sums of the sizes (length G + 1)."""
         s = self.sizes_at(bi)
         return np.concatenate([[0], np.cumsum(s)]).astype(np.int64)
+
+    def spans_at(self, bi: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, ends)`` of every group along its ragged axis (G each): contiguous groups for the ragged
+        families, aligned starts for ``padded_contiguous``, ``[0, size)`` of each group's own matrix for
+        ``masked``; ``[0, 1)`` for the batch family."""
+        if self.family == "masked":
+            return np.zeros(self.num_groups, np.int64), self.group_sizes.astype(np.int64)
+        if self.family == "padded_contiguous":
+            starts = aligned_starts(self.group_sizes, self.alignment)
+            return starts, starts + self.group_sizes
+        off = self.offsets_at(bi)
+        return off[:-1], off[1:]
 
     @property
     def local_groups(self) -> range:
@@ -533,6 +531,8 @@ class Problem:
             parts.append(f"group_offset={self.group_offset} num_local_groups={self.num_local_groups}")
         if self.existing_out is not None:
             parts.append(f"existing_out({self.existing_policy})")
+        if self.alignment is not None:
+            parts.append(f"alignment={self.alignment}")
         if self.tiling:
             parts.append(f"tiling={self.tiling}")
         if self.storage != ("contiguous", "contiguous"):

@@ -48,13 +48,15 @@ def quantize_problem(p: Problem, lhs: MXQuantizer | None = None, rhs: MXQuantize
 
 def _views(p: Problem, operand: str) -> list[tuple[Any, bool]]:
     """(index into the stored operand, whether that index is transposed to [rows, K]) of each local group."""
-    fam, off = p.family, p.offsets_at(())
+    fam = p.family
+    starts, ends = p.spans_at(())
     views = []
     for local, g in enumerate(p.local_groups):
-        lo, hi = (int(off[g]), int(off[g + 1])) if fam != "batch" else (0, 0)
-        if operand == "lhs":  # stored [rows, K] (with a leading group axis in ragged_n / batch)
-            idx = {"ragged_m": (slice(lo, hi), slice(None)), "ragged_k": (slice(None), slice(lo, hi))}.get(
-                fam, (local, slice(None), slice(None)))
+        lo, hi = (int(starts[g]), int(ends[g])) if fam != "batch" else (0, 0)
+        if operand == "lhs":  # stored [rows, K] (with a leading group axis in ragged_n / batch / masked)
+            idx = {"ragged_m": (slice(lo, hi), slice(None)), "ragged_k": (slice(None), slice(lo, hi)),
+                   "padded_contiguous": (slice(lo, hi), slice(None)),
+                   "masked": (local, slice(lo, hi), slice(None))}.get(fam, (local, slice(None), slice(None)))
             views.append((idx, False))
         else:  # stored [K, N]: transposed to [N, K]
             idx = {"ragged_n": (slice(None), slice(lo, hi)), "ragged_k": (slice(lo, hi), slice(None))}.get(

@@ -198,9 +198,7 @@ def problem_source(problem: Problem, *, extra: Mapping[str, np.ndarray] | None =
 
 def numerics_source(numerics: Numerics) -> str:
     """``gmm_ref.Numerics(...)`` as source."""
-    mult = "None" if numerics.multiply is None else repr(str(numerics.multiply))
-    return (f"gmm_ref.Numerics(multiply={mult}, accumulate={str(numerics.accumulate)!r}, "
-            f"flush_subnormals={bool(numerics.flush_subnormals)})")
+    return numerics.source()
 
 
 def fenced(source: str) -> str:

@@ -71,6 +71,8 @@ class Case:
     #: a scaled convention's quantization: the index among those of its ``quantizations`` whose codes are
     #: ``dtype`` (left out of the JSON spec when 0, so specs written before it stay the same)
     quant: int = 0
+    #: ``padded_contiguous`` only: every group starts at a multiple of it (left out of the JSON spec when None)
+    alignment: int | None = None
 
     def __post_init__(self) -> None:
         ok = set("abcdefghijklmnopqrstuvwxyz0123456789._-")
@@ -92,6 +94,8 @@ class Case:
             d["tiling"] = list(self.tiling)
         if not self.quant:
             del d["quant"]
+        if self.alignment is None:
+            del d["alignment"]
         return d
 
     @classmethod
@@ -122,6 +126,10 @@ def _shapes(c: Case, local: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if c.family == "batch":
         g = int(c.groups or 0)
         return (g, *b, *lt), (g, *b, *rt)
+    if c.family == "masked":
+        return (local, *lt), (local, *rt)
+    if c.family == "padded_contiguous":
+        return lt, (local, *rt)
     raise ValueError(f"family: expected one of {gmm_ref.FAMILIES}, got {c.family!r}")
 
 
@@ -131,7 +139,12 @@ def _quantization(case: Case, convention: Any, dtype: np.dtype) -> tuple[Any, An
         if case.quant:
             raise ValueError(f"case {case.name}: quant={case.quant}, but {case.convention} is not scaled")
         return (None, None)
-    mine = [q for q in convention.quantizations if all(x is None or x.elem == dtype for x in q)]
+    if dtype not in convention.code_dtypes and (None, None) in convention.quantizations:
+        if case.quant:
+            raise ValueError(f"case {case.name}: quant={case.quant}, but {dtype} operands of {case.convention} are "
+                             "unscaled")
+        return (None, None)
+    mine = [q for q in convention.quantizations if q != (None, None) and all(x is None or x.elem == dtype for x in q)]
     if not 0 <= case.quant < len(mine):
         raise ValueError(f"case {case.name}: quant={case.quant}, but {case.convention} has {len(mine)} "
                          f"quantizations of {dtype} codes")
@@ -208,7 +221,7 @@ def build_problem(case: Case) -> gmm_ref.Problem:
         case.family, lhs, rhs, gs, lhs_transposed=case.lhs_transposed,
         rhs_transposed=case.rhs_transposed, packed=case.packed, batch_ndim=len(case.batch_shape),
         out_dtype=None if quants != (None, None) else case.out_dtype,  # a scaled case's codes: theirs, for now
-        group_offset=case.group_offset, num_local_groups=local,
+        group_offset=case.group_offset, num_local_groups=local, alignment=case.alignment,
         convention=case.convention, tiling=case.tiling, **convention.policies(case.family),
     )
     if quants != (None, None):  # a scaled convention's cases: its (first) quantization, scales from the spec
@@ -238,7 +251,7 @@ def _promise(p: gmm_ref.Problem) -> dict[str, Any]:
     """What a problem says about its output (layouts aside)."""
     d = {"family": p.family, "out_shape": p.out_shape, "out_dtype": str(p.out_dtype),
          "existing": p.existing_out is not None}
-    if p.family in ("ragged_m", "ragged_n") and p.existing_out is None:
+    if p.family in ("ragged_m", "ragged_n", "masked", "padded_contiguous") and p.existing_out is None:
         d["tail"] = p.tail
         if p.num_local_groups != p.num_groups:
             d["foreign"] = p.foreign

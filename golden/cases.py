@@ -16,7 +16,11 @@ kernels compile once per shape (interpreted Pallas costs about a second each):
 - ``torch.grouped_mm``: every operand's last dim times its itemsize a multiple of 16 bytes;
 - ``te.grouped_gemm`` (reference only): packed and first/last layouts (TE has no ragged N);
 - ``torch.scaled_grouped_mm``: float8_e4m3fn codes with rowwise float32 scales, K and N multiples of 16;
-- ``qwix.ragged_dot``: ``[40, 32] x [3, 32, 16]`` QArrays (per row / channel, K tiles of 16, per group).
+- ``qwix.ragged_dot``: ``[40, 32] x [3, 32, 16]`` QArrays (per row / channel, K tiles of 16, per group);
+- ``deep_gemm.*`` (reference only here): ``[M, 256] x [G, 144, 256]`` bf16 or FP8 (1x128 x 128x128 float32
+  scales, or 1x128 x 1x128 power-of-two scales), groups at multiples of 128 rows; masked ``[4, 200, 256]``;
+- ``vllm.batched_moe`` (reference only here): ``[4, 32, 256] x [4, 48, 256]`` into an existing ``C``, bf16 or
+  FP8 per token / in 128x128 blocks.
 
 Tags name the edge classes a case covers (``python -m golden list``).
 """
@@ -36,6 +40,12 @@ TM = dict(convention="torch.grouped_mm")
 TE = dict(convention="te.grouped_gemm")
 QW = dict(convention="qwix.ragged_dot", family="ragged_m", m=40, k=32, n=16, out_dtype="float32")
 TSC = dict(convention="torch.scaled_grouped_mm", dtype="float8_e4m3fn", out_dtype="bfloat16")
+DGC = dict(convention="deep_gemm.m_grouped_contiguous", family="padded_contiguous", k=256, n=144,
+           rhs_transposed=True, alignment=128, dtype="float8_e4m3fn", out_dtype="bfloat16", tiling=(128, 128, 128))
+DGM = dict(convention="deep_gemm.m_grouped_masked", family="masked", m=200, k=256, n=144, rhs_transposed=True,
+           dtype="float8_e4m3fn", out_dtype="bfloat16", tiling=(128, 128, 128))
+VB = dict(convention="vllm.batched_moe", family="masked", m=32, k=256, n=48, rhs_transposed=True,
+          dtype="float8_e4m3fn", out_dtype="bfloat16", tiling=(16, 128, 32))
 
 CASES: list[Case] = [
     # ---------------------------------------------------------------- ragged_dot (lax, mode 1)
@@ -133,6 +143,11 @@ CASES: list[Case] = [
     Case("tsc-k-e4m3-empty", **TSC, family="ragged_k", m=8, k=48, n=16, group_sizes=[0, 21, 27],
          seed=123, tags=("scaled", "empty_first", "unaligned")),
     Case("tsc-batch-e4m3", **TSC, family="batch", m=8, k=32, n=16, groups=3, seed=124, tags=("scaled",)),
+    # the MXFP8 form: e8m0 scales per 32 of K, each group's block padded to 128 rows and swizzled
+    Case("tsc-m-mxfp8-tail", **TSC, family="ragged_m", m=40, k=96, n=16, group_sizes=[0, 13, 19], quant=1, seed=125,
+         tags=("scaled", "mxfp8", "empty_first", "tail", "unaligned")),
+    Case("tsc-k-mxfp8-partial-blocks", **TSC, family="ragged_k", m=8, k=112, n=16, group_sizes=[40, 0, 64],
+         quant=1, seed=126, tags=("scaled", "mxfp8", "empty_middle", "partial_block")),
     # ------------------------------------------------------ qwix.ragged_dot (QArray operands)
     Case("qwix-e4m3-row-tail", **QW, dtype="float8_e4m3fn", group_sizes=[11, 0, 17], quant=0, seed=130,
          tags=("scaled", "empty_middle", "tail", "unaligned")),
@@ -140,6 +155,26 @@ CASES: list[Case] = [
          tags=("scaled", "empty_first", "unaligned")),
     Case("qwix-int8-per-group", **QW, dtype="int8", kind="int", int_range=100, group_sizes=[16, 0, 0],
          quant=2, seed=132, tags=("scaled", "exact", "empty_run", "empty_last", "tail")),
+    # -------------------------------------- DeepGEMM m-grouped contiguous / masked, vLLM batched (serving layouts)
+    # groups at multiples of 128 rows (-1 padding rows, or the psum form's cumulative ends), K in 128-wide blocks
+    Case("dg-contig-bf16-padding", **{**DGC, "dtype": "bfloat16"}, m=400, group_sizes=[0, 127, 1, 129], poison=True,
+         seed=140, tags=("padded", "empty_first", "edge_off_by_one", "poison")),
+    Case("dg-contig-e4m3-sm90", **DGC, m=384, group_sizes=[128, 0, 129], seed=141,
+         tags=("scaled", "padded", "aligned", "empty_middle")),
+    Case("dg-contig-e4m3-sm100-exact", **DGC, m=300, group_sizes=[5, 40], quant=1, kind="int", int_range=3,
+         seed=142, tags=("scaled", "padded", "exact", "power_of_two_scales")),
+    Case("dg-psum-e4m3-sm90", **{**DGC, "convention": "deep_gemm.m_grouped_contiguous_psum"}, m=384,
+         group_sizes=[1, 0, 200], seed=143, tags=("scaled", "padded", "psum", "empty_middle")),
+    Case("dg-masked-bf16", **{**DGM, "dtype": "bfloat16"}, group_sizes=[0, 130, 200, 7], poison=True, seed=144,
+         tags=("masked", "empty_first", "poison")),
+    Case("dg-masked-e4m3-sm90", **DGM, group_sizes=[200, 0, 1, 128], seed=145,
+         tags=("scaled", "masked", "empty_middle", "full_group")),
+    Case("vllm-batched-bf16", **{**VB, "dtype": "bfloat16"}, group_sizes=[0, 5, 32, 17], existing=True, poison=True,
+         seed=150, tags=("masked", "existing", "poison")),
+    Case("vllm-batched-e4m3-block", **VB, group_sizes=[3, 0, 32, 31], existing=True, quant=2, seed=151,
+         tags=("scaled", "masked", "existing", "blocks")),
+    Case("vllm-batched-e4m3-per-token", **VB, group_sizes=[32, 1, 0, 9], existing=True, quant=1, seed=152,
+         tags=("scaled", "masked", "existing", "per_token")),
     # ---------------------------------------------------- TransformerEngine (reference only)
     Case("te-m-f32-lhs-last-packed", **TE, family="ragged_m", m=24, k=8, n=8, lhs_transposed=True,
          packed=True, group_sizes=[5, 0, 19], seed=100, tags=("packed", "transposed", "empty_middle")),

@@ -70,12 +70,10 @@ def numerics_json(n: gmm_ref.Numerics | None) -> dict[str, Any] | None:
     """Every field of the numerics the judge uses, as JSON."""
     if n is None:
         return None
-    return {"multiply": None if n.multiply is None else str(n.multiply), "accumulate": str(n.accumulate),
-            "flush_subnormals": bool(n.flush_subnormals)}
+    return n.to_json()
 
 
 def numerics_from_json(d: dict[str, Any] | None) -> gmm_ref.Numerics | None:
     if d is None:
         return None
-    return gmm_ref.Numerics(multiply=d["multiply"], accumulate=d["accumulate"],
-                            flush_subnormals=bool(d.get("flush_subnormals", False)))
+    return gmm_ref.Numerics.from_json(d)

@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from gmm_kernels import KernelAdapter
+from gmm_ref.problem import SERVING_FAMILIES
 from property_tests import strategies as gst
 from property_tests.strategies.problems import Covering
 
@@ -109,6 +110,9 @@ def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None 
     mode = mode_of(mode)
     if mode.needs_sharding and not adapter.spec.sharding:
         raise Unsupported(f"{adapter.convention} has no group_offset (no sharded groups)")
+    if mode.name == "grad" and all(f in SERVING_FAMILIES for f in adapter.families):
+        raise Unsupported(f"{adapter.convention}: the {' / '.join(adapter.families)} layout has no gradient model "
+                          "(its kernels are inference kernels)")
     if mode.name == "grad" and adapter.spec.quantizations:
         raise Unsupported(f"{adapter.convention} takes quantized operands: codes have no gradient (a quantized "
                           "layer's backward is its own scaled GEMM)")

@@ -88,6 +88,8 @@ class Convention:
     empty: str = "zero"
     existing_policy: str | None = None
     existing_argument: str | None = None
+    #: every call passes the existing output (an output buffer whose rows no group writes keep their values)
+    existing_required: bool = False
     sharding: bool = False
     max_batch_dims: int = 0
     full_sums: bool = False
@@ -105,6 +107,10 @@ class Convention:
     #: the (lhs, rhs) quantizations a scaled convention takes (``gmm_ref.Quantization``; None: that operand
     #: is not scaled); empty for a convention of unscaled operands
     quantizations: tuple[tuple[Any, Any], ...] = ()
+    #: the parameter (of :meth:`parse`) that is an output buffer the kernel writes in place and returns nothing
+    #: (DeepGEMM's ``d``); the arguments built here fill it with NaN, and its content after the call is the
+    #: kernel's output (it is not an input the kernel must leave alone)
+    out_argument: str | None = None
     summary: str = ""
 
     def __post_init__(self) -> None:
@@ -120,6 +126,25 @@ class Convention:
     def __repr__(self) -> str:
         return f"<Convention {self.name}>"
 
+    def quantizations_for(self, family: str) -> tuple[tuple[Any, Any], ...]:
+        """The ``(lhs, rhs)`` quantizations it takes in ``family`` (a subclass narrows them per form)."""
+        return self.quantizations
+
+    @property
+    def code_dtypes(self) -> frozenset[np.dtype]:
+        """The element dtypes of the quantizations it takes (such operands come with scales)."""
+        return frozenset(q.elem for pair in self.quantizations for q in pair if q is not None)
+
+    def out_value(self, args: tuple, kwargs: dict) -> Any:
+        """The value of :attr:`out_argument` among a call's ``args`` / ``kwargs`` (None if it has none)."""
+        if self.out_argument is None:
+            return None
+        if self.out_argument in kwargs:
+            return kwargs[self.out_argument]
+        params = list(inspect.signature(self.parse).parameters)
+        i = params.index(self.out_argument)
+        return args[i] if i < len(args) else None
+
     # ------------------------------------------------------------------ facts
     def layouts_of(self, family: str) -> tuple[Layout, ...]:
         """The layouts this convention expresses for ``family`` (empty if none)."""
@@ -132,7 +157,8 @@ class Convention:
 
     def axis_multiple(self, axis: str, family: str, tiling: tuple[int, int, int] | None, in_dtype: Any) -> int:
         """What the extent of ``axis`` ("m", "k" or "n") must be a multiple of."""
-        ragged = {"ragged_m": "m", "ragged_n": "n", "ragged_k": "k"}.get(family)
+        ragged = {"ragged_m": "m", "ragged_n": "n", "ragged_k": "k", "masked": "m", "padded_contiguous": "m"}.get(
+            family)
         tiling = tiling or self.default_tiling or (1, 1, 1)
         mult = 1
         for name, req in self.multiple_of:
@@ -229,8 +255,12 @@ class Convention:
         have = (p.lhs_quant, p.rhs_quant)
         if not self.quantizations:
             return f"{self.name} takes no scaled (quantized) operands" if p.scaled else None
+        if have == (None, None) and p.lhs.dtype in self.code_dtypes:
+            return f"{self.name} takes {p.lhs.dtype} operands as codes with scales, not unscaled"
         if have not in self.quantizations:
             def text(pair: tuple[Any, Any]) -> str:
+                if pair == (None, None):
+                    return "unscaled operands"
                 return " x ".join("unscaled" if q is None else q.describe() for q in pair)
             return (f"{self.name} takes the quantizations {', '.join(text(q) for q in self.quantizations)}, "
                     f"not {text(have)}")
@@ -243,6 +273,8 @@ class Convention:
         return None
 
     def _policy_refusal(self, p: Problem) -> str | None:
+        if p.existing_out is None and self.existing_required:
+            return f"{self.name} always writes into an existing output ({self.existing_argument})"
         if p.existing_out is not None:
             if self.existing_policy is None:
                 return f"{self.name} takes no existing output"
@@ -252,6 +284,9 @@ class Convention:
         if (p.family in ("ragged_m", "ragged_n") and p.existing_out is None and self.tail == "undefined"
                 and p.tail == "zero" and has_tail(p)):
             return f"{self.name} never writes the rows/columns past sum(group_sizes) (needs tail='undefined')"
+        if p.family in ("masked", "padded_contiguous") and self.tail == "undefined" and p.tail == "zero" \
+                and has_tail(p):
+            return f"{self.name} leaves the rows of no group undefined (needs tail='undefined')"
         if p.family == "ragged_k" and p.empty not in (self.empty, "undefined"):
             return f"{self.name} gives empty groups {self.empty!r} output blocks, not {p.empty!r}"
         if self.full_sums and has_tail(p):
@@ -266,8 +301,16 @@ class Convention:
 
 
 def has_tail(p: Problem) -> bool:
-    """Whether some ragged output rows/columns lie past ``sum(group_sizes)``."""
-    return p.group_sizes is not None and bool(np.any(p.group_sizes.sum(axis=-1) < p.ragged_extent))
+    """Whether some ragged output rows/columns lie past ``sum(group_sizes)`` (the serving layouts: whether some
+    output row belongs to no group)."""
+    if p.group_sizes is None:
+        return False
+    if p.family == "masked":
+        return bool(np.any(p.group_sizes < p.m))
+    if p.family == "padded_contiguous":
+        starts, ends = p.spans_at(())
+        return int(np.sum(ends - starts)) < p.m
+    return bool(np.any(p.group_sizes.sum(axis=-1) < p.ragged_extent))
 
 
 def front_end(conv: Convention, name: str) -> Callable[..., Any]:

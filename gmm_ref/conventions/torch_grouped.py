@@ -15,7 +15,8 @@ import numpy as np
 
 from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
-from gmm_ref.problem import FAMILIES, Problem
+from gmm_ref.problem import RAGGED_FAMILIES as FAMILIES
+from gmm_ref.problem import Problem
 
 __all__ = ["GROUPED_MM", "grouped_mm"]
 

@@ -22,6 +22,7 @@ kernel is CUDA only in torch 2.13 (``gmm_kernels`` loops over
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import ml_dtypes
@@ -29,15 +30,40 @@ import numpy as np
 
 from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
-from gmm_ref.problem import FAMILIES, Problem
+from gmm_ref.problem import RAGGED_FAMILIES as FAMILIES
+from gmm_ref.problem import Problem
+from gmm_ref.scale_layouts import blocked_shape, from_blocked, round_up, to_blocked
 from gmm_ref.scaled import Quantization
 
-__all__ = ["ROWWISE", "SCALED_GROUPED_MM", "scaled_grouped_mm"]
+__all__ = ["MXFP8", "ROWWISE", "SCALED_GROUPED_MM", "scaled_grouped_mm"]
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 BF16 = np.dtype(ml_dtypes.bfloat16)
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 #: one float32 scale per row of mat_a and per column of mat_b, over the whole K of a group
 ROWWISE = Quantization(E4M3, np.float32, "row")
+MX_BLOCK = 32
+#: MXFP8: one e8m0 scale per 32 elements along K (both operands), blocks restarting at every group
+MXFP8 = Quantization(E4M3, E8M0, (1, MX_BLOCK))
+
+
+def _unblock(name: str, arr: np.ndarray, shapes: list[tuple[int, int]], rows_first: bool) -> list[np.ndarray]:
+    """Each group's ``[rows, k_blocks]`` scales from the groups' swizzled blocks laid one after the other (each
+    padded to a multiple of 128 rows and 4 columns). ``rows_first``: the blocks follow each other along the rows
+    of ``arr`` (2d-3d's scale_a), else along its columns (2d-2d); ``arr`` is 2-D, or 1-D for scale_b's stack."""
+    sizes = [math.prod(blocked_shape(r, c)) for r, c in shapes]
+    flat = arr.reshape(-1)
+    if flat.size != sum(sizes):
+        want = ((sum(blocked_shape(r, c)[0] for r, c in shapes), blocked_shape(*shapes[0])[1]) if rows_first and shapes
+                else (blocked_shape(shapes[0][0], 1)[0], sum(blocked_shape(r, c)[1] for r, c in shapes)) if shapes
+                else (0,))
+        raise ValueError(f"{name}: expected {sum(sizes)} MXFP8 scales (each group's swizzled block, padded to 128 "
+                         f"rows and 4 columns: {want} in all), got shape {arr.shape}")
+    out, at = [], 0
+    for (r, c), size in zip(shapes, sizes, strict=True):
+        out.append(from_blocked(flat[at:at + size], r, c))
+        at += size
+    return out
 
 
 def _offsets(offs: Any, form: str) -> np.ndarray:
@@ -69,9 +95,11 @@ class _ScaledGroupedMM(Convention):
             if arr.dtype != E4M3:
                 raise TypeError(f"{name}: expected float8_e4m3fn (rowwise FP8), got {arr.dtype}")
         sa, sb = base.as_array("scale_a", scale_a), base.as_array("scale_b", scale_b)
+        mx = sa.dtype == E8M0
         for name, arr in (("scale_a", sa), ("scale_b", sb)):
-            if arr.dtype != np.float32:
-                raise TypeError(f"{name}: expected float32 rowwise scales, got {arr.dtype}")
+            if arr.dtype != (E8M0 if mx else np.float32):
+                raise TypeError(f"{name}: expected float32 rowwise scales, or float8_e8m0fnu MXFP8 scales on both "
+                                f"operands, got {sa.dtype} and {sb.dtype}")
         if bias is not None or scale_result is not None:
             raise ValueError("bias, scale_result: the rowwise grouped form takes neither; expected None")
         out = BF16 if out_dtype is None else base.optional_dtype("out_dtype", out_dtype)
@@ -83,6 +111,8 @@ class _ScaledGroupedMM(Convention):
         if form not in ("2d-3d", "3d-3d", "3d-2d", "2d-2d"):
             raise ValueError(f"mat_a, mat_b: expected 2-D or 3-D operands, got {a.ndim}-D and {b.ndim}-D")
         sizes = _offsets(offs, form)
+        if mx:
+            return self._parse_mx(a, b, sa, sb, sizes, form, out)
         ends = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         g = len(sizes)
         if form == "2d-3d":
@@ -113,8 +143,60 @@ class _ScaledGroupedMM(Convention):
                        lhs_quant=ROWWISE, lhs_scales=[s.reshape(-1, 1) for s in ls],
                        rhs_quant=ROWWISE, rhs_scales=[s.reshape(-1, 1) for s in rs])
 
+    def _parse_mx(self, a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray, sizes: np.ndarray, form: str,
+                  out: np.dtype) -> Problem:
+        """The MXFP8 form: 2d-3d or 2d-2d, each group's e8m0 scales in its own swizzled, padded block."""
+        g = len(sizes)
+        if form == "2d-3d":
+            if g != b.shape[0]:
+                raise ValueError(f"offs: expected {b.shape[0]} group ends (one per mat_b group), got {g}")
+            k, n = a.shape[1], b.shape[2]
+            kb = -(-k // MX_BLOCK)
+            ls = _unblock("scale_a", sa, [(int(m), kb) for m in sizes], rows_first=True)
+            rs = _unblock("scale_b", sb.reshape(-1) if sb.ndim == 2 and sb.shape[0] == g else sb,
+                          [(n, kb)] * g, rows_first=True)
+            family = "ragged_m"
+        elif form == "2d-2d":
+            m, n = a.shape[0], b.shape[1]
+            ls = _unblock("scale_a", sa, [(m, -(-int(s) // MX_BLOCK)) for s in sizes], rows_first=False)
+            rs = _unblock("scale_b", sb, [(n, -(-int(s) // MX_BLOCK)) for s in sizes], rows_first=False)
+            family = "ragged_k"
+        else:
+            raise ValueError(f"mat_a, mat_b: the MXFP8 grouped form takes 2d-3d or 2d-2d operands, got {form}")
+        return Problem(family, a, b, sizes, out_dtype=out, convention=self.name, **self.policies(family),
+                       lhs_quant=MXFP8, lhs_scales=ls, rhs_quant=MXFP8, rhs_scales=rs)
+
+    def quantizations_for(self, family: str) -> tuple[tuple[Any, Any], ...]:
+        """Rowwise in every form; MXFP8 in the 2d-3d and 2d-2d forms only (torch's MXFP8 grouped kernel)."""
+        return tuple(q for q in self.quantizations if q[0] != MXFP8 or family in ("ragged_m", "ragged_k"))
+
+    def _refusal(self, p: Problem) -> str | None:
+        if p.lhs_quant == MXFP8 and p.family not in ("ragged_m", "ragged_k"):
+            return f"{self.name}: MXFP8 takes the 2d-3d and 2d-2d forms only, not {p.family}"
+        return None
+
+    def _mx_arguments(self, p: Problem) -> tuple[np.ndarray, np.ndarray]:
+        g = p.num_groups
+        lhs = [p.scales_of("lhs", i) for i in range(g)]
+        rhs = [p.scales_of("rhs", i) for i in range(g)]
+        def joined(blocks: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate([to_blocked(s) for s in blocks]) if blocks else np.zeros(0, E8M0)
+
+        if p.family == "ragged_m":
+            width = round_up(-(-p.k // MX_BLOCK), 4)
+            rows = sum(blocked_shape(s.shape[0], 1)[0] for s in lhs)
+            sb = np.stack([to_blocked(s) for s in rhs]) if g else np.zeros((0, width * round_up(p.n, 128)), E8M0)
+            return joined(lhs).reshape(rows, width), sb
+        # 2d-2d: each group's [M, k_g / 32] (and [N, k_g / 32]) block, padded and swizzled, one after the other,
+        # viewed as [round_up(M, 128), the groups' padded columns]
+        cols = sum(blocked_shape(1, s.shape[1])[1] for s in lhs)
+        return (joined(lhs).reshape(round_up(p.m, 128), cols), joined(rhs).reshape(round_up(p.n, 128), cols))
+
     def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
         gs = base.sizes32(p)
+        if p.lhs_quant == MXFP8:
+            sa, sb = self._mx_arguments(p)
+            return (p.lhs, p.rhs, sa, sb), {"offs": np.cumsum(gs).astype(np.int32), "out_dtype": p.out_dtype}
         g = p.num_groups
         lhs = [p.scales_of("lhs", i)[:, 0] for i in range(g)]
         rhs = [p.scales_of("rhs", i)[:, 0] for i in range(g)]
@@ -141,7 +223,7 @@ SCALED_GROUPED_MM = _ScaledGroupedMM(
     # every operand's leading stride is a multiple of 16 bytes (16 float8 elements)
     multiple_of=(("k", "16B"), ("n", "16B")),
     default_tiling=(32, 32, 32),
-    quantizations=((ROWWISE, ROWWISE),),
+    quantizations=((ROWWISE, ROWWISE), (MXFP8, MXFP8)),
     summary="torch._scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, ...): rowwise FP8, 4 forms",
 )
 scaled_grouped_mm = base.front_end(SCALED_GROUPED_MM, "scaled_grouped_mm")

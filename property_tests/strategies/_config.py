@@ -13,6 +13,7 @@ from gmm_ref import FAMILIES, conventions
 from gmm_ref import dtypes as _dt
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import TRANSPOSES, packed_layouts
+from gmm_ref.problem import RAGGED_FAMILIES
 from property_tests.strategies._common import (
     MAX_EXTENT,
     MAX_GROUPS,
@@ -27,11 +28,15 @@ from property_tests.strategies._static import Config
 __all__ = ["ANY", "config", "rules_of"]
 
 #: the facts strategies draw from without a convention: every family, layout (transposed,
-#: packed), batch dims, float64, sharding and existing output (policies are drawn too)
+#: packed), batch dims, float64, sharding and existing output (policies are drawn too); the serving
+#: families take no batch dims, no sharding and keep an existing output where no group writes
 ANY = Convention(
     name="any", framework="jax", families=FAMILIES,
-    layouts=tuple((f, tuple(dict.fromkeys(TRANSPOSES + tuple(x for x in packed_layouts(f) if x[2]))))
-                  for f in FAMILIES),
+    layouts=(*((f, tuple(dict.fromkeys(TRANSPOSES + tuple(x for x in packed_layouts(f) if x[2]))))
+               for f in RAGGED_FAMILIES),
+             ("masked", TRANSPOSES), ("padded_contiguous", ((False, False, False), (False, True, False)))),
+    # the serving layouts when asked for by name (families=...)
+    default_families=RAGGED_FAMILIES,
     dtype_pairs=(("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"),
                  ("float16", "float16"), ("float64", "float64"), ("int8", "int32")),
     existing_policy="overwrite", sharding=True, max_batch_dims=1,
@@ -165,7 +170,7 @@ def _shapes(shapes: Any, shp: Any, rules: Convention, convention: str | None, fa
 def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling: Any, min_groups: Any,
            max_groups: Any, max_extent: Any, max_batch_dims: Any, sharding: Any, max_shards: Any,
            existing_out: Any, shapes: Any, max_buckets: Any, vary_out_dtype: Any, multiple_of: Any = None,
-           zero_extents: Any = None) -> Config:
+           zero_extents: Any = None, quantizations: Any = None) -> Config:
     """The validated :class:`Config` of ``problems()``'s arguments (strategy arguments drawn in order)."""
     rules = rules_of(convention)
     fams = _families(families, rules, convention)
@@ -197,11 +202,28 @@ def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling
     ex = check_bool("existing_out", resolve(draw, existing_out), allow_none=True)
     if ex and rules.existing_policy is None:
         raise InvalidArgument(f"existing_out=True, but convention={convention!r} takes no existing output")
+    if ex is False and rules.existing_required:
+        raise InvalidArgument(f"existing_out=False, but convention={convention!r} always writes into an existing "
+                              f"output ({rules.existing_argument})")
     multiples = _multiples(multiple_of)
     shp = _shapes(shapes, resolve(draw, shapes), rules, convention, fams, pairs, t, dict(multiples))
     mb = resolve(draw, max_buckets)
     if mb is not None:
         mb = check_int("max_buckets", mb, minimum=1)
     zero = _zero_extents(zero_extents, rules)
+    quants = _quantizations(quantizations, rules, convention)
     return Config(convention, rules, multiples, fams, pairs, t, given_t, counts, lo, hi, me, mbd, sh, ms, ex, shp, mb,
-                  zero)
+                  zero, quants)
+
+
+def _quantizations(value: Any, rules: Convention, convention: str | None) -> tuple[tuple[Any, Any], ...] | None:
+    if value is None:
+        return None
+    try:
+        pairs = tuple(tuple(p) for p in value)
+    except TypeError:
+        pairs = ((),)
+    if not pairs or any(len(p) != 2 or p not in rules.quantizations for p in pairs):
+        raise InvalidArgument(f"quantizations={value!r}, but convention={convention!r} takes the (lhs, rhs) pairs "
+                              f"{list(rules.quantizations)} (a non-empty selection of them)")
+    return pairs

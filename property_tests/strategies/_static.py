@@ -14,6 +14,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 from gmm_ref.conventions import Convention
+from gmm_ref.problem import SERVING_FAMILIES
 from property_tests.strategies._common import BOOLEANS, integers, sampled
 from property_tests.strategies.extents import Extents, cached_extents, extent_candidates
 
@@ -65,6 +66,8 @@ class Config:
     max_buckets: int | None
     #: the axes whose extent may be 0 (the convention's, narrowed by ``zero_extents``)
     zero_extents: tuple[str, ...] = ("m", "k", "n")
+    #: the (lhs, rhs) quantizations drawn, narrowed from the convention's (None: all of them)
+    quantizations: tuple[tuple[Any, Any], ...] | None = None
 
 
 def axis_multiple(cfg: Config, axis: str, family: str, in_dtype: Any) -> int:
@@ -92,7 +95,7 @@ def _layouts(cfg: Config, family: str) -> tuple[tuple[bool, bool, bool], ...]:
 
 
 def _shard_options(cfg: Config, family: str, g: int) -> list[int]:
-    if not cfg.rules.sharding or family == "batch" or cfg.sharding is False:
+    if not cfg.rules.sharding or family == "batch" or family in SERVING_FAMILIES or cfg.sharding is False:
         return [1]
     divs = [s for s in range(1, min(g, cfg.max_shards) + 1) if g % s == 0]
     if cfg.sharding:
@@ -103,7 +106,7 @@ def _shard_options(cfg: Config, family: str, g: int) -> list[int]:
 def _existing_options(cfg: Config) -> list[bool]:
     if cfg.rules.existing_policy is None or cfg.existing is False:
         return [False]
-    return [True] if cfg.existing else [False, True]
+    return [True] if cfg.existing or cfg.rules.existing_required else [False, True]
 
 
 def fits(s: Static) -> bool:
@@ -111,7 +114,8 @@ def fits(s: Static) -> bool:
     b = math.prod(s.batch)
     g = s.groups
     per = {"ragged_m": (m * k, g * k * n, m * n), "ragged_n": (g * m * k, k * n, m * n),
-           "ragged_k": (m * k, k * n, g * m * n), "batch": (g * m * k, g * k * n, g * m * n)}[s.family]
+           "ragged_k": (m * k, k * n, g * m * n), "batch": (g * m * k, g * k * n, g * m * n),
+           "masked": (g * m * k, g * k * n, g * m * n), "padded_contiguous": (m * k, g * k * n, m * n)}[s.family]
     return max(per) * b <= MAX_ELEMENTS
 
 
@@ -149,7 +153,7 @@ def buckets(cfg: Config) -> tuple[Static, ...]:
             mkn = pick(cfg.shapes)
         else:
             mkn = tuple(pick(c, salt) for salt, c in enumerate(_axis_candidates(cfg, fam, in_dt), 2))
-        nb = pick(list(range(cfg.max_batch_dims + 1)), 5)
+        nb = 0 if fam in SERVING_FAMILIES else pick(list(range(cfg.max_batch_dims + 1)), 5)
         batch = (2,) * nb
         s = Static(fam, layout, batch, bool(nb and fam in ("ragged_m", "ragged_k") and j % 2),
                     mkn, g, pick(shards, 6), in_dt, out_dt, pick(_existing_options(cfg), 7))
@@ -209,7 +213,7 @@ def draw_free_static(draw: Any, cfg: Config) -> Static:
         if isinstance(axes, str):
             raise InvalidArgument(axes)
         mkn = (axes[0](draw), axes[1](draw), axes[2](draw))
-    nb = draw(integers(0, cfg.max_batch_dims))
+    nb = 0 if fam in SERVING_FAMILIES else draw(integers(0, cfg.max_batch_dims))
     batch = tuple(draw(_batch_shapes(nb)))
     batched = bool(nb) and fam in ("ragged_m", "ragged_k") and draw(BOOLEANS)
     existing = draw(sampled(tuple(_existing_options(cfg))))

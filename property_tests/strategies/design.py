@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from gmm_ref.problem import STORAGES, Problem
+from gmm_ref.problem import SERVING_FAMILIES, STORAGES, Problem
 from property_tests.strategies._static import Config, Static, axis_multiple, fits
 
 __all__ = ["EXTENT_LEVELS", "SPAN_LEVELS", "Cell", "Design", "Factor", "design", "observe", "pairs_of"]
@@ -58,7 +58,8 @@ SHARD_LEVELS = ("none", "first", "middle", "last")
 BATCH_LEVELS = ("none", "one", "batched_sizes")
 SPAN_LEVELS = ("full", "tail", "empty_first", "empty_middle", "empty_last", "one_tile", "two_tiles",
                "several_odd", "edge_off_by_one")
-_RAGGED_AXIS = {"ragged_m": "m", "ragged_n": "n", "ragged_k": "k", "batch": None}
+_RAGGED_AXIS = {"ragged_m": "m", "ragged_n": "n", "ragged_k": "k", "batch": None, "masked": "m",
+                "padded_contiguous": "m"}
 _ATTEMPTS = 6
 
 
@@ -134,12 +135,13 @@ class _Space:
             out.append(Factor("groups", ("many",) if many else GROUP_LEVELS[:3], True))
         else:
             out.append(Factor("groups", ("one", "few") if cfg.min_groups < 9 else ("many",), True))
-        if rules.sharding and self.family != "batch" and cfg.sharding is not False:
+        if rules.sharding and self.family not in ("batch", *SERVING_FAMILIES) and cfg.sharding is not False:
             out.append(Factor("sharded", ("yes",) if cfg.sharding else ("no", "yes"), True))
             out.append(Factor("shard", SHARD_LEVELS[1:] if cfg.sharding else SHARD_LEVELS, False))
         if rules.existing_policy is not None and cfg.existing is not False:
-            out.append(Factor("existing", ("yes",) if cfg.existing else ("no", "yes"), True))
-        nb = min(cfg.max_batch_dims, 1)
+            out.append(Factor("existing", ("yes",) if cfg.existing or rules.existing_required else ("no", "yes"),
+                              True))
+        nb = min(cfg.max_batch_dims, 1) if self.family not in SERVING_FAMILIES else 0
         if nb:
             levels = BATCH_LEVELS if self.family in ("ragged_m", "ragged_k") else BATCH_LEVELS[:2]
             out.append(Factor("batch", levels, True))
@@ -512,6 +514,29 @@ def _span_levels(sizes: np.ndarray, extent: int, tile: int) -> set[str]:
     return out
 
 
+def _serving_span_levels(p: Problem, tile: int) -> set[str]:
+    """The span relations of a serving layout: each group's rows against the tile (the alignment)."""
+    from gmm_ref.conventions.base import has_tail
+
+    sizes = p.group_sizes
+    g = sizes.size
+    out = {"tail" if has_tail(p) else "full"}
+    if g >= 2 and sizes[0] == 0:
+        out.add("empty_first")
+    if g >= 2 and sizes[-1] == 0:
+        out.add("empty_last")
+    if g >= 3 and np.any(sizes[1:-1] == 0):
+        out.add("empty_middle")
+    for s in sizes[:-1].tolist():
+        if s:
+            touched = -(-s // tile)
+            out.add("one_tile" if touched == 1 else "two_tiles" if touched == 2 else
+                    "several_odd" if touched % 2 else "several_even")
+            if s % tile in (1, tile - 1):
+                out.add("edge_off_by_one")
+    return out
+
+
 def observe(p: Problem, cfg: Config) -> dict[str, frozenset[str]]:
     """The relations a drawn problem exhibits, factor by factor (a factor may show several levels)."""
     fam = p.family
@@ -535,7 +560,8 @@ def observe(p: Problem, cfg: Config) -> dict[str, frozenset[str]]:
         tile = t["mkn".index(axis)]
         if g > -(-p.ragged_extent // tile):
             groups.add("more_than_tiles")
-        out["span"] = _span_levels(p.group_sizes, p.ragged_extent, tile)
+        out["span"] = (_serving_span_levels(p, tile) if fam in SERVING_FAMILIES else
+                       _span_levels(p.group_sizes, p.ragged_extent, tile))
         local = p.num_local_groups
         s = g // local if local else 1
         idx = p.group_offset // local if local else 0

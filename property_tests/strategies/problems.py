@@ -14,12 +14,12 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 import gmm_ref
-from gmm_ref.problem import STORAGES
+from gmm_ref.problem import SERVING_FAMILIES, STORAGES
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, integers, resolve, sampled
 from property_tests.strategies._config import config
 from property_tests.strategies._static import Config, Static, buckets, draw_free_static
 from property_tests.strategies.design import Cell, Design, design
-from property_tests.strategies.sizes import draw_sizes, draw_span_sizes
+from property_tests.strategies.sizes import draw_serving_sizes, draw_sizes, draw_span_sizes
 from property_tests.strategies.values import VALUE_KINDS, few, fill, fill_codes, fill_scales, poison, unused_elements
 
 __all__ = ["Covering", "CoveringCell", "covering", "problems"]
@@ -45,6 +45,7 @@ def problems(
     max_buckets: int | None = 8,
     multiple_of: Mapping[str, int] | None = None,
     zero_extents: Sequence[str] | None = None,
+    quantizations: Sequence[tuple[Any, Any]] | None = None,
 ) -> SearchStrategy[gmm_ref.Problem]:
     """:class:`gmm_ref.Problem` instances that ``convention``'s real kernel takes.
 
@@ -73,7 +74,10 @@ def problems(
     ``zero_extents`` lists the axes (``"m"``, ``"k"``, ``"n"``) whose extent may be drawn 0 (None:
     every one the convention takes; ``()``: none).
     ``multiple_of`` (e.g. ``{"k": 32}``) adds a kernel's own multiple per axis
-    to its convention's. ``all_empty=True``: every group empty; where the sum must equal the
+    to its convention's. ``quantizations`` narrows a scaled convention's
+    ``(lhs, rhs)`` :class:`gmm_ref.Quantization` pairs to those a kernel takes
+    (``(None, None)``: unscaled operands, where the convention takes them).
+    ``all_empty=True``: every group empty; where the sum must equal the
     extent (``allow_tail=False``), every group but one, which holds it all.
 
     Arguments are checked when the strategy is built (at draw time for those
@@ -89,7 +93,7 @@ def problems(
                      max_batch_dims=max_batch_dims, sharding=sharding, max_shards=max_shards,
                      existing_out=existing_out, values=values, allow_tail=allow_tail, all_empty=all_empty,
                      vary_out_dtype=vary_out_dtype, shapes=shapes, max_buckets=max_buckets, multiple_of=multiple_of,
-                     zero_extents=zero_extents)
+                     zero_extents=zero_extents, quantizations=quantizations)
 
     @st.composite
     def _draw(draw: Any) -> gmm_ref.Problem:
@@ -133,11 +137,11 @@ def _drawer(*, convention: Any = None, families: Any = None, dtypes: Any = None,
             sharding: Any = None, max_shards: Any = 4, existing_out: Any = None,
             values: Any = ("exact", "normal", "wide", "poisoned"), allow_tail: Any = None, all_empty: Any = False,
             vary_out_dtype: Any = None, shapes: Any = None, max_buckets: Any = 8, multiple_of: Any = None,
-            zero_extents: Any = None) -> _Drawer:
+            zero_extents: Any = None, quantizations: Any = None) -> _Drawer:
     """A drawer for ``problems()``'s arguments, checked where they are values."""
     config_args = (convention, families, dtypes, tiling, min_groups, max_groups, max_extent,
                    max_batch_dims, sharding, max_shards, existing_out, shapes, max_buckets, vary_out_dtype,
-                   multiple_of, zero_extents)
+                   multiple_of, zero_extents, quantizations)
     drawer = _Drawer(config_args, values, check_bool("allow_tail", allow_tail, allow_none=True),
                      check_bool("all_empty", all_empty))
     if drawer.fixed:
@@ -239,7 +243,19 @@ def _sizes(draw: Any, cfg: Config, s: Static, kind: str, tail_ok: bool, all_empt
     if fam == "batch":
         return None
     tm, tk, tn = cfg.tiling
-    extent, tile = {"ragged_m": (m, tm), "ragged_n": (n, tn), "ragged_k": (k, tk)}[fam]
+    extent, tile = {"ragged_m": (m, tm), "ragged_n": (n, tn), "ragged_k": (k, tk), "masked": (m, tm),
+                    "padded_contiguous": (m, tm)}[fam]
+    if fam in SERVING_FAMILIES:
+        if all_empty:
+            return np.zeros(g, np.int32)
+        if span is None:  # a relation of those this extent and group count can show
+            from property_tests.strategies.design import SPAN_LEVELS
+
+            least = {"two_tiles": tile + 1, "several_odd": 2 * tile + 1, "edge_off_by_one": tile - 1}
+            fit = [v for v in SPAN_LEVELS if extent >= least.get(v, 1) and (g >= 2 or v in ("full", "tail"))
+                   and (g >= 3 or v != "empty_middle") and (tail_ok or v == "full")]
+            span = "tail" if kind == "poisoned" and "tail" in fit else draw(sampled(tuple(fit) or ("full",)))
+        return np.array(draw_serving_sizes(draw, fam, span, g, extent, tile, tail_ok), np.int32)
     pattern = "all_empty" if all_empty else None
     n_rows = math.prod(b) if s.sizes_batched else 1
     if span is not None and not all_empty:  # a cell of the covering design: its relation, sizes free around it
@@ -281,8 +297,8 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
     seed = draw(SEEDS)
     rng = np.random.default_rng(seed)
     value_kind = "normal" if kind == "poisoned" else kind
-    lead_l = (local,) if fam == "ragged_n" else (g,) if fam == "batch" else ()
-    lead_r = (local,) if fam == "ragged_m" else (g,) if fam == "batch" else ()
+    lead_l = (local,) if fam == "ragged_n" else (g,) if fam in ("batch", "masked") else ()
+    lead_r = (local,) if fam == "ragged_m" else (g,) if fam in ("batch", "masked", "padded_contiguous") else ()
     k_eff = k if fam != "ragged_k" else max(int(np.max(sizes)) if sizes is not None and sizes.size else 0, 1)
     quants = _quantizations(draw, cfg, s)
     lhs, rhs = ((fill if q is None else fill_codes)(rng, (*lead, *b, *shape), s.in_dtype, value_kind, k_eff,
@@ -294,18 +310,15 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
         convention=cfg.convention, tiling=cfg.tiling if (cfg.tiling_given or cfg.rules.default_tiling) else None,
         **policies,
     )
-    if fam != "batch":
+    if fam in SERVING_FAMILIES:
+        if fam == "padded_contiguous":
+            common.update(alignment=cfg.tiling[0])
+    elif fam != "batch":
         common.update(group_offset=offset, num_local_groups=local)
     # one Problem at the end (each construction validates): the output shape and the
     # unread elements come from the static parameters and a mask problem instead
     if s.existing:
-        ex_kind = "exact" if value_kind == "exact" else "normal"
-        out_shape = (*b, m, n) if fam in ("ragged_m", "ragged_n") else (g if fam == "batch" else local, *b, m, n)
-        ex = fill(rng, out_shape, s.out_dtype, ex_kind, k_eff, s.out_dtype, seed)
-        policy = cfg.rules.existing_policy
-        if cfg.convention is None:
-            policy = draw(sampled(("overwrite", "accumulate")))
-        common.update(existing_out=ex, existing_policy=policy)
+        common.update(_existing(draw, cfg, s, rng, value_kind, k_eff, seed))
     if kind == "poisoned":  # only here, so that a kernel's NaN handling is judged in one mode
         lu, ru = unused_elements(fam, lhs.shape, rhs.shape, sizes, common)
         # lhs and rhs are fresh "normal" arrays, poisoned in place
@@ -316,9 +329,22 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
             poison(rng, lhs, few(rng, ~lu))
             poison(rng, rhs, few(rng, ~ru))
     if quants != (None, None):  # the codes as a problem of their own (its output dtype theirs), then scaled
-        codes = gmm_ref.Problem(fam, lhs, rhs, sizes, **{**common, "out_dtype": None})
-        return _scaled(rng, codes, quants, value_kind, k_eff, s.out_dtype)
+        codes = gmm_ref.Problem(fam, lhs, rhs, sizes, **{**common, "out_dtype": None, "existing_out": None})
+        return _scaled(rng, codes, quants, value_kind, k_eff, s.out_dtype, common.get("existing_out"))
     return gmm_ref.Problem(fam, lhs, rhs, sizes, **common)
+
+
+def _existing(draw: Any, cfg: Config, s: Static, rng: np.random.Generator, value_kind: str, k: int, seed: int
+              ) -> dict[str, Any]:
+    """An existing output (exact or normal values) and its policy: the convention's, or drawn."""
+    fam, (m, _, n), b = s.family, s.mkn, s.batch
+    ex_kind = "exact" if value_kind == "exact" else "normal"
+    out_shape = (*b, m, n) if fam in ("ragged_m", "ragged_n", "padded_contiguous") else (
+        s.groups if fam in ("batch", "masked") else s.groups // s.shards, *b, m, n)
+    policy = cfg.rules.existing_policy
+    if cfg.convention is None:
+        policy = "overwrite" if fam in SERVING_FAMILIES else draw(sampled(("overwrite", "accumulate")))
+    return dict(existing_out=fill(rng, out_shape, s.out_dtype, ex_kind, k, s.out_dtype, seed), existing_policy=policy)
 
 
 def _quantizations(draw: Any, cfg: Config, s: Static) -> tuple[Any, Any]:
@@ -326,18 +352,23 @@ def _quantizations(draw: Any, cfg: Config, s: Static) -> tuple[Any, Any]:
     dtype); (None, None) for an unscaled convention."""
     if not cfg.rules.quantizations:
         return (None, None)
-    mine = tuple(q for q in cfg.rules.quantizations if all(x is None or x.elem == s.in_dtype for x in q))
+    pairs = cfg.rules.quantizations_for(s.family)
+    if cfg.quantizations is not None:
+        pairs = tuple(q for q in pairs if q in cfg.quantizations)
+    if s.in_dtype not in cfg.rules.code_dtypes and (None, None) in pairs:
+        return (None, None)  # a convention of scaled and unscaled operands: these are unscaled
+    mine = tuple(q for q in pairs if q != (None, None) and all(x is None or x.elem == s.in_dtype for x in q))
     if not mine:
         raise InvalidArgument(f"convention={cfg.convention!r} has no quantization of {s.in_dtype} codes")
     return draw(sampled(mine))
 
 
 def _scaled(rng: np.random.Generator, p: gmm_ref.Problem, quants: tuple[Any, Any], kind: str, k: int,
-            out_dtype: Any) -> gmm_ref.Problem:
+            out_dtype: Any, existing_out: Any = None) -> gmm_ref.Problem:
     """``p`` with its codes scaled by ``quants`` (one scale per block of every local group) and ``out_dtype``."""
     extra: dict[str, Any] = {}
     for name, q in zip(("lhs", "rhs"), quants, strict=True):
         if q is not None:
             count = sum(math.prod(shape) for shape in p.scale_shapes(name, q))
             extra.update({f"{name}_quant": q, f"{name}_scales": fill_scales(rng, count, q, kind, k, out_dtype)})
-    return p.replace(**extra, out_dtype=out_dtype)
+    return p.replace(**extra, out_dtype=out_dtype, existing_out=existing_out)

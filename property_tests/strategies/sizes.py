@@ -25,7 +25,7 @@ from property_tests.strategies._common import (
 )
 from property_tests.strategies.extents import cached_extents
 
-__all__ = ["draw_sizes", "draw_span_sizes", "group_sizes", "shardings"]
+__all__ = ["draw_serving_sizes", "draw_sizes", "draw_span_sizes", "group_sizes", "serving_end", "shardings"]
 
 SHAPE_PATTERNS = ("free", "edges", "empty_run", "one_group", "all_empty")
 PATTERNS = st.sampled_from(SHAPE_PATTERNS)
@@ -268,3 +268,86 @@ def draw_span_sizes(draw: Any, span: str, g: int, extent: int, tile: int, allow_
     j = draw(st.integers(0, g - 2))
     start, end = _special(draw, span, total, tile, j == 0)
     return [*_split(draw, start, j, tile), end - start, *_split(draw, total - end, g - 1 - j, tile)]
+
+
+# ------------------------------------------------------------ the serving layouts
+def serving_end(sizes: list[int], alignment: int) -> int:
+    """The row after the last non-empty group of a ``padded_contiguous`` layout (each group at a multiple of
+    ``alignment``)."""
+    end = last = 0
+    for s in sizes:
+        end = -(-end // alignment) * alignment + s
+        if s:
+            last = end
+    return last
+
+
+def _serving_free(draw: Any, extent: int, tile: int) -> int:
+    specials = sorted({v for v in (0, 1, tile - 1, tile, tile + 1, extent - 1, extent) if 0 <= v <= extent})
+    return draw(st.one_of(st.sampled_from(specials), st.integers(0, extent)))
+
+
+def _serving_special(draw: Any, span: str, extent: int, tile: int) -> int:
+    """The size of a non-final group showing ``span``: touching 1, 2 or an odd number >= 3 of tiles, or one
+    row off a tile edge."""
+    if span == "edge_off_by_one":
+        return draw(st.sampled_from([v for j in range(extent // tile + 2) for v in (j * tile - 1, j * tile + 1)
+                                     if 1 <= v <= extent]))
+    touch = {"one_tile": 1, "two_tiles": 2}.get(span)
+    if touch is None:
+        touch = draw(st.sampled_from(list(range(3, (extent - 1) // tile + 2, 2))))
+    return draw(st.integers((touch - 1) * tile + 1, min(touch * tile, extent)))
+
+
+def draw_serving_sizes(draw: Any, family: str, span: str, g: int, extent: int, tile: int,
+                       allow_tail: bool = True) -> list[int]:
+    """Sizes of ``g`` groups of a serving layout showing the relation ``span`` (``design.SPAN_LEVELS``).
+
+    ``masked``: each group's valid rows, in ``[0, extent]`` (``full``: every group full; ``tail``: some group
+    with rows past its count). ``padded_contiguous``: sizes whose layout, each group starting at a multiple of
+    ``tile`` (the alignment), fits ``extent`` rows (``full``: no padding row at all; ``tail``: some). Group
+    sizes are biased to 0, 1, and one row either side of the alignment."""
+    if g == 0:
+        return []
+    if span == "full" or not allow_tail:
+        if family == "masked":
+            return [extent] * g
+        # every group but the last a multiple of the alignment, the last ending at the extent
+        sizes = [0] * g
+        left = extent
+        for i in range(g - 1):
+            take = draw(st.integers(0, left // tile)) * tile
+            sizes[i], left = take, left - take
+        sizes[-1] = left
+        return sizes
+    special, where = None, None
+    if span.startswith("empty_"):
+        where = {"empty_first": 0, "empty_last": g - 1}.get(span)
+        where = draw(st.integers(1, g - 2)) if where is None else where
+        special = 0
+    elif span != "tail":
+        where = draw(st.integers(0, g - 2))
+        special = _serving_special(draw, span, extent, tile)
+    sizes = [_serving_free(draw, extent, tile) for _ in range(g)]
+    if where is not None:
+        sizes[where] = special
+    if span == "tail":
+        j = draw(st.integers(0, g - 1))
+        if family == "masked":
+            sizes[j] = min(sizes[j], extent - 1)
+    if family == "padded_contiguous":
+        # drop rows from the other groups, last first, until the aligned layout fits
+        for i in reversed(range(g)):
+            if serving_end(sizes, tile) <= extent:
+                break
+            if i == where:
+                continue
+            sizes[i] = 0
+        if serving_end(sizes, tile) > extent:  # the special group alone: it starts at 0
+            sizes = [0] * g
+            if where is not None:
+                sizes[where] = min(special, extent)
+        if span == "tail" and sum(sizes) >= extent:  # some row of no group
+            last = max(i for i in range(g) if sizes[i] or i == g - 1)
+            sizes[last] = max(sizes[last] - 1, 0)
+    return sizes

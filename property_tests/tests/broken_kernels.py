@@ -21,9 +21,21 @@ from property_tests.tests.broken_scaled import (
     scaled_mm_correct,
     scaled_mm_dequantized_to_bfloat16,
     scaled_mm_empty_k_groups_stale,
+    scaled_mm_mx_scale_blocks_unpadded,
     scaled_mm_row_scales_not_offset,
     scaled_mm_weight_scales_of_previous_group,
     stale_empty_k_blocks,
+)
+from property_tests.tests.broken_serving import (
+    batched_block_scales_per_tile,
+    batched_correct,
+    batched_writes_every_row,
+    contiguous_bf16_block_sums,
+    contiguous_correct,
+    contiguous_group_of_last_row,
+    masked_blocks_spill_into_next_group,
+    masked_correct,
+    masked_count_from_expected_m,
 )
 
 
@@ -437,8 +449,12 @@ BROKEN = {
     "megablox.tgmm": [tgmm_all_empty_uninitialized, tgmm_nan_leak_masking],
     "torch.scaled_grouped_mm": [scaled_mm_weight_scales_of_previous_group, scaled_mm_row_scales_not_offset,
                                 scaled_mm_bfloat16_partial_sums, scaled_mm_dequantized_to_bfloat16,
-                                scaled_mm_empty_k_groups_stale],
+                                scaled_mm_empty_k_groups_stale, scaled_mm_mx_scale_blocks_unpadded],
     "qwix.ragged_dot": [qwix_weight_scales_of_group_zero, qwix_k_tile_scales_reversed],
+    "deep_gemm.m_grouped_contiguous": [contiguous_group_of_last_row, contiguous_bf16_block_sums],
+    "deep_gemm.m_grouped_contiguous_psum": [contiguous_group_of_last_row],
+    "deep_gemm.m_grouped_masked": [masked_blocks_spill_into_next_group, masked_count_from_expected_m],
+    "vllm.batched_moe": [batched_writes_every_row, batched_block_scales_per_tile],
 }
 CORRECT = {
     "ragged_dot": ragged_dot_correct,
@@ -447,6 +463,10 @@ CORRECT = {
     "torch.grouped_mm": grouped_mm_correct,
     "torch.scaled_grouped_mm": scaled_mm_correct,
     "qwix.ragged_dot": qwix_correct,
+    "deep_gemm.m_grouped_contiguous": contiguous_correct,
+    "deep_gemm.m_grouped_contiguous_psum": contiguous_correct,
+    "deep_gemm.m_grouped_masked": masked_correct,
+    "vllm.batched_moe": batched_correct,
 }
 
 

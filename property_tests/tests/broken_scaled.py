@@ -3,6 +3,8 @@ their correct twins (``torch.scaled_grouped_mm`` and ``qwix.ragged_dot`` convent
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 
@@ -30,10 +32,60 @@ def _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs):
                  for g, (s, e) in enumerate(spans)]
 
 
-def scaled_mm_correct(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
-    """A correct rowwise FP8 grouped GEMM: exact code products summed in float32, both scales after the K loop."""
+def _mx_grouped(mat_a, mat_b, scale_a, scale_b, offs, out_dtype, *, padded_offsets=True):
+    """torch's MXFP8 form (2d-3d or 2d-2d): each group's e8m0 scales read back from its swizzled block (blocks one
+    after the other, each padded to 128 rows; ``padded_offsets=False``: the next block sought right after the
+    group's own rows, as if unpadded), code times scale summed exactly in float64."""
     import torch
 
+    from gmm_kernels.convert import to_torch
+    from gmm_ref import as_numpy, round_to
+    from gmm_ref.scale_layouts import blocked_shape, from_blocked
+
+    a, b = as_numpy(mat_a).astype(np.float64), as_numpy(mat_b).astype(np.float64)
+    fa, fb = as_numpy(scale_a).reshape(-1).astype(np.float64), as_numpy(scale_b).reshape(-1).astype(np.float64)
+    ends = [0, *np.asarray(as_numpy(offs)).astype(np.int64).tolist()]
+
+    def blocks(flat, shapes):
+        out, at = [], 0
+        for r, c in shapes:
+            out.append(from_blocked(flat[at:at + int(np.prod(blocked_shape(r, c)))], r, c))
+            at += int(np.prod(blocked_shape(r, c))) if padded_offsets else r * blocked_shape(r, c)[1]
+        return out
+
+    def deq(x, s):  # [rows, K] values with [rows, ceil(K/32)] scales
+        return x * np.repeat(s, 32, axis=1)[:, :x.shape[1]] if x.size else x
+
+    spans = list(itertools.pairwise(ends))
+    if b.ndim == 3:  # 2d-3d: ragged M
+        kb = -(-a.shape[1] // 32)
+        sa = blocks(fa, [(hi - lo, kb) for lo, hi in spans])
+        sb = blocks(fb, [(b.shape[2], kb)] * len(spans))
+        out = np.zeros((a.shape[0], b.shape[2]))
+        for g, (lo, hi) in enumerate(spans):
+            out[lo:hi] = deq(a[lo:hi], sa[g]) @ deq(b[g].T, sb[g]).T
+    else:  # 2d-2d: ragged K
+        sa = blocks(fa, [(a.shape[0], -(-(hi - lo) // 32)) for lo, hi in spans])
+        sb = blocks(fb, [(b.shape[1], -(-(hi - lo) // 32)) for lo, hi in spans])
+        out = np.zeros((len(spans), a.shape[0], b.shape[1]))
+        for g, (lo, hi) in enumerate(spans):
+            out[g] = deq(a[:, lo:hi], sa[g]) @ deq(b[lo:hi].T, sb[g]).T
+    return to_torch(round_to(out, "bfloat16")).to(out_dtype or torch.bfloat16)
+
+
+def _is_mx(scale_a):
+    import torch
+
+    return scale_a.dtype == torch.float8_e8m0fnu
+
+
+def scaled_mm_correct(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
+    """A correct rowwise FP8 grouped GEMM: exact code products summed in float32, both scales after the K loop (and
+    the MXFP8 form: each group's scales from its own padded, swizzled block)."""
+    import torch
+
+    if _is_mx(scale_a):
+        return _mx_grouped(mat_a, mat_b, scale_a, scale_b, offs, out_dtype)
     out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
     for where, a, b, sa, sb in groups:
         out[where] = (a @ b) * sa[:, None] * sb[None, :]
@@ -93,6 +145,14 @@ def scaled_mm_dequantized_to_bfloat16(mat_a, mat_b, scale_a, scale_b, offs=None,
         db = (b * sb[None, :]).to(torch.bfloat16).float()
         out[where] = da @ db
     return out.to(out_dtype or torch.bfloat16)
+
+
+def scaled_mm_mx_scale_blocks_unpadded(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
+    """MXFP8: each group's scale block sought right after the previous group's rows, as if the blocks were not
+    padded to 128 rows (a scale offset computed from the group's size instead of its size rounded up)."""
+    if _is_mx(scale_a):
+        return _mx_grouped(mat_a, mat_b, scale_a, scale_b, offs, out_dtype, padded_offsets=False)
+    return scaled_mm_correct(mat_a, mat_b, scale_a, scale_b, offs, out_dtype)
 
 
 def scaled_mm_empty_k_groups_stale(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):

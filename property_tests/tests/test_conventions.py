@@ -52,6 +52,9 @@ def test_facts_are_well_formed(name):
         # integer inputs give integer outputs, but for integer codes with scales (a float output)
         assert _dt.is_integer(i) == _dt.is_integer(o) or (c.quantizations and not _dt.is_integer(o))
     for pair in c.quantizations:  # each a (lhs, rhs) pair whose codes are among the input dtypes
+        if pair == (None, None):  # it takes unscaled operands too: of some dtype that is no code dtype of it
+            assert any(i not in c.code_dtypes for i, _ in c.dtype_pairs), name
+            continue
         assert len(pair) == 2 and any(q is not None for q in pair)
         assert all(q is None or q.elem in {i for i, _ in c.dtype_pairs} for q in pair), pair
         assert not c.out_dtype_is_input or i == o
@@ -123,12 +126,14 @@ def test_it_refuses_what_it_cannot_express_and_says_why(name):
     other = next((f for f in FAMILIES if f not in conv.families), None)
     rng = np.random.default_rng(0)
     shapes = {"ragged_m": ((8, 8), (2, 8, 8)), "ragged_n": ((2, 8, 8), (8, 8)), "ragged_k": ((8, 8), (8, 8)),
-              "batch": ((2, 8, 8), (2, 8, 8))}
+              "batch": ((2, 8, 8), (2, 8, 8)), "masked": ((2, 8, 8), (2, 8, 8)),
+              "padded_contiguous": ((8, 8), (2, 8, 8))}
     if other is not None:
         ls, rs = shapes[other]
         p = gmm_ref.Problem(other, rng.standard_normal(ls).astype(np.float32),
                             rng.standard_normal(rs).astype(np.float32),
-                            None if other == "batch" else np.array([3, 5]), convention=name)
+                            None if other == "batch" else np.array([3, 5]), convention=name,
+                            alignment=1 if other == "padded_contiguous" else None)
         assert other in conv.refusal(p)
         with pytest.raises(ValueError, match=f"convention: '{name}' cannot express this problem"):
             gmm_ref.arguments(p)

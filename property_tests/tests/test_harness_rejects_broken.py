@@ -12,13 +12,17 @@ from gmm_kernels import Status
 from property_tests.checking import check_kernel
 from property_tests.tests.broken_kernels import BROKEN, BROKEN_GRADIENTS, CORRECT
 
-CASES = [pytest.param(conv, fn, id=fn.__name__) for conv, fns in BROKEN.items() for fn in fns]
-FRAMEWORK = {"torch.grouped_mm": "torch", "torch.scaled_grouped_mm": "torch"}
+CASES = [pytest.param(conv, fn, id=f"{fn.__name__}-{conv}") for conv, fns in BROKEN.items() for fn in fns]
+
+
+def _framework(convention):
+    """The package a convention's kernels take tensors of (its ``framework``)."""
+    return gmm_ref.conventions.get(convention).framework
 
 
 @pytest.mark.parametrize(("convention", "fn"), CASES)
 def test_broken_kernel_is_rejected(convention, fn):
-    pytest.importorskip(FRAMEWORK.get(convention, "jax"), reason=f"{convention} kernels take its tensors")
+    pytest.importorskip(_framework(convention), reason=f"{convention} kernels take its tensors")
     with pytest.raises(gmm_ref.Mismatch) as info:
         check_kernel(fn, convention=convention, profile="gmm-ci")  # the issue's bar: the gmm-ci profile rejects it
     message = str(info.value)
@@ -33,7 +37,7 @@ def test_broken_kernel_is_rejected(convention, fn):
 
 @pytest.mark.parametrize("convention", sorted(CORRECT))
 def test_correct_twin_passes(convention):
-    pytest.importorskip(FRAMEWORK.get(convention, "jax"), reason=f"{convention} kernels take its tensors")
+    pytest.importorskip(_framework(convention), reason=f"{convention} kernels take its tensors")
     report = check_kernel(CORRECT[convention], convention=convention, profile="gmm-ci")
     assert any(r.status is Status.PASSED for r in report), report
     assert all(r.status in (Status.PASSED, Status.UNSUPPORTED) for r in report), report

@@ -14,6 +14,7 @@ from hypothesis.errors import InvalidArgument
 
 import gmm_ref
 from gmm_ref.layouts import blocks
+from gmm_ref.problem import RAGGED_FAMILIES
 from property_tests import strategies as gst
 
 FIND = settings(database=None, max_examples=3000, phases=[Phase.generate, Phase.shrink])
@@ -144,7 +145,8 @@ def test_torch_problems_keep_16_byte_leading_strides():
 def test_reference_only_problems_cover_families_layouts_and_policies():
     ex = draws(gst.problems(max_buckets=None), 400)
     got = shares(ex, {
-        **{f: (lambda p, f=f: p.family == f) for f in gmm_ref.FAMILIES},
+        # the serving families are drawn when asked for by name (test_serving_layouts.py)
+        **{f: (lambda p, f=f: p.family == f) for f in RAGGED_FAMILIES},
         "packed": lambda p: p.packed, "lhs transposed": lambda p: p.lhs_transposed,
         "batch dims": lambda p: p.batch_ndim > 0, "sizes per batch": lambda p: (
             p.group_sizes is not None and p.group_sizes.ndim > 1),
@@ -288,6 +290,9 @@ FRONTS = {
     "megablox.gmm": gmm_ref.gmm, "megablox.tgmm": gmm_ref.tgmm,
     "torch.grouped_mm": gmm_ref.grouped_mm, "te.grouped_gemm": gmm_ref.te_grouped_gemm,
     "torch.scaled_grouped_mm": gmm_ref.scaled_grouped_mm, "qwix.ragged_dot": gmm_ref.qwix_ragged_dot,
+    "deep_gemm.m_grouped_contiguous": gmm_ref.deep_gemm_m_grouped_contiguous,
+    "deep_gemm.m_grouped_contiguous_psum": gmm_ref.deep_gemm_m_grouped_contiguous,
+    "deep_gemm.m_grouped_masked": gmm_ref.deep_gemm_m_grouped_masked, "vllm.batched_moe": gmm_ref.vllm_batched_moe,
 }
 
 

@@ -1,0 +1,65 @@
+"""Physical layouts of block scales: the swizzled 128 x 4 tiles NVIDIA's block-scaled MMA reads.
+
+torch's ``SWIZZLE_32_4_4`` (``torch._scaled_grouped_mm`` with MXFP8) and TransformerEngine's swizzled MXFP8
+scales store a ``[rows, k_blocks]`` matrix of scales padded to a multiple of 128 rows and 4 columns (padding
+holds zeros), cut into 128 x 4 tiles taken row of tiles by row of tiles, each tile stored as 512 consecutive
+scales: the scale of row ``r`` and column ``c`` of a tile at ``(r % 32) * 16 + (r // 32) * 4 + c``. Grouped
+kernels keep one such padded block per group, one after the other. The model (``gmm_ref.Problem``) holds
+scales unswizzled; a convention's front-end reads and writes these layouts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["blocked_shape", "from_blocked", "round_up", "to_blocked"]
+
+TILE_ROWS, TILE_COLS = 128, 4
+
+
+def round_up(x: int, multiple: int) -> int:
+    """``x`` rounded up to a multiple of ``multiple``."""
+    return -(-int(x) // multiple) * multiple
+
+
+def blocked_shape(rows: int, cols: int) -> tuple[int, int]:
+    """The padded ``(rows, cols)`` of a scale matrix in the swizzled layout (multiples of 128 and 4)."""
+    return round_up(rows, TILE_ROWS), round_up(cols, TILE_COLS)
+
+
+def _order(rows: int, cols: int) -> np.ndarray:
+    """For each position of the flat swizzled layout of a ``blocked_shape(rows, cols)`` matrix, the flat index
+    of the padded matrix's scale stored there."""
+    pr, pc = blocked_shape(rows, cols)
+    r, c = np.meshgrid(np.arange(pr), np.arange(pc), indexing="ij")
+    tile = (r // TILE_ROWS) * (pc // TILE_COLS) + c // TILE_COLS
+    rr, cc = r % TILE_ROWS, c % TILE_COLS
+    position = tile * (TILE_ROWS * TILE_COLS) + (rr % 32) * 16 + (rr // 32) * 4 + cc
+    order = np.empty(pr * pc, np.int64)
+    order[position.reshape(-1)] = np.arange(pr * pc)
+    return order
+
+
+def to_blocked(scales: Any) -> np.ndarray:
+    """A ``[rows, cols]`` scale matrix as its swizzled layout: padded with zeros to ``blocked_shape``, flat."""
+    s = np.asarray(scales)
+    if s.ndim != 2:
+        raise ValueError(f"scales: expected a [rows, cols] matrix, got shape {s.shape}")
+    pr, pc = blocked_shape(*s.shape)
+    padded = np.zeros((pr, pc), s.dtype)
+    padded[:s.shape[0], :s.shape[1]] = s
+    return padded.reshape(-1)[_order(*s.shape)]
+
+
+def from_blocked(flat: Any, rows: int, cols: int) -> np.ndarray:
+    """The ``[rows, cols]`` scale matrix held in a swizzled layout (``flat``: its ``blocked_shape`` scales)."""
+    f = np.asarray(flat).reshape(-1)
+    pr, pc = blocked_shape(rows, cols)
+    if f.size != pr * pc:
+        raise ValueError(f"flat: expected {pr * pc} scales (a [{rows}, {cols}] matrix padded to [{pr}, {pc}]), "
+                         f"got {f.size}")
+    padded = np.empty(pr * pc, f.dtype)
+    padded[_order(rows, cols)] = f
+    return padded.reshape(pr, pc)[:rows, :cols]
