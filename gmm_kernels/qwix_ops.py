@@ -19,10 +19,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gmm_kernels.base import VariantAdapter
-from gmm_ref import Numerics, Problem
+from gmm_kernels.base import KernelAdapter, VariantAdapter
+from gmm_kernels.known_issues import xla_nan_leak_issues
+from gmm_kernels.scope import Scope
+from gmm_ref import AmaxQuantizer, Numerics, Problem
 
-__all__ = ["QwixRaggedDot", "as_qarray", "to_jax"]
+__all__ = ["QwixRaggedDot", "QwixRaggedDotQt", "as_qarray", "qwix_qt_format", "to_jax"]
 
 
 def to_jax(x: Any) -> Any:
@@ -97,3 +99,69 @@ class QwixRaggedDot(VariantAdapter):
         fn = _jitted(None if preferred_element_type is None else np.dtype(preferred_element_type),
                      self.implementation == "slow")
         return np.asarray(fn(to_jax(lhs), to_jax(rhs), jnp.asarray(np.asarray(group_sizes, np.int32))))
+
+
+#: qwix's dynamic quantization of bfloat16 operands for ``ragged_dot_qt`` (``qarray.quantize`` with absmax
+#: calibration): scale = amax / 448 computed and stored in bfloat16, a scale below sqrt(bfloat16's smallest
+#: normal) replaced by 1, codes = x / scale in bfloat16, clipped to +-448, cast to float8_e4m3fn
+def qwix_qt_format(block: Any, across_groups: bool = False) -> Any:
+    bf16 = "bfloat16"
+    return AmaxQuantizer("float8_e4m3fn", block, scale_dtype=bf16, rule="amax/max", codes="divide", arith=bf16,
+                         code_arith=bf16, min_scale=2.0 ** -63, zero_scale=1.0, across_groups=across_groups)
+
+
+@functools.cache
+def _jitted_qt(preferred_element_type: Any) -> Any:
+    import jax
+    import jax.numpy as jnp
+    from qwix._src.core import ragged_dot_qt
+
+    config = ragged_dot_qt.RaggedDotQtConfig(lhs_qtype=jnp.float8_e4m3fn, rhs_qtype=jnp.float8_e4m3fn)
+
+    def f(lhs: Any, rhs: Any, gs: Any) -> Any:
+        return ragged_dot_qt.ragged_dot_qt(lhs, rhs, gs, config, None, preferred_element_type)
+
+    return jax.jit(f)
+
+
+class QwixRaggedDotQt(KernelAdapter):
+    """qwix's quantized-training ``ragged_dot`` (``ragged_dot_qt``, what qwix's QT provider runs for a model's
+    ``lax.ragged_dot``): bfloat16 operands quantized inside to float8_e4m3fn with absmax scales, lhs per row,
+    rhs per output channel; then ``qwix.ragged_dot`` on the QArrays (its fast path).
+
+    Its declared format is what its source does: the weights' channel scales are taken over every expert at
+    once (``channelwise_axes=[2]`` of ``[G, K, N]``: the group axis is reduced), so one expert's large weights
+    coarsen every other expert's codes. Declared per expert instead (blocks restarting at every group, as the
+    harness's model has them), the same kernel fails as soon as the experts' magnitudes differ: see
+    ``property_tests/tests/test_quantizers.py``."""
+
+    name = "qwix.ragged_dot_qt"
+    convention = "ragged_dot"
+    requires = ("jax", "qwix")
+    flush_subnormals = True
+    scope = Scope(dtypes=("bfloat16",), zero_extents=(),
+                  quantizes=(qwix_qt_format("row"), qwix_qt_format("row", across_groups=True)),
+                  # the codes' products summed over K in float32, rounded to the bfloat16 of the scales, then each
+                  # scale applied in bfloat16 (qwix's fast path on these QArrays)
+                  numerics=Numerics(multiply=None, accumulate="bfloat16", promote_every=1 << 31,
+                                    partial_accumulate="float32", flush_subnormals=True))
+
+    @property
+    def known_issues(self) -> Any:  # type: ignore[override]
+        return xla_nan_leak_issues("qwix's ragged_dot_qt calls lax.ragged_dot_general on the codes")
+
+    def _unavailable(self) -> str | None:
+        try:
+            from qwix._src.core import ragged_dot_qt  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - an import that fails here is the reason it cannot run
+            return f"qwix's ragged_dot_qt does not import here: {exc}"
+        return None
+
+    def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None, preferred_element_type: Any = None
+             ) -> Any:
+        import jax.numpy as jnp
+
+        if precision is not None:
+            raise ValueError("this adapter runs the default precision")
+        fn = _jitted_qt(None if preferred_element_type is None else np.dtype(preferred_element_type))
+        return np.asarray(fn(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(np.asarray(group_sizes, np.int32))))

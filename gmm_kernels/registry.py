@@ -16,7 +16,7 @@ from gmm_kernels.ejkernel_ops import EjkernelGroupedMatmul
 from gmm_kernels.jax_lax import JaxRaggedDot, JaxRaggedDotGeneral
 from gmm_kernels.megablox import MegabloxGmm, MegabloxTgmm
 from gmm_kernels.mosaic_gpu import MosaicGpuRaggedDot
-from gmm_kernels.qwix_ops import QwixRaggedDot
+from gmm_kernels.qwix_ops import QwixRaggedDot, QwixRaggedDotQt
 from gmm_kernels.tokamax_ops import TokamaxQArrayRaggedDot, TokamaxRaggedDot
 from gmm_kernels.torch_grouped import TorchGroupedMM
 from gmm_kernels.torch_scaled import TorchaoMXFP8ScaledGroupedMM, TorchScaledGroupedMM, TorchScaledMMLoop
@@ -49,6 +49,7 @@ def _builtin() -> list[KernelAdapter]:
         TorchScaledGroupedMM(),
         QwixRaggedDot("fast"),
         QwixRaggedDot("slow"),
+        QwixRaggedDotQt(),
         TorchaoMXFP8GroupedMM(),
         TorchaoMXFP8ScaledGroupedMM(),
         TokamaxQArrayRaggedDot(),

@@ -25,6 +25,7 @@ from gmm_ref import FAMILIES, Numerics, Problem
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import has_tail
 from gmm_ref.dtypes import as_dtype
+from gmm_ref.quantizers import quantizer_from_json, quantizer_to_json
 
 __all__ = ["KnownIssue", "Scope", "declare", "parse_multiples", "parse_numerics", "parse_quantizes"]
 
@@ -126,13 +127,13 @@ class Scope:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         if self.quantizes is not None:
-            from gmm_ref import MXQuantizer
+            from gmm_ref import AmaxQuantizer, MXQuantizer
 
             q = self.quantizes
             if (not isinstance(q, tuple) or len(q) != 2 or all(x is None for x in q)
-                    or not all(x is None or isinstance(x, MXQuantizer) for x in q)):
-                raise TypeError(f"quantizes: expected (lhs, rhs) gmm_ref.MXQuantizer or None, not both None, "
-                                f"got {q!r}")
+                    or not all(x is None or isinstance(x, (MXQuantizer, AmaxQuantizer)) for x in q)):
+                raise TypeError(f"quantizes: expected (lhs, rhs) gmm_ref.MXQuantizer / gmm_ref.AmaxQuantizer or None, "
+                                f"not both None, got {q!r}")
         set_(self, "families", _names("families", self.families, FAMILIES))
         dtypes = _names("dtypes", self.dtypes)
         set_(self, "dtypes", None if dtypes is None else tuple(_dtype_entry(v) for v in dtypes))
@@ -217,17 +218,14 @@ class Scope:
                 "zero_extents": None if self.zero_extents is None else list(self.zero_extents),
                 "numerics": None if n is None else n.to_json(),
                 "quantizes": None if self.quantizes is None else [
-                    None if q is None else {"elem": str(q.elem), "block_size": q.block_size, "scale_mode": q.scale_mode}
-                    for q in self.quantizes]}
+                    None if q is None else quantizer_to_json(q) for q in self.quantizes]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Scope:
         numerics = None if d.get("numerics") is None else Numerics.from_json(d["numerics"])
         quantizes = None
         if d.get("quantizes") is not None:
-            from gmm_ref import MXQuantizer
-
-            quantizes = tuple(None if q is None else MXQuantizer(**q) for q in d["quantizes"])
+            quantizes = tuple(None if q is None else quantizer_from_json(q) for q in d["quantizes"])
         return cls(families=d.get("families"), dtypes=d.get("dtypes"), out_dtypes=d.get("out_dtypes"),
                    multiples=d.get("multiples") or {}, tail=d.get("tail", True), numerics=numerics,
                    zero_extents=d.get("zero_extents"), quantizes=quantizes)
@@ -242,7 +240,7 @@ class Scope:
                  f"zero extents {','.join(self.zero_extents) or 'none'}",
                  f"numerics {self.numerics}" if self.numerics else "",
                  "" if self.quantizes is None else "quantizes " + " x ".join(
-                     "-" if q is None else f"{q.elem}/{q.block_size}/{q.scale_mode}" for q in self.quantizes),
+                     "-" if q is None else q.describe() for q in self.quantizes),
                  f"{len(self.known_issues)} known issue(s)" if self.known_issues else ""]
         return "; ".join(p for p in parts if p) or "the whole convention"
 

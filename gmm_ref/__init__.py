@@ -31,11 +31,13 @@ from gmm_ref.gradients import Gradients, gradients
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import FAMILIES, Problem, as_tiling
 from gmm_ref.quantize import quantize_problem
+from gmm_ref.quantizers import AmaxQuantizer
 from gmm_ref.repro import load_array, load_problem, reproducer, save_problem
 from gmm_ref.scaled import MXQuantizer, Quantization, scaled_reference, to_mx
 
 __all__ = [
     "FAMILIES",
+    "AmaxQuantizer",
     "Comparison",
     "Gradients",
     "MXQuantizer",

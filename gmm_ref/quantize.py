@@ -13,17 +13,19 @@ from typing import Any
 import numpy as np
 
 from gmm_ref.problem import Problem
+from gmm_ref.quantizers import AmaxQuantizer
 from gmm_ref.scaled import MXQuantizer
 
 __all__ = ["quantize_problem"]
 
 
 def _check(name: str, q: Any) -> None:
-    if q is not None and not isinstance(q, MXQuantizer):
-        raise TypeError(f"{name}: expected a gmm_ref.MXQuantizer or None, got {type(q).__name__}")
+    if q is not None and not isinstance(q, (MXQuantizer, AmaxQuantizer)):
+        raise TypeError(f"{name}: expected a gmm_ref.MXQuantizer, a gmm_ref.AmaxQuantizer or None, got "
+                        f"{type(q).__name__}")
 
 
-def quantize_problem(p: Problem, lhs: MXQuantizer | None = None, rhs: MXQuantizer | None = None) -> Problem:
+def quantize_problem(p: Problem, lhs: Any = None, rhs: Any = None) -> Problem:
     """``p`` with ``lhs`` and/or ``rhs`` quantized by the given quantizers: codes in place of values, and their
     scales. Elements no group reads (a tail, other shards' rows) are quantized too, their scales dropped."""
     if not isinstance(p, Problem):
@@ -73,10 +75,17 @@ def _quantize(p: Problem, operand: str, q: MXQuantizer) -> tuple[np.ndarray, np.
     flat_codes, _ = q.quantize(whole.reshape(-1, whole.shape[-1]))
     codes[...] = flat_codes.reshape(whole.shape) if operand == "lhs" else np.swapaxes(
         flat_codes.reshape(whole.shape), -1, -2)
+    views = [(idx, transposed, values[idx].T if transposed else values[idx]) for idx, transposed in _views(p, operand)]
+    shared = None
+    if getattr(q, "across_groups", False) and views:  # one amax per block position over every group
+        amaxes = [q.block_amax(block) for _, _, block in views]
+        if len({a.shape for a in amaxes}) > 1:
+            raise ValueError(f"{operand}: across_groups needs every group's [rows, K] view to share its block grid "
+                             f"(got {sorted({a.shape for a in amaxes})})")
+        shared = np.max(np.stack(amaxes), axis=0)
     scales = []
-    for idx, transposed in _views(p, operand):
-        block = values[idx].T if transposed else values[idx]
-        c, s = q.quantize(block)
+    for idx, transposed, block in views:
+        c, s = q.quantize(block) if shared is None else q.quantize(block, shared)
         codes[idx] = c.T if transposed else c
         scales.append(s.reshape(-1))
     flat = np.concatenate(scales) if scales else np.zeros(0, q.quantization.scale)

@@ -53,6 +53,7 @@ __all__ = [
     "MXQuantizer",
     "Quantization",
     "ScaledReference",
+    "named_dtype",
     "round_exact",
     "round_scales",
     "rounded_product",
@@ -74,7 +75,8 @@ OUT_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(d) for d in (np.float64, np.fl
 _NAMES = {str(d): d for d in (*ELEMENT_DTYPES, *SCALE_DTYPES, *OUT_DTYPES)}
 
 
-def _dtype(value: Any, allowed: tuple[np.dtype, ...], name: str) -> np.dtype:
+def named_dtype(value: Any, allowed: tuple[np.dtype, ...], name: str) -> np.dtype:
+    """``value`` (a dtype, its name, or torch's) as one of ``allowed``; TypeError naming ``name`` otherwise."""
     text = str(value).removeprefix("torch.")
     dtype = _NAMES.get(text)
     if dtype is None:
@@ -99,8 +101,8 @@ class Quantization:
     block: Any = "row"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "elem", _dtype(self.elem, ELEMENT_DTYPES, "elem"))
-        object.__setattr__(self, "scale", _dtype(self.scale, SCALE_DTYPES, "scale"))
+        object.__setattr__(self, "elem", named_dtype(self.elem, ELEMENT_DTYPES, "elem"))
+        object.__setattr__(self, "scale", named_dtype(self.scale, SCALE_DTYPES, "scale"))
         block = GRANULARITIES.get(self.block, self.block) if isinstance(self.block, str) else self.block
         if isinstance(self.block, str) and self.block not in GRANULARITIES:
             raise ValueError(f"block: expected one of {sorted(GRANULARITIES)} or (rows, k), got {self.block!r}")
@@ -322,7 +324,7 @@ def scaled_reference(lhs: Any, lhs_scales: Sequence[Any], rhs: Any, rhs_scales: 
     for name, q in (("lhs_quant", lhs_quant), ("rhs_quant", rhs_quant)):
         if not isinstance(q, Quantization):
             raise TypeError(f"{name}: expected a gmm_ref.scaled.Quantization, got {q!r}")
-    out_dtype = _dtype(out_dtype, OUT_DTYPES, "out_dtype")
+    out_dtype = named_dtype(out_dtype, OUT_DTYPES, "out_dtype")
     a = _check_codes("lhs", lhs, lhs_quant)
     b = _check_codes("rhs", rhs, rhs_quant)
     want = {"ragged_m": (2, 3), "ragged_n": (3, 2), "ragged_k": (2, 2), "batch": (3, 3)}[family]
@@ -420,7 +422,7 @@ def to_mx(x: Any, block_size: int = 32, elem_dtype: Any = ml_dtypes.float8_e4m3f
     gives it (torchao's ``to_mx``, and the saturating conversion of NVIDIA's hardware): ``rceil`` 2**127,
     the others ``2**(128 - emax)``; its Inf codes saturate. Codes are ``x / 2**e`` rounded once to nearest
     even into the element dtype, saturated to its largest finite value."""
-    elem = _dtype(elem_dtype, ELEMENT_DTYPES[:3], "elem_dtype")
+    elem = named_dtype(elem_dtype, ELEMENT_DTYPES[:3], "elem_dtype")
     if scale_mode not in SCALE_MODES:
         raise ValueError(f"scale_mode: expected one of {SCALE_MODES}, got {scale_mode!r}")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -465,7 +467,7 @@ class MXQuantizer:
     scale_mode: str = "rceil"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "elem", _dtype(self.elem, ELEMENT_DTYPES[:3], "elem"))
+        object.__setattr__(self, "elem", named_dtype(self.elem, ELEMENT_DTYPES[:3], "elem"))
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"block_size: expected a positive int, got {self.block_size!r}")
         if self.scale_mode not in SCALE_MODES:
@@ -475,6 +477,10 @@ class MXQuantizer:
     def quantization(self) -> Quantization:
         """The :class:`Quantization` of the codes and scales it makes."""
         return Quantization(self.elem, ml_dtypes.float8_e8m0fnu, (1, self.block_size))
+
+    def describe(self) -> str:
+        """Short: ``float8_e4m3fn/32/rceil`` (codes, block size, scale mode)."""
+        return f"{self.elem}/{self.block_size}/{self.scale_mode}"
 
     def quantize(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``x`` (``[rows, K]``) -> (codes, e8m0 scales ``[rows, ceil(K / block_size)]``)."""

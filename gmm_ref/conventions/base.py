@@ -364,6 +364,17 @@ def expect_ndim(name: str, x: np.ndarray, want: int | tuple[int, ...]) -> None:
         raise ValueError(f"{name}: expected {' or '.join(map(str, want_t))} dims, got shape {x.shape}")
 
 
+def expect_grouped_nt(lhs_name: str, lhs: np.ndarray, rhs_name: str, rhs: np.ndarray) -> tuple[int, int, int, int]:
+    """``(G, M, K, N)`` of ``[G, M, K]`` activations and ``[G, N, K]`` weights (a masked layout's operands, the
+    weights transposed: "nt"); ValueError naming the argument otherwise."""
+    expect_ndim(lhs_name, lhs, 3)
+    expect_ndim(rhs_name, rhs, 3)
+    g, m, k = lhs.shape
+    if rhs.shape[0] != g or rhs.shape[2] != k:
+        raise ValueError(f"{rhs_name}: expected [G={g}, N, K={k}], got {rhs.shape}")
+    return g, m, k, rhs.shape[1]
+
+
 def optional_dtype(name: str, value: Any) -> np.dtype | None:
     return None if value is None else _dt.as_dtype(value, name=name)
 

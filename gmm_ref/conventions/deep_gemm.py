@@ -238,12 +238,7 @@ class _Masked(Convention):
         ``[G]`` int32 valid rows per group, ``expected_m`` a positive int (a hint). Rows past ``masked_m`` are
         undefined."""
         ca, sa, cb, sb = _both(a, b)
-        base.expect_ndim("a", ca, 3)
-        base.expect_ndim("b", cb, 3)
-        g, m, k = ca.shape
-        if cb.shape[0] != g or cb.shape[2] != k:
-            raise ValueError(f"b: expected [G={g}, N, K={k}], got {cb.shape}")
-        n = cb.shape[1]
+        g, m, k, n = base.expect_grouped_nt("a", ca, "b", cb)
         _check_d(d, (g, m, n))
         counts = base.as_array("masked_m", masked_m)
         if counts.dtype != np.int32 or counts.shape != (g,):

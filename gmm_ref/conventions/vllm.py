@@ -53,12 +53,7 @@ class _BatchedMoE(Convention):
         unquantized, or FP8 (``use_fp8_w8a8``) per tensor, per token (``per_act_token_quant``) or in 128x128
         blocks (``block_shape=[128, 128]``)."""
         a, b, c = base.as_array("A", A), base.as_array("B", B), base.as_array("C", C)
-        base.expect_ndim("A", a, 3)
-        base.expect_ndim("B", b, 3)
-        e, m, k = a.shape
-        if b.shape[0] != e or b.shape[2] != k:
-            raise ValueError(f"B: expected [E={e}, N, K={k}], got {b.shape}")
-        n = b.shape[1]
+        e, m, k, n = base.expect_grouped_nt("A", a, "B", b)
         if c.shape != (e, m, n):
             raise ValueError(f"C: expected the output buffer of shape {(e, m, n)}, got {c.shape}")
         counts = base.as_array("expert_num_tokens", expert_num_tokens)
