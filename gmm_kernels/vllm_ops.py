@@ -25,6 +25,12 @@ class VllmBatchedMoE(KernelAdapter):
     requires = ("torch", "vllm")
     flush_subnormals = True
 
+    def available(self) -> str | None:
+        missing = super().available()
+        if missing and "not installed" in missing:
+            return f"{missing} (its batched experts are a Triton kernel for CUDA / ROCm GPUs)"
+        return missing
+
     def _unavailable(self) -> str | None:
         import torch
 

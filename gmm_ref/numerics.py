@@ -99,6 +99,12 @@ class Numerics:
             else:
                 object.__setattr__(self, "partial_accumulate", _dt.as_dtype(part, name="partial_accumulate"))
 
+    def __repr__(self) -> str:  # the promotion fields only where a kernel declares them
+        extra = (f", promote_every={self.promote_every!r}, partial_accumulate={self.partial_accumulate!r}"
+                 if self.promote_every is not None else "")
+        return (f"Numerics(multiply={self.multiply!r}, accumulate={self.accumulate!r}, "
+                f"flush_subnormals={self.flush_subnormals!r}{extra})")
+
     def to_json(self) -> dict[str, Any]:
         """Every field as JSON (the fields at their defaults left out but for the first three)."""
         out: dict[str, Any] = {"multiply": None if self.multiply is None else str(self.multiply),

@@ -212,6 +212,11 @@ def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling
         mb = check_int("max_buckets", mb, minimum=1)
     zero = _zero_extents(zero_extents, rules)
     quants = _quantizations(quantizations, rules, convention)
+    if quants is not None:  # the families that take one of the chosen quantizations
+        fams = tuple(f for f in fams if any(q in rules.quantizations_for(f) for q in quants))
+        if not fams:
+            raise InvalidArgument(f"quantizations={quantizations!r}, but convention={convention!r} takes none of them "
+                                  f"in families={families!r}")
     return Config(convention, rules, multiples, fams, pairs, t, given_t, counts, lo, hi, me, mbd, sh, ms, ex, shp, mb,
                   zero, quants)
 

@@ -97,3 +97,21 @@ def test_the_mxfp8_2d_2d_form_round_trips_and_bad_scales_are_named():
                             rhs_scales=np.ones(32, E8M0), convention="torch.scaled_grouped_mm")
     assert "MXFP8 takes the 2d-3d and 2d-2d forms only" in gmm_ref.conventions.get(
         "torch.scaled_grouped_mm").refusal(three)
+
+
+def test_problems_narrowed_to_mxfp8_draw_only_its_forms():
+    from hypothesis import HealthCheck, given, settings
+
+    from property_tests import strategies as gst
+
+    seen = set()
+
+    @settings(max_examples=30, deadline=None, database=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(gst.problems(convention="torch.scaled_grouped_mm", quantizations=[(MXFP8, MXFP8)]))
+    def prop(p):
+        assert p.lhs_quant == MXFP8 == p.rhs_quant
+        seen.add(p.family)
+
+    prop()
+    assert seen == {"ragged_m", "ragged_k"}, seen

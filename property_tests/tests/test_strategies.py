@@ -252,6 +252,8 @@ INVALID = [
     (gst.problems, {"convention": "torch.grouped_mm", "dtypes": ["float32"], "vary_out_dtype": True},
      "vary_out_dtype=True"),
     (gst.problems, {"sharding": True, "max_groups": 1}, "max_groups=1"),
+    (gst.problems, {"convention": "torch.scaled_grouped_mm", "quantizations": [(None, None)]}, "quantizations="),
+    (gst.problems, {"convention": "vllm.batched_moe", "existing_out": False}, "existing_out=False"),
     (gst.group_sizes, {"num_groups": 0, "extent": 5, "allow_tail": False}, "num_groups=0"),
     (gst.group_sizes, {"min_groups": 3, "max_groups": 1}, "min_groups=3"),
     (gst.extents, {"multiple_of": 16, "max_value": 8}, "multiple_of=16"),
