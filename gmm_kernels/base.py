@@ -96,6 +96,8 @@ class KernelAdapter:
     convention: ClassVar[str] = ""
     #: modules that must be installed for the kernel to run here
     requires: ClassVar[tuple[str, ...]] = ()
+    #: what the kernel needs beyond its modules (a GPU, say): added to the reason a required module is missing
+    needs: ClassVar[str] = ""
     #: input dtypes the kernel takes (None: whatever its convention takes)
     input_dtypes: ClassVar[tuple[str, ...] | None] = None
     #: output dtypes the kernel returns (None: whatever its convention takes)
@@ -155,7 +157,10 @@ class KernelAdapter:
 
     def available(self) -> str | None:
         """None when the kernel can run here, else the reason it cannot."""
-        return missing_module(*self.requires) or self._unavailable()
+        missing = missing_module(*self.requires)
+        if missing:
+            return f"{missing} ({self.needs})" if self.needs else missing
+        return self._unavailable()
 
     def supports(self, problem: Problem) -> str | None:
         """None when the kernel can take ``problem``, else the reason it cannot."""

@@ -37,15 +37,10 @@ def _cuda_reason(major: int = 9) -> str | None:
 
 class _DeepGemm(KernelAdapter):
     requires = ("torch", "deep_gemm")
+    needs = "DeepGEMM is CUDA only, SM90 / SM100; it builds on a GPU machine"
     flush_subnormals = True
     #: (fp8 function, bf16 function) in ``deep_gemm``
     functions: ClassVar[tuple[str, str]] = ("", "")
-
-    def available(self) -> str | None:
-        missing = super().available()
-        if missing and "not installed" in missing:
-            return f"{missing} (DeepGEMM is CUDA only, SM90 / SM100; it builds on a GPU machine)"
-        return missing
 
     def _unavailable(self) -> str | None:
         return _cuda_reason()

@@ -24,8 +24,7 @@ from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import to_framework
 from gmm_kernels.scope import Scope
 from gmm_ref import Numerics, Problem
-from gmm_ref.conventions.torch_scaled import MX_BLOCK, MXFP8, ROWWISE
-from gmm_ref.scale_layouts import blocked_shape, from_blocked
+from gmm_ref.conventions.torch_scaled import MX_BLOCK, MXFP8, ROWWISE, group_blocks
 
 __all__ = ["TorchScaledGroupedMM", "TorchScaledMMLoop", "TorchaoMXFP8ScaledGroupedMM", "unswizzled_2d_3d"]
 
@@ -143,16 +142,14 @@ def unswizzled_2d_3d(scale_a: Any, scale_b: Any, offs: Any, m: int, k: int, n: i
 
     kb = -(-k // MX_BLOCK)
     ends = [0, *np.asarray(as_numpy(offs)).astype(np.int64).tolist()]
-    flat_a, flat_b = as_numpy(scale_a).reshape(-1), as_numpy(scale_b)
-    a = np.ones((m, kb), flat_a.dtype)
-    at = 0
-    for lo, hi in itertools.pairwise(ends):
-        size = int(np.prod(blocked_shape(hi - lo, kb)))
-        a[lo:hi] = from_blocked(flat_a[at:at + size], hi - lo, kb)
-        at += size
-    b = np.stack([from_blocked(flat_b[g], n, kb).T for g in range(flat_b.shape[0])]) if flat_b.shape[0] else \
-        np.zeros((0, kb, n), flat_b.dtype)
-    return a, b
+    sa, sb = as_numpy(scale_a), as_numpy(scale_b)
+    spans = list(itertools.pairwise(ends))
+    a = np.ones((m, kb), sa.dtype)
+    for (lo, hi), block in zip(spans, group_blocks("scale_a", sa, [(hi - lo, kb) for lo, hi in spans], True),
+                               strict=True):
+        a[lo:hi] = block
+    b = [block.T for block in group_blocks("scale_b", sb, [(n, kb)] * len(spans), True)]
+    return a, np.stack(b) if b else np.zeros((0, kb, n), sb.dtype)
 
 
 class TorchaoMXFP8ScaledGroupedMM(KernelAdapter):

@@ -23,13 +23,8 @@ class VllmBatchedMoE(KernelAdapter):
     name = "vllm.batched_moe"
     convention = "vllm.batched_moe"
     requires = ("torch", "vllm")
+    needs = "its batched experts are a Triton kernel for CUDA / ROCm GPUs"
     flush_subnormals = True
-
-    def available(self) -> str | None:
-        missing = super().available()
-        if missing and "not installed" in missing:
-            return f"{missing} (its batched experts are a Triton kernel for CUDA / ROCm GPUs)"
-        return missing
 
     def _unavailable(self) -> str | None:
         import torch

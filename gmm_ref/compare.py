@@ -109,8 +109,8 @@ def group_span(p: Problem, g: int, index: tuple[int, ...]) -> str:
         return f"group {g}"
     if p.family in ("masked", "padded_contiguous"):
         starts, ends = p.spans_at(())
-        where = "of its own matrix " if p.family == "masked" else ""
-        return f"group {g} (rows [{starts[g]}, {ends[g]}) {where}, size {ends[g] - starts[g]})".replace(" ,", ",")
+        where = " of its own matrix" if p.family == "masked" else ""
+        return f"group {g} (rows [{starts[g]}, {ends[g]}){where}, size {ends[g] - starts[g]})"
     nb = len(p.batch_shape)
     lead = 1 if p.family == "ragged_k" else 0
     bi = tuple(index[lead:lead + nb]) if p.group_sizes.ndim > 1 else ()

@@ -35,7 +35,7 @@ from gmm_ref.problem import Problem
 from gmm_ref.scale_layouts import blocked_shape, from_blocked, round_up, to_blocked
 from gmm_ref.scaled import Quantization
 
-__all__ = ["MXFP8", "ROWWISE", "SCALED_GROUPED_MM", "scaled_grouped_mm"]
+__all__ = ["MXFP8", "ROWWISE", "SCALED_GROUPED_MM", "group_blocks", "scaled_grouped_mm"]
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -47,7 +47,7 @@ MX_BLOCK = 32
 MXFP8 = Quantization(E4M3, E8M0, (1, MX_BLOCK))
 
 
-def _unblock(name: str, arr: np.ndarray, shapes: list[tuple[int, int]], rows_first: bool) -> list[np.ndarray]:
+def group_blocks(name: str, arr: np.ndarray, shapes: list[tuple[int, int]], rows_first: bool) -> list[np.ndarray]:
     """Each group's ``[rows, k_blocks]`` scales from the groups' swizzled blocks laid one after the other (each
     padded to a multiple of 128 rows and 4 columns). ``rows_first``: the blocks follow each other along the rows
     of ``arr`` (2d-3d's scale_a), else along its columns (2d-2d); ``arr`` is 2-D, or 1-D for scale_b's stack."""
@@ -152,14 +152,13 @@ class _ScaledGroupedMM(Convention):
                 raise ValueError(f"offs: expected {b.shape[0]} group ends (one per mat_b group), got {g}")
             k, n = a.shape[1], b.shape[2]
             kb = -(-k // MX_BLOCK)
-            ls = _unblock("scale_a", sa, [(int(m), kb) for m in sizes], rows_first=True)
-            rs = _unblock("scale_b", sb.reshape(-1) if sb.ndim == 2 and sb.shape[0] == g else sb,
-                          [(n, kb)] * g, rows_first=True)
+            ls = group_blocks("scale_a", sa, [(int(m), kb) for m in sizes], rows_first=True)
+            rs = group_blocks("scale_b", sb, [(n, kb)] * g, rows_first=True)
             family = "ragged_m"
         elif form == "2d-2d":
             m, n = a.shape[0], b.shape[1]
-            ls = _unblock("scale_a", sa, [(m, -(-int(s) // MX_BLOCK)) for s in sizes], rows_first=False)
-            rs = _unblock("scale_b", sb, [(n, -(-int(s) // MX_BLOCK)) for s in sizes], rows_first=False)
+            ls = group_blocks("scale_a", sa, [(m, -(-int(s) // MX_BLOCK)) for s in sizes], rows_first=False)
+            rs = group_blocks("scale_b", sb, [(n, -(-int(s) // MX_BLOCK)) for s in sizes], rows_first=False)
             family = "ragged_k"
         else:
             raise ValueError(f"mat_a, mat_b: the MXFP8 grouped form takes 2d-3d or 2d-2d operands, got {form}")

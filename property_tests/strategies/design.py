@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from gmm_ref.conventions.base import has_tail
 from gmm_ref.problem import SERVING_FAMILIES, STORAGES, Problem
 from property_tests.strategies._static import Config, Static, axis_multiple, fits
 
@@ -491,50 +492,41 @@ def design(cfg: Config, family: str, tail_ok: bool, all_empty: bool, seed: int =
 
 
 # ------------------------------------------------------------ observed relations
-def _span_levels(sizes: np.ndarray, extent: int, tile: int) -> set[str]:
+def _group_levels(sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray, tile: int) -> set[str]:
+    """The relations of one row of groups (``[start, end)`` each): empty first / middle / last groups, the tiles
+    a non-final group touches, a group end one off a tile edge."""
     out = set()
-    for row in np.reshape(sizes, (-1, sizes.shape[-1])):
-        g, ends = row.size, np.cumsum(row)
-        out.add("tail" if ends[-1] < extent else "full")
-        if g >= 2 and row[0] == 0:
-            out.add("empty_first")
-        if g >= 2 and row[-1] == 0:
-            out.add("empty_last")
-        if g >= 3 and np.any(row[1:-1] == 0):
-            out.add("empty_middle")
-        starts = ends - row
-        for j in range(g - 1):
-            if row[j] == 0:
-                continue
-            touched = (ends[j] - 1) // tile - starts[j] // tile + 1
-            out.add("one_tile" if touched == 1 else "two_tiles" if touched == 2 else
-                    "several_odd" if touched % 2 else "several_even")
-            if ends[j] % tile in (1, tile - 1):
-                out.add("edge_off_by_one")
-    return out
-
-
-def _serving_span_levels(p: Problem, tile: int) -> set[str]:
-    """The span relations of a serving layout: each group's rows against the tile (the alignment)."""
-    from gmm_ref.conventions.base import has_tail
-
-    sizes = p.group_sizes
     g = sizes.size
-    out = {"tail" if has_tail(p) else "full"}
     if g >= 2 and sizes[0] == 0:
         out.add("empty_first")
     if g >= 2 and sizes[-1] == 0:
         out.add("empty_last")
     if g >= 3 and np.any(sizes[1:-1] == 0):
         out.add("empty_middle")
-    for s in sizes[:-1].tolist():
-        if s:
-            touched = -(-s // tile)
-            out.add("one_tile" if touched == 1 else "two_tiles" if touched == 2 else
-                    "several_odd" if touched % 2 else "several_even")
-            if s % tile in (1, tile - 1):
-                out.add("edge_off_by_one")
+    for j in range(g - 1):
+        if sizes[j] == 0:
+            continue
+        touched = (ends[j] - 1) // tile - starts[j] // tile + 1
+        out.add("one_tile" if touched == 1 else "two_tiles" if touched == 2 else
+                "several_odd" if touched % 2 else "several_even")
+        if ends[j] % tile in (1, tile - 1):
+            out.add("edge_off_by_one")
     return out
+
+
+def _span_levels(sizes: np.ndarray, extent: int, tile: int) -> set[str]:
+    out = set()
+    for row in np.reshape(sizes, (-1, sizes.shape[-1])):
+        ends = np.cumsum(row)
+        out.add("tail" if ends[-1] < extent else "full")
+        out |= _group_levels(row, ends - row, ends, tile)
+    return out
+
+
+def _serving_span_levels(p: Problem, tile: int) -> set[str]:
+    """The span relations of a serving layout: each group's rows against the tile (the alignment)."""
+    starts, ends = p.spans_at(())
+    return {"tail" if has_tail(p) else "full"} | _group_levels(p.group_sizes, starts, ends, tile)
 
 
 def observe(p: Problem, cfg: Config) -> dict[str, frozenset[str]]:

@@ -331,10 +331,9 @@ def draw_serving_sizes(draw: Any, family: str, span: str, g: int, extent: int, t
     sizes = [_serving_free(draw, extent, tile) for _ in range(g)]
     if where is not None:
         sizes[where] = special
-    if span == "tail":
+    if span == "tail" and family == "masked":  # some group with rows past its count
         j = draw(st.integers(0, g - 1))
-        if family == "masked":
-            sizes[j] = min(sizes[j], extent - 1)
+        sizes[j] = min(sizes[j], extent - 1)
     if family == "padded_contiguous":
         # drop rows from the other groups, last first, until the aligned layout fits
         for i in reversed(range(g)):
