@@ -20,8 +20,8 @@ from gmm_kernels.qwix_ops import QwixRaggedDot, QwixRaggedDotQt
 from gmm_kernels.tokamax_ops import TokamaxQArrayRaggedDot, TokamaxRaggedDot
 from gmm_kernels.torch_grouped import TorchGroupedMM
 from gmm_kernels.torch_scaled import TorchaoMXFP8ScaledGroupedMM, TorchScaledGroupedMM, TorchScaledMMLoop
-from gmm_kernels.torchao_ops import TorchaoMXFP8GroupedMM
-from gmm_kernels.transformer_engine import TransformerEngineGroupedGemm
+from gmm_kernels.torchao_ops import TorchaoMXFP8GroupedMM, TorchaoNVFP4GroupedMM
+from gmm_kernels.transformer_engine import TransformerEngineGroupedGemm, TransformerEngineScaledGroupedGemm
 from gmm_kernels.vllm_ops import VllmBatchedMoE
 
 __all__ = ["ENTRY_POINT_GROUP", "get", "names", "registry"]
@@ -45,12 +45,14 @@ def _builtin() -> list[KernelAdapter]:
         EjkernelGroupedMatmul("pallas_v3"),
         MosaicGpuRaggedDot(),
         TransformerEngineGroupedGemm(),
+        TransformerEngineScaledGroupedGemm(),
         TorchScaledMMLoop(),
         TorchScaledGroupedMM(),
         QwixRaggedDot("fast"),
         QwixRaggedDot("slow"),
         QwixRaggedDotQt(),
         TorchaoMXFP8GroupedMM(),
+        TorchaoNVFP4GroupedMM(),
         TorchaoMXFP8ScaledGroupedMM(),
         TokamaxQArrayRaggedDot(),
         DeepGemmContiguous(),

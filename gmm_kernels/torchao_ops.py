@@ -1,4 +1,5 @@
-"""torchao's emulated MXFP8 grouped GEMM (``torch.grouped_mm`` convention, ragged M): a kernel that quantizes
+"""torchao's emulated grouped GEMMs: NVFP4 (``torchao.nvfp4_grouped_mm`` convention, packed e2m1 codes and e4m3
+block scales), and MXFP8 (``torch.grouped_mm`` convention, ragged M): a kernel that quantizes
 its bfloat16 inputs itself.
 
 ``torchao.prototype.moe_training.mxfp8_grouped_mm._to_mxfp8_then_scaled_grouped_mm`` with
@@ -18,9 +19,9 @@ from typing import Any
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import to_framework
 from gmm_kernels.scope import Scope
-from gmm_ref import MXQuantizer, Numerics
+from gmm_ref import MXQuantizer, Numerics, Problem
 
-__all__ = ["TorchaoMXFP8GroupedMM"]
+__all__ = ["TorchaoMXFP8GroupedMM", "TorchaoNVFP4GroupedMM"]
 
 MXFP8_RCEIL = MXQuantizer("float8_e4m3fn", 32, "rceil")
 
@@ -56,3 +57,40 @@ class TorchaoMXFP8GroupedMM(KernelAdapter):
         return _to_mxfp8_then_scaled_grouped_mm(
             a, b, offs=kw["offs"], bias=bias, out_dtype=kw["out_dtype"] or a.dtype,
             kernel_preference=KernelPreference.EMULATED, scale_calculation_mode=ScaleCalculationMode.RCEIL)
+
+
+class TorchaoNVFP4GroupedMM(KernelAdapter):
+    """torchao 0.18's emulated NVFP4 grouped mm, 2d-3d (runs on CPU): it unpacks the e2m1 codes, multiplies them
+    by their e4m3 block scales into ``out_dtype`` (exactly: a 2-bit by 4-bit significand product) and calls
+    ``torch._grouped_mm`` (float32 accumulation; bfloat16 inputs with flushed subnormals on CPU)."""
+
+    name = "torchao.nvfp4_grouped_mm[emulated]"
+    convention = "torchao.nvfp4_grouped_mm"
+    requires = ("torch", "torchao")
+
+    def _unavailable(self) -> str | None:
+        try:
+            from torchao.prototype.moe_training.nvfp4_grouped_mm import (  # noqa: F401
+                _emulated_nvfp4_scaled_grouped_mm_2d_3d,
+            )
+        except Exception as exc:  # noqa: BLE001 - an import that fails here is the reason it cannot run
+            return f"torchao's emulated NVFP4 grouped mm does not import here: {exc}"
+        return None
+
+    def numerics_for(self, problem: Problem) -> Numerics:
+        """The dequantized operands in the output dtype, then a float32-accumulated matmul."""
+        if self.scope is not None and self.scope.numerics is not None:
+            return self.scope.numerics
+        return Numerics(multiply=str(problem.out_dtype), accumulate="float32", flush_subnormals=True)
+
+    def call(self, A_data: Any, A_scale: Any, B_data: Any, B_scale: Any, offs: Any = None, out_dtype: Any = None
+             ) -> Any:
+        import logging
+
+        import torch
+        from torchao.prototype.moe_training.nvfp4_grouped_mm import _emulated_nvfp4_scaled_grouped_mm_2d_3d
+
+        logging.getLogger("torchao").setLevel(logging.ERROR)  # it warns about its CUDA extensions on import
+        args, kw = to_framework("torch", (A_data, A_scale, B_data, B_scale), {"offs": offs, "out_dtype": out_dtype})
+        return _emulated_nvfp4_scaled_grouped_mm_2d_3d(*args, offs=kw["offs"],
+                                                       out_dtype=kw["out_dtype"] or torch.bfloat16)

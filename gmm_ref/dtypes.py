@@ -15,14 +15,17 @@ import ml_dtypes
 import numpy as np
 
 __all__ = [
+    "CODE_ONLY_DTYPES",
     "INPUT_DTYPES",
     "OUTPUT_DTYPES",
     "FloatFormat",
     "as_dtype",
     "as_numpy",
     "float_format",
+    "iinfo",
     "is_integer",
     "round_to",
+    "standin_codes",
     "unit_roundoff",
 ]
 
@@ -84,11 +87,15 @@ _CODE_FORMATS: dict[np.dtype, FloatFormat] = {
 INPUT_DTYPES: tuple[np.dtype, ...] = (*tuple(_FORMATS), np.dtype(np.int8))
 OUTPUT_DTYPES: tuple[np.dtype, ...] = (*tuple(_FORMATS), np.dtype(np.int32))
 
+#: element dtypes only scaled operands (codes with scales) take: a convention's dtype pairs may name them
+CODE_ONLY_DTYPES: tuple[np.dtype, ...] = (np.dtype(ml_dtypes.float4_e2m1fn), np.dtype(ml_dtypes.int4))
+
 _NAMES = {str(d): d for d in INPUT_DTYPES + OUTPUT_DTYPES}
 
 
-def as_dtype(value: Any, *, name: str = "dtype") -> np.dtype:
-    """Normalise a dtype-like (NumPy, ml_dtypes, jax or torch dtype, or its name)."""
+def as_dtype(value: Any, *, name: str = "dtype", codes: bool = False) -> np.dtype:
+    """Normalise a dtype-like (NumPy, ml_dtypes, jax or torch dtype, or its name); ``codes``: the element
+    dtypes of scaled operands (:data:`CODE_ONLY_DTYPES`) are taken too."""
     if value is None:
         raise TypeError(f"{name}: expected a dtype, got None")
     text = str(value)
@@ -96,13 +103,15 @@ def as_dtype(value: Any, *, name: str = "dtype") -> np.dtype:
         text = text[len("torch."):]
     if text in _NAMES:
         return _NAMES[text]
+    if codes and text in {str(d) for d in CODE_ONLY_DTYPES}:
+        return np.dtype(getattr(ml_dtypes, text))
     try:
         dtype = np.dtype(value)
     except TypeError:
         raise TypeError(
             f"{name}: expected one of {sorted(_NAMES)}, got {value!r}"
         ) from None
-    if dtype not in OUTPUT_DTYPES and dtype not in INPUT_DTYPES:
+    if dtype not in OUTPUT_DTYPES and dtype not in INPUT_DTYPES and not (codes and dtype in CODE_ONLY_DTYPES):
         raise TypeError(f"{name}: unsupported dtype {dtype}; expected one of {sorted(_NAMES)}")
     return dtype
 
@@ -131,8 +140,31 @@ def as_numpy(value: Any, *, name: str = "actual") -> np.ndarray:
         raise TypeError(f"{name}: cannot convert {type(value).__name__} to a NumPy array") from exc
 
 
+#: ml_dtypes' sub-byte integers, which NumPy does not see as integers (their kind is "V")
+_SUB_BYTE_INTS = tuple(np.dtype(getattr(ml_dtypes, n)) for n in ("int4", "uint4", "int2", "uint2")
+                       if hasattr(ml_dtypes, n))
+
+
 def is_integer(dtype: np.dtype) -> bool:
-    return np.issubdtype(dtype, np.integer)
+    """Whether ``dtype`` is an integer type, ml_dtypes' int4 / uint4 / int2 / uint2 included."""
+    return np.issubdtype(dtype, np.integer) or np.dtype(dtype) in _SUB_BYTE_INTS
+
+
+def standin_codes(codes: np.ndarray) -> np.ndarray:
+    """Codes of a code-only dtype (:data:`CODE_ONLY_DTYPES`) as the input dtype holding the same values exactly
+    (int4 as int8, float4_e2m1fn as float8_e4m3fn), so that an unscaled problem can be built from them before
+    its scales are known; other arrays as they are."""
+    if codes.dtype == np.dtype(ml_dtypes.int4):
+        return codes.astype(np.int8)
+    if codes.dtype == np.dtype(ml_dtypes.float4_e2m1fn):
+        return codes.astype(ml_dtypes.float8_e4m3fn)
+    return codes
+
+
+def iinfo(dtype: Any) -> Any:
+    """``np.iinfo`` that also knows ml_dtypes' sub-byte integers."""
+    dtype = np.dtype(dtype)
+    return ml_dtypes.iinfo(dtype) if dtype in _SUB_BYTE_INTS else np.iinfo(dtype)
 
 
 def float_format(dtype: np.dtype) -> FloatFormat:

@@ -48,7 +48,7 @@ def gamma(k: Any, u: float) -> Any:
 def _representable(src: np.dtype, dst: np.dtype) -> bool:
     """Whether every finite value of ``src`` is exact in ``dst``."""
     if _dt.is_integer(src):
-        bits = np.iinfo(src).bits
+        bits = _dt.iinfo(src).bits
         return _dt.is_integer(dst) or _dt.float_format(dst).mant + 1 >= bits - 1
     if _dt.is_integer(dst):
         return False
@@ -161,7 +161,7 @@ class Numerics:
         def sig_limit(dtype: Any) -> float:
             dtype = np.dtype(dtype)
             if _dt.is_integer(dtype):
-                return float(np.iinfo(dtype).max)
+                return float(_dt.iinfo(dtype).max)
             return 2.0 ** (_dt.float_format(dtype).mant + 1)
 
         in_limit = min(sig_limit(d) for d in input_dtypes)

@@ -99,7 +99,7 @@ class AmaxQuantizer:
     @property
     def top(self) -> float:
         """The element's largest value (``max`` in the rules)."""
-        return float(np.iinfo(self.elem).max) if _dt.is_integer(self.elem) else float(ml_dtypes.finfo(self.elem).max)
+        return float(_dt.iinfo(self.elem).max) if _dt.is_integer(self.elem) else float(ml_dtypes.finfo(self.elem).max)
 
     def scales(self, amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the stored scales, what multiplies x to give codes) for blocks of largest magnitude ``amax``."""

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-__all__ = ["blocked_shape", "from_blocked", "round_up", "to_blocked"]
+__all__ = ["blocked_shape", "from_blocked", "pack_fp4", "round_up", "to_blocked", "unpack_fp4"]
 
 TILE_ROWS, TILE_COLS = 128, 4
 
@@ -63,3 +64,27 @@ def from_blocked(flat: Any, rows: int, cols: int) -> np.ndarray:
     padded = np.empty(pr * pc, f.dtype)
     padded[_order(rows, cols)] = f
     return padded.reshape(pr, pc)[:rows, :cols]
+
+
+# ------------------------------------------------------------------------------ packed 4-bit codes
+def pack_fp4(codes: Any) -> np.ndarray:
+    """float4_e2m1fn codes ``[..., K]`` (K even) as uint8 ``[..., K // 2]``, two codes a byte: the element of
+    even index in the low nibble (torch's ``float4_e2m1fn_x2``, torchao's ``pack_uint4``). A code's 4 bits are
+    sign, two exponent bits and one mantissa bit, as ml_dtypes holds them."""
+    c = np.asarray(codes)
+    if c.dtype != np.dtype(ml_dtypes.float4_e2m1fn) or c.ndim < 1 or c.shape[-1] % 2:
+        raise ValueError(f"codes: expected float4_e2m1fn codes with an even last axis, got {c.dtype} {c.shape}")
+    bits = c.view(np.uint8) & 0xF
+    return (bits[..., 0::2] | (bits[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_fp4(packed: Any, name: str = "packed") -> np.ndarray:
+    """The inverse of :func:`pack_fp4`: uint8 ``[..., K // 2]`` -> float4_e2m1fn codes ``[..., K]``."""
+    b = np.asarray(packed)
+    if b.dtype != np.uint8:
+        raise TypeError(f"{name}: expected uint8 bytes holding two float4_e2m1fn codes each, got {b.dtype}")
+    if b.ndim == 0:
+        raise ValueError(f"{name}: expected at least one dimension, got a scalar")
+    out = np.empty((*b.shape[:-1], 2 * b.shape[-1]), np.uint8)
+    out[..., 0::2], out[..., 1::2] = b & 0xF, b >> 4
+    return out.view(ml_dtypes.float4_e2m1fn)

@@ -158,11 +158,12 @@ def _code_scale(quant: Any, kind: str) -> float:
     return float(ml_dtypes.finfo(quant.elem).max) / 2
 
 
-def _scaled(case: Case, p: gmm_ref.Problem, quants: tuple[Any, Any], out_dtype: Any) -> gmm_ref.Problem:
+def _scaled(case: Case, p: gmm_ref.Problem, quants: tuple[Any, Any], out_dtype: Any,
+            codes: tuple[np.ndarray, np.ndarray]) -> gmm_ref.Problem:
     """``p`` with scales for its codes: ``2**((bits % 7) - 3) * (1 + u)`` rounded into the scale dtype
     (``2**(bits % 2)`` for ``kind="int"``, so that exact cases stay exact), from the generator's stream
-    ``lhs_scales`` / ``rhs_scales``."""
-    extra: dict[str, Any] = {}
+    ``lhs_scales`` / ``rhs_scales``; ``codes``: the operands' own codes (``p`` may hold stand-ins)."""
+    extra: dict[str, Any] = {"lhs": codes[0], "rhs": codes[1]}
     for name, q in zip(("lhs", "rhs"), quants, strict=True):
         if q is None:
             continue
@@ -212,20 +213,20 @@ def build_problem(case: Case) -> gmm_ref.Problem:
         gs = None
         local = int(case.groups or 0)
     lshape, rshape = _shapes(case, local)
-    dt = _dt.as_dtype(case.dtype, name="dtype")
+    dt = _dt.as_dtype(case.dtype, name="dtype", codes=True)
     kw = {"kind": case.kind, "int_range": case.int_range}
     quants = _quantization(case, convention, dt)
     lhs, rhs = (values(case.seed, name, shape, dt, **kw, scale=_code_scale(q, case.kind))
                 for name, shape, q in (("lhs", lshape, quants[0]), ("rhs", rshape, quants[1])))
-    p = gmm_ref.Problem(
-        case.family, lhs, rhs, gs, lhs_transposed=case.lhs_transposed,
+    p = gmm_ref.Problem(  # (4-bit codes stand in as 8-bit ones until their scales come)
+        case.family, _dt.standin_codes(lhs), _dt.standin_codes(rhs), gs, lhs_transposed=case.lhs_transposed,
         rhs_transposed=case.rhs_transposed, packed=case.packed, batch_ndim=len(case.batch_shape),
         out_dtype=None if quants != (None, None) else case.out_dtype,  # a scaled case's codes: theirs, for now
         group_offset=case.group_offset, num_local_groups=local, alignment=case.alignment,
         convention=case.convention, tiling=case.tiling, **convention.policies(case.family),
     )
     if quants != (None, None):  # a scaled convention's cases: its (first) quantization, scales from the spec
-        p = _scaled(case, p, quants, case.out_dtype)
+        p = _scaled(case, p, quants, case.out_dtype, (lhs, rhs))
     if case.poison:
         if _dt.is_integer(dt):
             raise ValueError(f"case {case.name}: poison needs float inputs")

@@ -155,6 +155,15 @@ CASES: list[Case] = [
          tags=("scaled", "empty_first", "unaligned")),
     Case("qwix-int8-per-group", **QW, dtype="int8", kind="int", int_range=100, group_sizes=[16, 0, 0],
          quant=2, seed=132, tags=("scaled", "exact", "empty_run", "empty_last", "tail")),
+    Case("qwix-int4-k-tiles", **QW, dtype="int4", kind="int", int_range=7, group_sizes=[0, 23, 9], quant=1,
+         seed=133, tags=("scaled", "int4", "empty_first", "unaligned")),
+    # ------------------------------------- torchao NVFP4 (packed e2m1 codes, e4m3 scales per 16 of K)
+    Case("tao-nvfp4-tail", convention="torchao.nvfp4_grouped_mm", family="ragged_m", m=40, k=64, n=16,
+         dtype="float4_e2m1fn", out_dtype="bfloat16", rhs_transposed=True, group_sizes=[0, 13, 19], seed=160,
+         tags=("scaled", "nvfp4", "empty_first", "tail", "unaligned")),
+    Case("tao-nvfp4-f32-exact", convention="torchao.nvfp4_grouped_mm", family="ragged_m", m=40, k=32, n=8,
+         dtype="float4_e2m1fn", out_dtype="float32", rhs_transposed=True, group_sizes=[21, 0, 19], kind="int",
+         int_range=4, seed=161, tags=("scaled", "nvfp4", "exact", "empty_middle")),
     # -------------------------------------- DeepGEMM m-grouped contiguous / masked, vLLM batched (serving layouts)
     # groups at multiples of 128 rows (-1 padding rows, or the psum form's cumulative ends), K in 128-wide blocks
     Case("dg-contig-bf16-padding", **{**DGC, "dtype": "bfloat16"}, m=400, group_sizes=[0, 127, 1, 129], poison=True,
@@ -187,6 +196,13 @@ CASES: list[Case] = [
     Case("te-k-f32-first-last-packed", **TE, family="ragged_k", m=8, k=24, n=8, lhs_transposed=True,
          rhs_transposed=True, packed=True, group_sizes=[24, 0, 0], seed=104,
          tags=("packed", "transposed", "all_but_one_empty")),
+    # FP8 (per-group tensor scale_inv, empty group first: after it a scale pointer must still move) and MXFP8
+    Case("te-fp8-tensor-empty-first", convention="te.scaled_grouped_gemm", family="ragged_m", m=32, k=64, n=16,
+         dtype="float8_e4m3fn", out_dtype="bfloat16", rhs_transposed=True, group_sizes=[0, 13, 0, 19], seed=106,
+         tags=("scaled", "empty_first", "empty_middle", "unaligned")),
+    Case("te-mxfp8-empty-middle", convention="te.scaled_grouped_gemm", family="ragged_m", m=48, k=96, n=16,
+         dtype="float8_e4m3fn", out_dtype="float32", rhs_transposed=True, group_sizes=[17, 0, 31], quant=1,
+         seed=107, tags=("scaled", "mxfp8", "empty_middle", "unaligned")),
     Case("te-m-fp8-out-e5m2", **TE, family="ragged_m", m=16, k=8, n=8, dtype="float8_e4m3fn",
          out_dtype="float8_e5m2", group_sizes=[7, 9], seed=105, tags=("fp8",)),
 ]

@@ -63,7 +63,7 @@ def raw_bits(seed: int, name: str, count: int) -> np.ndarray:
 def values(seed: int, name: str, shape: Sequence[int], dtype: Any, *, kind: str = "uniform",
            int_range: int = 3, scale: float = 1.0) -> np.ndarray:
     """Operand ``name`` of a case: deterministic values of ``dtype`` (see the module docstring)."""
-    dtype = _dt.as_dtype(dtype, name="dtype")
+    dtype = _dt.as_dtype(dtype, name="dtype", codes=True)
     count = int(np.prod(shape, dtype=np.int64))
     top = raw_bits(seed, name, count) >> _U64(11)  # 53 random bits
     if kind == "int":

@@ -63,7 +63,8 @@ def packed_layouts(family: str) -> tuple[Layout, ...]:
 
 
 def _dtype_pairs(pairs: Any) -> tuple[tuple[np.dtype, np.dtype], ...]:
-    return tuple((_dt.as_dtype(i, name="dtype_pairs"), _dt.as_dtype(o, name="dtype_pairs")) for i, o in pairs)
+    return tuple((_dt.as_dtype(i, name="dtype_pairs", codes=True), _dt.as_dtype(o, name="dtype_pairs"))
+                 for i, o in pairs)
 
 
 @dataclass(frozen=True, eq=False)

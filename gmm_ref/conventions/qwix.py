@@ -2,7 +2,8 @@
 with quantized (``QArray``) operands.
 
 ``lhs`` is ``[T, K]`` ragged along T, ``rhs`` ``[G, K, N]``; each is a plain
-array or a ``QArray``: codes (``qvalue``, float8_e4m3fn or int8) and scales of
+array or a ``QArray``: codes (``qvalue``, float8_e4m3fn, int8 or int4; int8
+activations may meet int4 weights) and scales of
 the same rank whose shape divides the codes' (each scale covers a tile).
 The scaled forms modelled here:
 
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
+from gmm_ref import dtypes as _dt
 from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import Problem
@@ -41,6 +43,7 @@ from gmm_ref.scaled import Quantization
 __all__ = ["QARRAY_QUANTIZATIONS", "QWIX_RAGGED_DOT", "QArrayArgs", "qwix_ragged_dot"]
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+INT4 = np.dtype(ml_dtypes.int4)
 TILE = 16
 
 
@@ -53,9 +56,11 @@ class QArrayArgs(NamedTuple):
 
 def _pairs() -> tuple[tuple[Quantization, Quantization], ...]:
     out = []
-    for elem in (E4M3, np.dtype(np.int8)):
+    for elem in (E4M3, np.dtype(np.int8), INT4):
         row, tiled = Quantization(elem, np.float32, "row"), Quantization(elem, np.float32, (1, TILE))
         out += [(row, row), (tiled, tiled), (row, Quantization(elem, np.float32, "tensor"))]
+    # int8 activations x int4 weights (w4a8): int32 sums of the mixed codes
+    out += [(Quantization(np.int8, np.float32, "row"), Quantization(INT4, np.float32, "row"))]
     return tuple(out)
 
 
@@ -126,7 +131,7 @@ class _QwixRaggedDot(Convention):
             extra.update(rhs_quant=q, rhs_scales=[np.swapaxes(full[i], 0, 1) for i in range(g)])
         if out is None:  # qwix: the scales' dtype, bfloat16 for float8 and int32 for int8 plain operands
             dts = [(sa if sa is not None else a).dtype, (sb if sb is not None else b).dtype]
-            dts = [np.dtype(np.int32) if d.itemsize == 1 and d.kind in "iu" else
+            dts = [np.dtype(np.int32) if d.itemsize == 1 and _dt.is_integer(d) else
                    np.dtype(ml_dtypes.bfloat16) if d.itemsize == 1 else d for d in dts]
             out = np.result_type(*dts) if ml_dtypes.bfloat16 not in dts else np.dtype(ml_dtypes.bfloat16)
         return Problem("ragged_m", a, b, sizes, out_dtype=out, convention=self.name,
@@ -157,7 +162,8 @@ class _QwixRaggedDot(Convention):
 
 QWIX_RAGGED_DOT = _QwixRaggedDot(
     name="qwix.ragged_dot", framework="jax", families=("ragged_m",), layouts=(("ragged_m", base.PLAIN),),
-    dtype_pairs=((E4M3, np.float32), (np.int8, np.float32), (np.int8, ml_dtypes.bfloat16)),
+    dtype_pairs=((E4M3, np.float32), (np.int8, np.float32), (np.int8, ml_dtypes.bfloat16), (INT4, np.float32),
+                 (INT4, ml_dtypes.bfloat16)),
     listed_pairs_only=True, tail="zero", empty="zero",
     multiple_of=(("k", TILE),), default_tiling=(32, 32, 32), zero_extents=(),
     quantizations=QARRAY_QUANTIZATIONS,

@@ -64,9 +64,9 @@ def _dtype_pairs(value: Any, rules: Convention, convention: str | None, vary_out
         for item in value:
             try:
                 if isinstance(item, tuple):
-                    i, o = (_dt.as_dtype(x) for x in item)
+                    i, o = _dt.as_dtype(item[0], codes=True), _dt.as_dtype(item[1])
                 else:
-                    i = _dt.as_dtype(item)
+                    i = _dt.as_dtype(item, codes=True)
                     o = np.dtype(np.int32) if _dt.is_integer(i) else i
             except (TypeError, ValueError) as exc:
                 raise InvalidArgument(f"dtypes={value!r}, but {item!r} is not a dtype gmm_ref knows: {exc}") from None
@@ -96,6 +96,8 @@ def _check_pairs(value: Any, pairs: list, rules: Convention, convention: str | N
                                   f"{[(str(a), str(b)) for a, b in rules.dtype_pairs]} only")
         if rules.out_dtype_is_input and o != i:
             raise InvalidArgument(f"dtypes={value!r}, but {convention} needs out_dtype equal to the input dtype")
+        if i in rules.code_dtypes:  # codes with scales: any output the convention lists
+            continue
         if _dt.is_integer(i) != _dt.is_integer(o) or i not in _dt.INPUT_DTYPES or o not in _dt.OUTPUT_DTYPES:
             raise InvalidArgument(f"dtypes={value!r}, but ({i}, {o}) is not an input/output pair gmm_ref takes")
 

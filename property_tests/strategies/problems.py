@@ -14,6 +14,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 import gmm_ref
+from gmm_ref.dtypes import standin_codes
 from gmm_ref.problem import SERVING_FAMILIES, STORAGES
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, integers, resolve, sampled
 from property_tests.strategies._config import config
@@ -301,8 +302,9 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
     lead_r = (local,) if fam == "ragged_m" else (g,) if fam in ("batch", "masked", "padded_contiguous") else ()
     k_eff = k if fam != "ragged_k" else max(int(np.max(sizes)) if sizes is not None and sizes.size else 0, 1)
     quants = _quantizations(draw, cfg, s)
-    lhs, rhs = ((fill if q is None else fill_codes)(rng, (*lead, *b, *shape), s.in_dtype, value_kind, k_eff,
-                                                    s.out_dtype, seed)
+    # codes of each operand's own element dtype (int8 activations may meet int4 weights)
+    lhs, rhs = ((fill if q is None else fill_codes)(rng, (*lead, *b, *shape), s.in_dtype if q is None else q.elem,
+                                                    value_kind, k_eff, s.out_dtype, seed)
                 for q, lead, shape in ((quants[0], lead_l, (k, m) if lt else (m, k)),
                                        (quants[1], lead_r, (n, k) if rt else (k, n))))
     common: dict[str, Any] = dict(
@@ -329,8 +331,12 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
             poison(rng, lhs, few(rng, ~lu))
             poison(rng, rhs, few(rng, ~ru))
     if quants != (None, None):  # the codes as a problem of their own (its output dtype theirs), then scaled
-        codes = gmm_ref.Problem(fam, lhs, rhs, sizes, **{**common, "out_dtype": None, "existing_out": None})
-        return _scaled(rng, codes, quants, value_kind, k_eff, s.out_dtype, common.get("existing_out"))
+        # (4-bit codes stand in as the 8-bit codes holding their values; _scaled puts them back)
+        lc, rc = standin_codes(lhs), standin_codes(rhs)
+        codes = gmm_ref.Problem(fam, lc, rc, sizes, **{**common, "existing_out": None,
+                                                      "out_dtype": None if lc.dtype == rc.dtype else np.float32})
+        return _scaled(rng, codes, quants, value_kind, k_eff, s.out_dtype, common.get("existing_out"),
+                       (lhs, rhs))
     return gmm_ref.Problem(fam, lhs, rhs, sizes, **common)
 
 
@@ -357,16 +363,19 @@ def _quantizations(draw: Any, cfg: Config, s: Static) -> tuple[Any, Any]:
         pairs = tuple(q for q in pairs if q in cfg.quantizations)
     if s.in_dtype not in cfg.rules.code_dtypes and (None, None) in pairs:
         return (None, None)  # a convention of scaled and unscaled operands: these are unscaled
-    mine = tuple(q for q in pairs if q != (None, None) and all(x is None or x.elem == s.in_dtype for x in q))
+    # the bucket's input dtype is the lhs's (the rhs's where the lhs is unscaled)
+    mine = tuple(q for q in pairs if q != (None, None) and next(x for x in q if x is not None).elem == s.in_dtype)
     if not mine:
         raise InvalidArgument(f"convention={cfg.convention!r} has no quantization of {s.in_dtype} codes")
     return draw(sampled(mine))
 
 
 def _scaled(rng: np.random.Generator, p: gmm_ref.Problem, quants: tuple[Any, Any], kind: str, k: int,
-            out_dtype: Any, existing_out: Any = None) -> gmm_ref.Problem:
-    """``p`` with its codes scaled by ``quants`` (one scale per block of every local group) and ``out_dtype``."""
-    extra: dict[str, Any] = {}
+            out_dtype: Any, existing_out: Any = None, codes: tuple[np.ndarray, np.ndarray] | None = None
+            ) -> gmm_ref.Problem:
+    """``p`` with its codes scaled by ``quants`` (one scale per block of every local group) and ``out_dtype``;
+    ``codes``: the operands' own codes where ``p`` holds stand-ins."""
+    extra: dict[str, Any] = {} if codes is None else {"lhs": codes[0], "rhs": codes[1]}
     for name, q in zip(("lhs", "rhs"), quants, strict=True):
         if q is not None:
             count = sum(math.prod(shape) for shape in p.scale_shapes(name, q))

@@ -21,17 +21,17 @@ VALUE_KINDS = ("exact", "normal", "wide", "poisoned")
 def _sig_limit(dtype: Any) -> float:
     dtype = np.dtype(dtype)
     if _dt.is_integer(dtype):
-        return float(np.iinfo(dtype).max)
+        return float(_dt.iinfo(dtype).max)
     return 2.0 ** (_dt.float_format(dtype).mant + 1)
 
 
 def fill(rng: np.random.Generator, shape: Any, dtype: Any, kind: str, k: int, out_dtype: Any, seed: int) -> np.ndarray:
     dtype = np.dtype(dtype)
     if _dt.is_integer(dtype) and kind != "exact":
-        # the whole int8 range: int32 accumulation stays exact (K < 2**17), while a kernel
+        # the whole range (int8, int4): int32 accumulation stays exact (K < 2**17), while a kernel
         # that accumulates or stores in a narrower integer wraps
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+        info = _dt.iinfo(dtype)
+        return rng.integers(int(info.min), int(info.max), size=shape, endpoint=True).astype(dtype)
     if kind == "exact" or _dt.is_integer(dtype):
         lim = min(_sig_limit(out_dtype), _sig_limit(np.float32), _sig_limit(dtype)) / 2
         a = int(max(1, min(4, math.isqrt(int(lim // max(k, 1))))))
@@ -67,7 +67,9 @@ def fill_codes(rng: np.random.Generator, shape: Any, dtype: Any, kind: str, k: i
         fmt = _dt.float_format(dtype)
         top = rng.uniform(0.25, 1.0) * fmt.max_finite / 3  # about 3 sigma at the top of the range
         return _dt.round_to(np.clip(rng.standard_normal(size=shape) * top, -fmt.max_finite, fmt.max_finite), dtype)
-    bits = rng.integers(0, 256, size=shape, dtype=np.uint8).view(dtype)
+    # every bit pattern the codes have (4 bits of float4_e2m1fn, held one per byte)
+    width = 16 if dtype == np.dtype(ml_dtypes.float4_e2m1fn) else 256
+    bits = rng.integers(0, width, size=shape, dtype=np.uint8).view(dtype)
     finite = np.isfinite(bits.astype(np.float64))
     return np.where(finite, bits, np.zeros((), dtype)).astype(dtype)
 
@@ -77,7 +79,7 @@ def fill_scales(rng: np.random.Generator, count: int, quant: Any, kind: str, k: 
     ``normal``: what amax / max gives for data of unit scale (a float32 or bfloat16 scale is not a power of
     two); ``wide``: powers of two (times a mantissa where the dtype has one) from 2**-40 up to where K
     products of two fully scaled codes near the output's overflow."""
-    code_max = 127.0 if _dt.is_integer(quant.elem) else float(ml_dtypes.finfo(quant.elem).max)
+    code_max = float(_dt.iinfo(quant.elem).max if _dt.is_integer(quant.elem) else ml_dtypes.finfo(quant.elem).max)
     if kind == "exact":
         vals = np.ldexp(1.0, rng.integers(0, 2, size=count))
     elif kind == "normal":

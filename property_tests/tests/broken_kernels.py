@@ -14,7 +14,11 @@ import ml_dtypes
 import numpy as np
 
 from property_tests.tests.broken_scaled import (
+    nvfp4_activation_nibbles_swapped,
+    nvfp4_correct,
+    nvfp4_scale_per_32,
     qwix_correct,
+    qwix_int4_read_unsigned,
     qwix_k_tile_scales_reversed,
     qwix_weight_scales_of_group_zero,
     scaled_mm_bfloat16_partial_sums,
@@ -25,6 +29,8 @@ from property_tests.tests.broken_scaled import (
     scaled_mm_row_scales_not_offset,
     scaled_mm_weight_scales_of_previous_group,
     stale_empty_k_blocks,
+    te_scaled_correct,
+    te_scaled_scale_pointer_stuck_on_empty_groups,
 )
 from property_tests.tests.broken_serving import (
     batched_block_scales_per_tile,
@@ -450,11 +456,13 @@ BROKEN = {
     "torch.scaled_grouped_mm": [scaled_mm_weight_scales_of_previous_group, scaled_mm_row_scales_not_offset,
                                 scaled_mm_bfloat16_partial_sums, scaled_mm_dequantized_to_bfloat16,
                                 scaled_mm_empty_k_groups_stale, scaled_mm_mx_scale_blocks_unpadded],
-    "qwix.ragged_dot": [qwix_weight_scales_of_group_zero, qwix_k_tile_scales_reversed],
+    "qwix.ragged_dot": [qwix_weight_scales_of_group_zero, qwix_k_tile_scales_reversed, qwix_int4_read_unsigned],
     "deep_gemm.m_grouped_contiguous": [contiguous_group_of_last_row, contiguous_bf16_block_sums],
     "deep_gemm.m_grouped_contiguous_psum": [contiguous_group_of_last_row],
     "deep_gemm.m_grouped_masked": [masked_blocks_spill_into_next_group, masked_count_from_expected_m],
     "vllm.batched_moe": [batched_writes_every_row, batched_block_scales_per_tile],
+    "torchao.nvfp4_grouped_mm": [nvfp4_activation_nibbles_swapped, nvfp4_scale_per_32],
+    "te.scaled_grouped_gemm": [te_scaled_scale_pointer_stuck_on_empty_groups],
 }
 CORRECT = {
     "ragged_dot": ragged_dot_correct,
@@ -467,6 +475,8 @@ CORRECT = {
     "deep_gemm.m_grouped_contiguous_psum": contiguous_correct,
     "deep_gemm.m_grouped_masked": masked_correct,
     "vllm.batched_moe": batched_correct,
+    "torchao.nvfp4_grouped_mm": nvfp4_correct,
+    "te.scaled_grouped_gemm": te_scaled_correct,
 }
 
 

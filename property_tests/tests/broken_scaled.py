@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import ml_dtypes
 import numpy as np
 
 
@@ -214,6 +215,15 @@ def qwix_k_tile_scales_reversed(lhs, rhs, group_sizes, precision=None, preferred
                         preferred_element_type, group_offset)
 
 
+def qwix_int4_read_unsigned(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None):
+    """int4 weight codes unpacked without sign extension: -8..-1 read as 8..15 (int8 and float8 codes right)."""
+    qv, scale = rhs
+    codes = np.asarray(qv)
+    if codes.dtype == np.dtype(ml_dtypes.int4):
+        codes = codes.astype(np.int64) % 16
+    return qwix_correct(lhs, type(rhs)(codes, scale), group_sizes, precision, preferred_element_type, group_offset)
+
+
 # ----------------------------------- kernels that quantize inside: MXFP8 (torch.grouped_mm convention, ragged M)
 def _mxfp8(mat_a, mat_b, offs, out_dtype, *, mode="rceil", weights_along_n=False):
     """Quantize bfloat16 activations and weights to MXFP8 (1x32 along K, e8m0), dequantize exactly, multiply."""
@@ -271,3 +281,95 @@ def mxfp8_floor_scales(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 def mxfp8_weight_blocks_along_n(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """The weights' 1x32 blocks taken along N instead of K (a scale applied per wrong block)."""
     return _mxfp8(mat_a, mat_b, offs, out_dtype, weights_along_n=True)
+
+
+# --------------------------------------------------- torchao.nvfp4_grouped_mm (packed e2m1, e4m3 x 16)
+def _nvfp4(A_data, A_scale, B_data, B_scale, offs, out_dtype, *, swap_nibbles=False, block=16):
+    """torchao's NVFP4 2d-3d: unpack the codes (even index in the low nibble; the activations' high one first when
+    ``swap_nibbles``), apply each ``block``-wide scale, sum each group exactly in float64."""
+    import torch
+
+    from gmm_kernels.convert import to_torch
+    from gmm_ref import as_numpy, round_to
+
+    def unpack(packed, swap=False):
+        b = as_numpy(packed).view(np.uint8)
+        lo, hi = (b >> 4, b & 0xF) if swap else (b & 0xF, b >> 4)
+        codes = np.stack([lo, hi], axis=-1).reshape(*b.shape[:-1], 2 * b.shape[-1])
+        return codes.view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+
+    def deq(codes, scales):
+        return codes * np.repeat(as_numpy(scales).astype(np.float64), block, axis=-1)[..., :codes.shape[-1]]
+
+    step = block // 16
+    a, b = deq(unpack(A_data, swap_nibbles), A_scale[:, ::step]), deq(unpack(B_data), B_scale[..., ::step])
+    ends = [0, *np.asarray(as_numpy(offs)).astype(np.int64).tolist()]
+    out = np.zeros((a.shape[0], b.shape[1]))
+    for g, (s, e) in enumerate(itertools.pairwise(ends)):
+        out[s:e] = a[s:e] @ b[g].T
+    dtype = out_dtype or torch.bfloat16
+    return to_torch(round_to(out, ml_dtypes.bfloat16 if dtype == torch.bfloat16 else np.float32))
+
+
+def nvfp4_correct(A_data, A_scale, B_data, B_scale, offs=None, out_dtype=None, block_size=16):
+    """torchao's NVFP4 grouped mm, exactly: codes times their e4m3 scale per 16 of K, one rounding."""
+    return _nvfp4(A_data, A_scale, B_data, B_scale, offs, out_dtype)
+
+
+def nvfp4_activation_nibbles_swapped(A_data, A_scale, B_data, B_scale, offs=None, out_dtype=None, block_size=16):
+    """The activations' packed codes read high nibble first (the weights' right): each pair of neighbouring
+    activation elements along K trades places. (Swapped in both operands, the sums would not change.)"""
+    return _nvfp4(A_data, A_scale, B_data, B_scale, offs, out_dtype, swap_nibbles=True)
+
+
+def nvfp4_scale_per_32(A_data, A_scale, B_data, B_scale, offs=None, out_dtype=None, block_size=16):
+    """An MXFP4 path reused: each scale taken to cover 32 elements of K (every other NVFP4 scale read)."""
+    return _nvfp4(A_data, A_scale, B_data, B_scale, offs, out_dtype, block=32)
+
+
+# ------------------------------------------- te.scaled_grouped_gemm (per-group tensor scales, MXFP8)
+def _te_scaled(lhs, rhs, lhs_first_dims, preferred_element_type, *, packed_scale_index=False):
+    """TE's FP8 grouped GEMM (ragged M, NT), exactly. ``packed_scale_index``: per-tensor scales read at a pointer
+    that is not advanced past an empty group (TE's V1 grouped GEMM with tensor scaling), so every group after an
+    empty one takes an earlier group's scale_inv."""
+    from gmm_ref import round_to
+    from gmm_ref.scale_layouts import blocked_shape, from_blocked
+
+    a, b = np.asarray(lhs.data).astype(np.float64), np.asarray(rhs.data).astype(np.float64)
+    sizes = np.asarray(lhs_first_dims).astype(np.int64)
+    ends = np.concatenate([[0], np.cumsum(sizes)])
+    k, kb = a.shape[1], -(-a.shape[1] // 32)
+    out = np.zeros((a.shape[0], b.shape[1]))
+    at_a = at_b = 0
+    slot = 0  # the scale pointer of the buggy kernel
+    for g in range(len(sizes)):
+        lo, hi = int(ends[g]), int(ends[g + 1])
+        if lhs.scaling_mode == "tensor":
+            i = slot if packed_scale_index else g
+            da = a[lo:hi] * float(np.asarray(lhs.scale_inv)[i])
+            db = b[g] * float(np.asarray(rhs.scale_inv)[i])
+            slot += int(hi > lo)
+        else:
+            def deq(x, flat, at, rows):
+                size = int(np.prod(blocked_shape(rows, kb))) if rows else 0
+                s = from_blocked(np.asarray(flat)[at:at + size], rows, kb).astype(np.float64) if rows else None
+                return (x if s is None else x * np.repeat(s, 32, axis=1)[:, :k]), at + size
+
+            da, at_a = deq(a[lo:hi], lhs.scale_inv, at_a, hi - lo)
+            db, at_b = deq(b[g], rhs.scale_inv, at_b, b.shape[1])
+        out[lo:hi] = da @ db.T
+    return round_to(out, preferred_element_type or ml_dtypes.bfloat16)
+
+
+def te_scaled_correct(lhs, rhs, *, lhs_first_dims=None, lhs_last_dims=None, rhs_first_dims=None, rhs_last_dims=None,
+                      contracting_dims=((1,), (1,)), preferred_element_type=None):
+    """TE's FP8 grouped GEMM, exactly: group g's codes times its own scale_inv (or its MXFP8 blocks)."""
+    return _te_scaled(lhs, rhs, lhs_first_dims, preferred_element_type)
+
+
+def te_scaled_scale_pointer_stuck_on_empty_groups(lhs, rhs, *, lhs_first_dims=None, lhs_last_dims=None,
+                                                  rhs_first_dims=None, rhs_last_dims=None,
+                                                  contracting_dims=((1,), (1,)), preferred_element_type=None):
+    """Per-tensor scaling: the scale_inv pointers advance only past non-empty groups (as TE's V1 grouped GEMM
+    reads them), so after an empty group every group multiplies by an earlier group's scales."""
+    return _te_scaled(lhs, rhs, lhs_first_dims, preferred_element_type, packed_scale_index=True)

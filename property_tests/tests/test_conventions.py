@@ -48,7 +48,7 @@ def test_facts_are_well_formed(name):
             assert not packed or ragged_last(fam, lt, rt), f"{name}: packed {fam} layout without a ragged last axis"
     assert c.dtype_pairs
     for i, o in c.dtype_pairs:
-        assert i in _dt.INPUT_DTYPES and o in _dt.OUTPUT_DTYPES
+        assert (i in _dt.INPUT_DTYPES or (i in _dt.CODE_ONLY_DTYPES and i in c.code_dtypes)) and o in _dt.OUTPUT_DTYPES
         # integer inputs give integer outputs, but for integer codes with scales (a float output)
         assert _dt.is_integer(i) == _dt.is_integer(o) or (c.quantizations and not _dt.is_integer(o))
     for pair in c.quantizations:  # each a (lhs, rhs) pair whose codes are among the input dtypes
@@ -137,9 +137,10 @@ def test_it_refuses_what_it_cannot_express_and_says_why(name):
         assert other in conv.refusal(p)
         with pytest.raises(ValueError, match=f"convention: '{name}' cannot express this problem"):
             gmm_ref.arguments(p)
-    sharded = gmm_ref.Problem("ragged_m", np.ones((8, 16), np.float32), np.ones((1, 16, 16), np.float32),
-                              np.array([2, 2]), group_offset=1, num_local_groups=1)
-    if "ragged_m" in conv.families and not conv.sharding:
+    if "ragged_m" in conv.families and not conv.sharding:  # in a layout it takes, so that sharding is the reason
+        _, rt, _ = conv.layouts_of("ragged_m")[0]
+        sharded = gmm_ref.Problem("ragged_m", np.ones((8, 32), np.float32), np.ones((1, 32, 32), np.float32),
+                                  np.array([2, 2]), group_offset=1, num_local_groups=1, rhs_transposed=rt)
         assert "group_offset" in conv.refusal(sharded)
 
 
