@@ -19,7 +19,12 @@ from gmm_kernels.mosaic_gpu import MosaicGpuRaggedDot
 from gmm_kernels.qwix_ops import QwixRaggedDot, QwixRaggedDotQt
 from gmm_kernels.tokamax_ops import TokamaxQArrayRaggedDot, TokamaxRaggedDot
 from gmm_kernels.torch_grouped import TorchGroupedMM
-from gmm_kernels.torch_scaled import TorchaoMXFP8ScaledGroupedMM, TorchScaledGroupedMM, TorchScaledMMLoop
+from gmm_kernels.torch_scaled import (
+    TorchaoMXFP8ScaledGroupedMM,
+    TorchScaledGroupedMM,
+    TorchScaledGroupedMMv2,
+    TorchScaledMMLoop,
+)
 from gmm_kernels.torchao_ops import TorchaoMXFP8GroupedMM, TorchaoNVFP4GroupedMM
 from gmm_kernels.transformer_engine import TransformerEngineGroupedGemm, TransformerEngineScaledGroupedGemm
 from gmm_kernels.vllm_ops import VllmBatchedMoE
@@ -48,6 +53,7 @@ def _builtin() -> list[KernelAdapter]:
         TransformerEngineScaledGroupedGemm(),
         TorchScaledMMLoop(),
         TorchScaledGroupedMM(),
+        TorchScaledGroupedMMv2(),
         QwixRaggedDot("fast"),
         QwixRaggedDot("slow"),
         QwixRaggedDotQt(),

@@ -8,6 +8,9 @@
   dequantized to float32 (code * scale, rounded once to float32), multiplied
   in float32 and rounded to bfloat16. It is what a framework without the
   grouped kernel calls, and it checks the convention end to end here (rowwise).
+- ``torch.scaled_grouped_mm_v2``: ``torch.nn.functional.scaled_grouped_mm`` in its NVFP4 form (packed e2m1,
+  e4m3 block scales and per-group float32 global scales; CUDA only, a Blackwell GPU): unavailable here, saying
+  why. Its call follows torch's documented signature and has not run yet.
 - ``torchao.mxfp8_scaled_grouped_mm[emulated]``: the MXFP8 form (2d-3d), torchao's emulated MXFP8 scaled grouped
   mm on CPU: it reads the swizzled scales back into each group's ``[rows, K / 32]`` block (the layout torch's
   kernel reads), dequantizes into bfloat16 and calls ``torch._grouped_mm``.
@@ -26,7 +29,8 @@ from gmm_kernels.scope import Scope
 from gmm_ref import Numerics, Problem
 from gmm_ref.conventions.torch_scaled import MX_BLOCK, MXFP8, ROWWISE, group_blocks
 
-__all__ = ["TorchScaledGroupedMM", "TorchScaledMMLoop", "TorchaoMXFP8ScaledGroupedMM", "unswizzled_2d_3d"]
+__all__ = ["TorchScaledGroupedMM", "TorchScaledGroupedMMv2", "TorchScaledMMLoop", "TorchaoMXFP8ScaledGroupedMM",
+           "unswizzled_2d_3d"]
 
 
 class TorchScaledGroupedMM(KernelAdapter):
@@ -194,3 +198,51 @@ class TorchaoMXFP8ScaledGroupedMM(KernelAdapter):
         (a, b), kw = to_framework("torch", (mat_a, mat_b), {"offs": offs, "out_dtype": out_dtype})
         return _emulated_mxfp8_scaled_grouped_mm_2d_3d(a, to_torch(sa), b, to_torch(sb), offs=kw["offs"],
                                                        out_dtype=kw["out_dtype"] or torch.bfloat16)
+
+
+class TorchScaledGroupedMMv2(KernelAdapter):
+    """``torch.nn.functional.scaled_grouped_mm``, NVFP4 2d-3d (CUDA only, compute capability 10.0)."""
+
+    name = "torch.scaled_grouped_mm_v2"
+    convention = "torch.scaled_grouped_mm_v2"
+    requires = ("torch",)
+    flush_subnormals = True
+
+    def _unavailable(self) -> str | None:
+        import torch
+        import torch.nn.functional as F
+
+        if not hasattr(F, "scaled_grouped_mm"):
+            return f"torch {torch.__version__} has no torch.nn.functional.scaled_grouped_mm"
+        if not torch.cuda.is_available():
+            return (f"torch {torch.__version__}'s scaled_grouped_mm has no CPU kernel; its NVFP4 form needs a CUDA "
+                    "GPU of compute capability 10.0 (Blackwell)")
+        if torch.cuda.get_device_capability()[0] < 10:
+            return "torch's NVFP4 grouped mm needs compute capability 10.0 (Blackwell) or newer"
+        return None
+
+    def call(self, mat_a: Any, mat_b: Any, scale_a: Any, scale_recipe_a: Any, scale_b: Any, scale_recipe_b: Any,
+             swizzle_a: Any = None, swizzle_b: Any = None, bias: Any = None, offs: Any = None,
+             output_dtype: Any = None, contraction_dim: Any = (), use_fast_accum: bool = False) -> Any:
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.functional import ScalingType, SwizzleType
+
+        from gmm_kernels.convert import to_torch
+
+        def fp4(x: Any, transposed: bool) -> Any:
+            t = to_torch(np.ascontiguousarray(np.swapaxes(x, -1, -2)) if transposed else x).cuda()
+            t = t.view(torch.float4_e2m1fn_x2)
+            return t.transpose(-2, -1) if transposed else t  # mat_b: a transposed view of [G, N, K/2]
+
+        def scales(pair: Any) -> list[Any]:
+            return [to_torch(np.asarray(v)).cuda() for v in pair]
+
+        def enums(kind: Any, names: Any) -> list[Any]:
+            return [getattr(kind, n) for n in names]
+
+        return F.scaled_grouped_mm(
+            fp4(mat_a, False), fp4(mat_b, True), scales(scale_a), enums(ScalingType, scale_recipe_a),
+            scales(scale_b), enums(ScalingType, scale_recipe_b), swizzle_a=enums(SwizzleType, swizzle_a),
+            swizzle_b=enums(SwizzleType, swizzle_b), offs=to_torch(np.asarray(offs)).cuda(),
+            output_dtype=torch.bfloat16)

@@ -4,7 +4,7 @@ Start with :class:`Problem` (the model), :func:`reference` (exact values,
 defined-mask, bound) and :func:`assert_matches_reference`; or call a
 convention front-end with a kernel's own arguments (:func:`ragged_dot`,
 :func:`ragged_dot_general`, :func:`gmm`, :func:`tgmm`, :func:`grouped_mm`,
-:func:`te_grouped_gemm`, :func:`te_scaled_grouped_gemm`, :func:`scaled_grouped_mm`,
+:func:`te_grouped_gemm`, :func:`te_scaled_grouped_gemm`, :func:`scaled_grouped_mm`, :func:`scaled_grouped_mm_v2`,
 :func:`qwix_ragged_dot`, :func:`nvfp4_grouped_mm`, the serving layouts'
 :func:`deep_gemm_m_grouped_contiguous`, :func:`deep_gemm_m_grouped_masked`, :func:`vllm_batched_moe`);
 :func:`arguments` turns a problem
@@ -24,7 +24,7 @@ from gmm_ref.conventions.qwix import qwix_ragged_dot
 from gmm_ref.conventions.ragged_dot import RaggedDotDimensionNumbers, ragged_dot, ragged_dot_general
 from gmm_ref.conventions.te import te_grouped_gemm, te_scaled_grouped_gemm
 from gmm_ref.conventions.torch_grouped import grouped_mm
-from gmm_ref.conventions.torch_scaled import scaled_grouped_mm
+from gmm_ref.conventions.torch_scaled import scaled_grouped_mm, scaled_grouped_mm_v2
 from gmm_ref.conventions.torchao import nvfp4_grouped_mm
 from gmm_ref.conventions.vllm import vllm_batched_moe
 from gmm_ref.dtypes import as_numpy, round_to, unit_roundoff
@@ -74,6 +74,7 @@ __all__ = [
     "round_to",
     "save_problem",
     "scaled_grouped_mm",
+    "scaled_grouped_mm_v2",
     "scaled_reference",
     "te_grouped_gemm",
     "te_scaled_grouped_gemm",

@@ -77,9 +77,9 @@ def blocks(p: Problem) -> Iterator[Block]:
             a = _operand(p, "lhs", bi, local, start, size)
             b = _operand(p, "rhs", bi, local, start, size)
             if p.lhs_quant is not None:
-                a = dequantized(a, p.lhs_quant, p.scales_of("lhs", local))
+                a = dequantized(a, p.lhs_quant, p.scales_of("lhs", local), p.global_of("lhs", local))
             if p.rhs_quant is not None:
-                b = dequantized(b.T, p.rhs_quant, p.scales_of("rhs", local)).T
+                b = dequantized(b.T, p.rhs_quant, p.scales_of("rhs", local), p.global_of("rhs", local)).T
             if fam in ("ragged_m", "padded_contiguous"):
                 out_index = (*bi, slice(start, start + size), slice(None))
             elif fam == "masked":
@@ -91,13 +91,15 @@ def blocks(p: Problem) -> Iterator[Block]:
             yield Block(g, local, bi, a, b, out_index, a.shape[1])
 
 
-def dequantized(codes: np.ndarray, quant: Any, scales: np.ndarray) -> np.ndarray:
-    """``scale * code`` of one group's ``[rows, K]`` codes, in float64: exact (a code has at most 4
-    significant bits, int8 7, a scale 24; their product fits float64's 53). NaN/Inf codes or scales give
-    NaN/Inf, as a kernel's arithmetic would."""
+def dequantized(codes: np.ndarray, quant: Any, scales: np.ndarray, global_scale: float = 1.0) -> np.ndarray:
+    """``scale * code`` (times the group's ``global_scale``) of one group's ``[rows, K]`` codes, in float64:
+    exact (a code has at most 4 significant bits, int8 7, a scale 24; with a global scale the block scale has at
+    most 8 and the global 24; each product fits float64's 53). NaN/Inf codes or scales give NaN/Inf, as a
+    kernel's arithmetic would."""
     rows, k = codes.shape
     with np.errstate(invalid="ignore", over="ignore"):
-        return codes.astype(np.float64) * quant.expand(scales, rows, k)
+        values = codes.astype(np.float64) * quant.expand(scales, rows, k)
+        return values if global_scale == 1.0 else values * global_scale
 
 
 def stored(a: np.ndarray, kind: str) -> np.ndarray:

@@ -248,6 +248,7 @@ def _chunk_bound(p: Problem, a_in: np.ndarray, b_in: np.ndarray, b: np.ndarray, 
     # a scaled operand's scale multiplies a partial sum (after the K loop, or per K block) in the
     # accumulator: one more rounding on every term's path per scaled operand
     scales = (p.lhs_quant is not None) + (p.rhs_quant is not None)
+    scales += (p.lhs_global is not None) + (p.rhs_global is not None)  # a second level: one more multiply each
     k += scales
     with np.errstate(invalid="ignore", over="ignore"):
         # inputs rounded to the multiply precision (twice u_in plus its square), then

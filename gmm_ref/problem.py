@@ -126,6 +126,9 @@ class Problem:
     rhs_scales: np.ndarray | None = None
     #: ``padded_contiguous`` only: every group starts at a multiple of it
     alignment: int | None = None
+    #: per local group, float32: the second scale level of an operand whose Quantization has ``global_scale``
+    lhs_global: np.ndarray | None = None
+    rhs_global: np.ndarray | None = None
 
     # ---------------------------------------------------------------- validation
     def __post_init__(self) -> None:
@@ -358,6 +361,30 @@ class Problem:
                 raise ValueError(f"{name}_scales: expected a 1-D array of {want} scales (the local groups' "
                                  f"{quant.block} blocks one after the other), got shape {scales.shape}")
             set_field(self, f"{name}_scales", frozen_copy(scales))
+            self._check_global(name, quant)
+        for name in ("lhs", "rhs"):
+            if getattr(self, f"{name}_quant") is None and getattr(self, f"{name}_global") is not None:
+                raise ValueError(f"{name}_global: given without {name}_quant (a Quantization with global_scale=True)")
+
+    def _check_global(self, name: str, quant: Quantization) -> None:
+        value = getattr(self, f"{name}_global")
+        if not quant.global_scale:
+            if value is not None:
+                raise ValueError(f"{name}_global: given, but {name}_quant has no second level (global_scale=False)")
+            return
+        if value is None:
+            raise ValueError(f"{name}_global: required with {name}_quant.global_scale (one float32 per local group)")
+        arr = np.asarray(value) if isinstance(value, (list, tuple)) else value
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.shape != (self.num_local_groups,):
+            raise TypeError(f"{name}_global: expected a float32 array of shape ({self.num_local_groups},) (one per "
+                            f"local group), got {getattr(arr, 'dtype', type(arr).__name__)} "
+                            f"{getattr(arr, 'shape', '')}")
+        set_field(self, f"{name}_global", frozen_copy(arr))
+
+    def global_of(self, operand: str, local: int) -> float:
+        """Local group ``local``'s second-level scale of ``operand`` (1.0 where it has none)."""
+        value = getattr(self, f"{operand}_global")
+        return 1.0 if value is None else float(value[local])
 
     def _join_scales(self, name: str, quant: Quantization, per_group: Any, shapes: list[tuple[int, int]]
                      ) -> np.ndarray:

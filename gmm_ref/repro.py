@@ -61,7 +61,8 @@ def save_problem(problem: Problem, path: str | os.PathLike[str], **extra: np.nda
         if isinstance(value, np.ndarray):
             arrays[f.name], dtypes[f.name] = _stored(value), str(value.dtype)
         elif isinstance(value, Quantization):
-            fields[f.name] = {"elem": str(value.elem), "scale": str(value.scale), "block": list(value.block)}
+            fields[f.name] = {"elem": str(value.elem), "scale": str(value.scale), "block": list(value.block),
+                              "global_scale": value.global_scale}
         elif isinstance(value, np.dtype):
             fields[f.name] = str(value)
         else:
@@ -99,7 +100,7 @@ def load_problem(path: str | os.PathLike[str]) -> Problem:
     for name in ("lhs_quant", "rhs_quant"):
         if fields.get(name) is not None:
             q = fields[name]
-            fields[name] = Quantization(q["elem"], q["scale"], tuple(q["block"]))
+            fields[name] = Quantization(q["elem"], q["scale"], tuple(q["block"]), q.get("global_scale", False))
     names = {f.name for f in dataclasses.fields(Problem)}
     return Problem(**fields, **{k: v for k, v in arrays.items() if k in names})
 

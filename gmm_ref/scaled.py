@@ -94,11 +94,15 @@ class Quantization:
     """How one operand is quantized: its element dtype, its scale dtype and the block one scale covers.
 
     ``block`` is a name of :data:`GRANULARITIES` or ``(rows, k)`` with positive ints or None (the
-    whole extent), in the operand's ``[rows, K]`` orientation (rows: M for lhs, N for rhs)."""
+    whole extent), in the operand's ``[rows, K]`` orientation (rows: M for lhs, N for rhs).
+    ``global_scale``: a second level, one float32 scale per group multiplying every block scale of the
+    group (NVFP4's per-tensor scale); the problem carries them (``lhs_global`` / ``rhs_global``). The block
+    scales then have at most 8 significant bits (not float32), so that code x scale x global stays exact."""
 
     elem: Any
     scale: Any = np.float32
     block: Any = "row"
+    global_scale: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "elem", named_dtype(self.elem, ELEMENT_DTYPES, "elem"))
@@ -111,15 +115,21 @@ class Quantization:
             raise ValueError(f"block: expected one of {sorted(GRANULARITIES)} or (rows, k) with positive ints or "
                              f"None, got {self.block!r}")
         object.__setattr__(self, "block", block)
+        if not isinstance(self.global_scale, bool):
+            raise TypeError(f"global_scale: expected a bool, got {self.global_scale!r}")
+        if self.global_scale and self.scale == np.dtype(np.float32):
+            raise ValueError("global_scale: a second scale level takes block scales of at most 8 significant bits "
+                             "(bfloat16, float8_e8m0fnu, float8_e4m3fn), not float32")
 
     def describe(self) -> str:
-        """Short: ``float8_e4m3fn/float32@row`` (codes, scales, block)."""
+        """Short: ``float8_e4m3fn/float32@row`` (codes, scales, block; ``*global`` with a second level)."""
         name = next((n for n, b in GRANULARITIES.items() if b == self.block), None)
         block = name or "x".join("all" if b is None else str(b) for b in self.block)
-        return f"{self.elem}/{self.scale}@{block}"
+        return f"{self.elem}/{self.scale}@{block}" + ("*global" if self.global_scale else "")
 
     def __repr__(self) -> str:  # valid source, as reproducers print it
-        return f"gmm_ref.Quantization({str(self.elem)!r}, {str(self.scale)!r}, {self.block!r})"
+        tail = ", global_scale=True" if self.global_scale else ""
+        return f"gmm_ref.Quantization({str(self.elem)!r}, {str(self.scale)!r}, {self.block!r}{tail})"
 
     def scale_shape(self, rows: int, k: int) -> tuple[int, int]:
         """The shape of one group's scales for a ``[rows, k]`` block of codes (a partial last block counts)."""

@@ -178,6 +178,12 @@ def _scaled(case: Case, p: gmm_ref.Problem, quants: tuple[Any, Any], out_dtype: 
                 v = np.ldexp(1.0, np.floor(np.log2(v)).astype(np.int64))
         extra[f"{name}_quant"] = q
         extra[f"{name}_scales"] = round_scales(v, q.scale)
+        if q.global_scale:  # one per local group: 2**((bits % 5) - 4) * (1 + u) in float32 (1 or 2 for int cases)
+            gtop = raw_bits(case.seed, f"{name}_global", p.num_local_groups) >> np.uint64(11)
+            spread, low = (2, 0) if case.kind == "int" else (5, 4)
+            gexp = (gtop % np.uint64(spread)).astype(np.int64) - low
+            gu = 0.0 if case.kind == "int" else gtop.astype(np.float64) * 2.0 ** -53
+            extra[f"{name}_global"] = np.ldexp(1.0 + gu, gexp).astype(np.float32)
     return p.replace(**extra, out_dtype=out_dtype)
 
 
@@ -185,7 +191,7 @@ def _touched(p: gmm_ref.Problem, which: str) -> np.ndarray:
     """Which elements of operand ``which`` some group of ``p`` reads."""
     arr = getattr(p, which)
     index = np.arange(arr.size, dtype=np.float64).reshape(arr.shape)
-    unscaled = dict(lhs_quant=None, lhs_scales=None, rhs_quant=None, rhs_scales=None)
+    unscaled = dict(lhs_quant=None, lhs_scales=None, rhs_quant=None, rhs_scales=None, lhs_global=None, rhs_global=None)
     probe = p.replace(**{which: index}, existing_out=None, out_dtype=np.float64, **unscaled)
     seen = np.zeros(arr.size, bool)
     for blk in blocks(probe):
@@ -270,7 +276,7 @@ def inputs_of(p: gmm_ref.Problem) -> dict[str, np.ndarray]:
         d["group_sizes"] = p.group_sizes
     if p.existing_out is not None:
         d["existing_out"] = p.existing_out
-    for name in ("lhs_scales", "rhs_scales"):
+    for name in ("lhs_scales", "rhs_scales", "lhs_global", "rhs_global"):
         if getattr(p, name) is not None:
             d[name] = getattr(p, name)
     return d

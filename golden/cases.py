@@ -164,6 +164,10 @@ CASES: list[Case] = [
     Case("tao-nvfp4-f32-exact", convention="torchao.nvfp4_grouped_mm", family="ragged_m", m=40, k=32, n=8,
          dtype="float4_e2m1fn", out_dtype="float32", rhs_transposed=True, group_sizes=[21, 0, 19], kind="int",
          int_range=4, seed=161, tags=("scaled", "nvfp4", "exact", "empty_middle")),
+    # torch's NVFP4 form (F.scaled_grouped_mm): e4m3 blocks per 16 of K times each group's float32 global scales
+    Case("tsc2-nvfp4-global-tail", convention="torch.scaled_grouped_mm_v2", family="ragged_m", m=40, k=64, n=16,
+         dtype="float4_e2m1fn", out_dtype="bfloat16", rhs_transposed=True, group_sizes=[0, 13, 19], seed=162,
+         tags=("scaled", "nvfp4", "global_scale", "empty_first", "tail", "unaligned")),
     # -------------------------------------- DeepGEMM m-grouped contiguous / masked, vLLM batched (serving layouts)
     # groups at multiples of 128 rows (-1 padding rows, or the psum form's cumulative ends), K in 128-wide blocks
     Case("dg-contig-bf16-padding", **{**DGC, "dtype": "bfloat16"}, m=400, group_sizes=[0, 127, 1, 129], poison=True,

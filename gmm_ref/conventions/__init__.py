@@ -2,7 +2,7 @@
 
 Built in: ``ragged_dot``, ``ragged_dot_general`` (jax.lax), ``megablox.gmm``,
 ``megablox.tgmm``, ``torch.grouped_mm``, ``te.grouped_gemm``, the scaled
-``torch.scaled_grouped_mm``, ``te.scaled_grouped_gemm``, ``qwix.ragged_dot`` and
+``torch.scaled_grouped_mm`` (and its v2 NVFP4 form), ``te.scaled_grouped_gemm``, ``qwix.ragged_dot`` and
 ``torchao.nvfp4_grouped_mm``, and the serving layouts'
 ``deep_gemm.m_grouped_contiguous`` (and ``_psum``), ``deep_gemm.m_grouped_masked`` and
 ``vllm.batched_moe``, one module each.
@@ -28,7 +28,7 @@ from gmm_ref.conventions.qwix import QWIX_RAGGED_DOT
 from gmm_ref.conventions.ragged_dot import RAGGED_DOT, RAGGED_DOT_GENERAL
 from gmm_ref.conventions.te import TE_GROUPED_GEMM, TE_SCALED_GROUPED_GEMM
 from gmm_ref.conventions.torch_grouped import GROUPED_MM
-from gmm_ref.conventions.torch_scaled import SCALED_GROUPED_MM
+from gmm_ref.conventions.torch_scaled import SCALED_GROUPED_MM, SCALED_GROUPED_MM_V2
 from gmm_ref.conventions.torchao import NVFP4_GROUPED_MM
 from gmm_ref.conventions.vllm import BATCHED_MOE
 from gmm_ref.problem import Problem
@@ -38,7 +38,7 @@ __all__ = ["ENTRY_POINT_GROUP", "Convention", "arguments", "get", "names", "prob
 ENTRY_POINT_GROUP = "gmm_harness.conventions"
 BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEMM, SCALED_GROUPED_MM,
            QWIX_RAGGED_DOT, CONTIGUOUS, CONTIGUOUS_PSUM, MASKED, BATCHED_MOE, NVFP4_GROUPED_MM,
-           TE_SCALED_GROUPED_GEMM)
+           TE_SCALED_GROUPED_GEMM, SCALED_GROUPED_MM_V2)
 
 
 @functools.cache

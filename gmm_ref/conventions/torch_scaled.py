@@ -32,10 +32,11 @@ from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import RAGGED_FAMILIES as FAMILIES
 from gmm_ref.problem import Problem
-from gmm_ref.scale_layouts import blocked_shape, from_blocked, round_up, to_blocked
+from gmm_ref.scale_layouts import blocked_shape, from_blocked, pack_fp4, round_up, to_blocked, unpack_fp4
 from gmm_ref.scaled import Quantization
 
-__all__ = ["MXFP8", "ROWWISE", "SCALED_GROUPED_MM", "group_blocks", "scaled_grouped_mm"]
+__all__ = ["MXFP8", "NVFP4_GLOBAL", "ROWWISE", "SCALED_GROUPED_MM", "SCALED_GROUPED_MM_V2", "group_blocks",
+           "scaled_grouped_mm", "scaled_grouped_mm_v2"]
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -226,3 +227,104 @@ SCALED_GROUPED_MM = _ScaledGroupedMM(
     summary="torch._scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, ...): rowwise FP8, 4 forms",
 )
 scaled_grouped_mm = base.front_end(SCALED_GROUPED_MM, "scaled_grouped_mm")
+
+
+# ------------------------------------------------------------------ v2: F.scaled_grouped_mm, NVFP4
+E2M1 = np.dtype(ml_dtypes.float4_e2m1fn)
+NV_BLOCK = 16
+#: NVFP4: e2m1 codes, one e4m3 scale per 16 of K, times one float32 global scale per group
+NVFP4_GLOBAL = Quantization(E2M1, E4M3, (1, NV_BLOCK), global_scale=True)
+_NVFP4_RECIPE = ["BlockWise1x16", "TensorWise"]
+
+
+def _names(value: Any, name: str, n: int) -> list[str]:
+    """A recipe / swizzle argument (an enum or its name, or a list of them) as a list of ``n`` names."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    names = [str(getattr(v, "name", v)).rsplit(".", 1)[-1] for v in items]
+    if len(names) != n:
+        raise ValueError(f"{name}: expected {n} entries (one per scale), got {value!r}")
+    return names
+
+
+class _ScaledGroupedMMv2(Convention):
+    def parse(self, mat_a: Any, mat_b: Any, scale_a: Any, scale_recipe_a: Any, scale_b: Any, scale_recipe_b: Any,
+              swizzle_a: Any = None, swizzle_b: Any = None, bias: Any = None, offs: Any = None,
+              output_dtype: Any = BF16, contraction_dim: Any = (), use_fast_accum: bool = False) -> Problem:
+        """``torch.nn.functional.scaled_grouped_mm``'s NVFP4 form, 2d-3d: ``mat_a [sum M, K/2]`` and ``mat_b
+        [G, K/2, N]`` packed e2m1 codes (uint8 bytes of ``float4_e2m1fn_x2``, two consecutive elements of K a
+        byte, the lower index in the low nibble), each with two scales: float8_e4m3fn blocks per 16 of K
+        (``BlockWise1x16``, each group's block padded to 128 x 4 and swizzled: ``SWIZZLE_32_4_4``) and one
+        float32 global scale per group (``TensorWise``, ``(G,)``); int32 ``offs``; bfloat16 output."""
+        for name, rec in (("scale_recipe_a", scale_recipe_a), ("scale_recipe_b", scale_recipe_b)):
+            if _names(rec, name, 2) != _NVFP4_RECIPE:
+                raise ValueError(f"{name}: the form modelled is NVFP4, [BlockWise1x16, TensorWise], got {rec!r}")
+        for name, sw in (("swizzle_a", swizzle_a), ("swizzle_b", swizzle_b)):
+            if sw is None or _names(sw, name, len(sw) if isinstance(sw, (list, tuple)) else 1)[0] != "SWIZZLE_32_4_4":
+                raise ValueError(f"{name}: NVFP4 block scales are swizzled (SWIZZLE_32_4_4), got {sw!r}")
+        if bias is not None or tuple(contraction_dim) != () or not isinstance(use_fast_accum, bool):
+            raise ValueError("bias, contraction_dim, use_fast_accum: NVFP4 grouped mm takes no bias, the default "
+                             "contraction and a bool use_fast_accum")
+        a8, b8 = base.as_array("mat_a", mat_a), base.as_array("mat_b", mat_b)
+        for name, arr, nd in (("mat_a", a8, 2), ("mat_b", b8, 3)):
+            if arr.dtype != np.uint8:
+                raise TypeError(f"{name}: expected uint8 bytes of packed float4_e2m1fn codes, got {arr.dtype}")
+            base.expect_ndim(name, arr, nd)
+        a = unpack_fp4(a8, "mat_a")
+        b = unpack_fp4(np.swapaxes(b8, 1, 2), "mat_b")  # [G, N, K]: each byte two consecutive elements of K
+        t, k = a.shape
+        g, n, kb_ = b.shape
+        if kb_ != k or k % NV_BLOCK:
+            raise ValueError(f"mat_a, mat_b: expected the same K, a multiple of {NV_BLOCK} (got {k} and {kb_})")
+        out = base.optional_dtype("output_dtype", output_dtype)
+        if out != BF16:
+            raise ValueError(f"output_dtype: NVFP4 grouped mm outputs bfloat16, got {out}")
+        if offs is None:
+            raise ValueError("offs: required (int32 cumulative group ends)")
+        sizes = _offsets(offs, "2d-3d")
+        if len(sizes) != g or int(sizes.sum()) > t:
+            raise ValueError(f"offs: expected {g} non-decreasing group ends within the {t} rows of mat_a, got "
+                             f"{np.asarray(offs).tolist()}")
+        parts = {}
+        for name, sc in (("scale_a", scale_a), ("scale_b", scale_b)):
+            if not isinstance(sc, (list, tuple)) or len(sc) != 2:
+                raise TypeError(f"{name}: expected [block scales, global scales], got {type(sc).__name__}")
+            blocks, glob = base.as_array(f"{name}[0]", sc[0]), base.as_array(f"{name}[1]", sc[1])
+            if blocks.dtype != E4M3:
+                raise TypeError(f"{name}[0]: expected float8_e4m3fn block scales, got {blocks.dtype}")
+            if glob.dtype != np.float32 or glob.shape != (g,):
+                raise TypeError(f"{name}[1]: expected ({g},) float32 global scales (one per group), got {glob.dtype} "
+                                f"{glob.shape}")
+            parts[name] = (blocks, glob)
+        kb = k // NV_BLOCK
+        ls = group_blocks("scale_a[0]", parts["scale_a"][0], [(int(m), kb) for m in sizes], rows_first=True)
+        rs = group_blocks("scale_b[0]", parts["scale_b"][0], [(n, kb)] * g, rows_first=True)
+        return Problem("ragged_m", a, b, sizes, rhs_transposed=True, out_dtype=out, convention=self.name,
+                       **self.policies("ragged_m"), lhs_quant=NVFP4_GLOBAL, lhs_scales=ls, rhs_quant=NVFP4_GLOBAL,
+                       rhs_scales=rs, lhs_global=parts["scale_a"][1], rhs_global=parts["scale_b"][1])
+
+    def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        g, kb = p.num_groups, p.k // NV_BLOCK
+        lhs = [p.scales_of("lhs", i) for i in range(g)]
+        rows = sum(blocked_shape(s.shape[0], 1)[0] for s in lhs)
+        width = round_up(kb, 4)
+        sa = (np.concatenate([to_blocked(s) for s in lhs]) if lhs else np.zeros(0, E4M3)).reshape(rows, width)
+        sb = np.stack([to_blocked(p.scales_of("rhs", i)) for i in range(g)]) if g else \
+            np.zeros((0, width * round_up(p.n, 128)), E4M3)
+        mat_b = np.swapaxes(pack_fp4(p.rhs), 1, 2)  # [G, K/2, N], a transposed view as torch wants it
+        recipe = list(_NVFP4_RECIPE)
+        return ((pack_fp4(p.lhs), mat_b, [sa, np.array(p.lhs_global)], recipe, [sb, np.array(p.rhs_global)], recipe),
+                {"swizzle_a": ["SWIZZLE_32_4_4", "NO_SWIZZLE"], "swizzle_b": ["SWIZZLE_32_4_4", "NO_SWIZZLE"],
+                 "offs": np.cumsum(base.sizes32(p)).astype(np.int32), "output_dtype": p.out_dtype})
+
+
+SCALED_GROUPED_MM_V2 = _ScaledGroupedMMv2(
+    name="torch.scaled_grouped_mm_v2", framework="torch", families=("ragged_m",),
+    layouts=(("ragged_m", ((False, True, False),)),),
+    dtype_pairs=((E2M1, BF16),), listed_pairs_only=True, tail="undefined", empty="zero",
+    # K in whole 16-blocks, packed rows of 16 bytes (32 codes); N in 16-byte rows of the output
+    multiple_of=(("k", 32), ("n", 8)), zero_extents=("m",), default_tiling=(128, 128, 128),
+    quantizations=((NVFP4_GLOBAL, NVFP4_GLOBAL),),
+    summary="torch F.scaled_grouped_mm(mat_a, mat_b, [blocks, global], [BlockWise1x16, TensorWise], ...): NVFP4, "
+            "2d-3d",
+)
+scaled_grouped_mm_v2 = base.front_end(SCALED_GROUPED_MM_V2, "scaled_grouped_mm_v2")

@@ -21,7 +21,16 @@ from property_tests.strategies._config import config
 from property_tests.strategies._static import Config, Static, buckets, draw_free_static
 from property_tests.strategies.design import Cell, Design, design
 from property_tests.strategies.sizes import draw_serving_sizes, draw_sizes, draw_span_sizes
-from property_tests.strategies.values import VALUE_KINDS, few, fill, fill_codes, fill_scales, poison, unused_elements
+from property_tests.strategies.values import (
+    VALUE_KINDS,
+    few,
+    fill,
+    fill_codes,
+    fill_global_scales,
+    fill_scales,
+    poison,
+    unused_elements,
+)
 
 __all__ = ["Covering", "CoveringCell", "covering", "problems"]
 
@@ -380,4 +389,6 @@ def _scaled(rng: np.random.Generator, p: gmm_ref.Problem, quants: tuple[Any, Any
         if q is not None:
             count = sum(math.prod(shape) for shape in p.scale_shapes(name, q))
             extra.update({f"{name}_quant": q, f"{name}_scales": fill_scales(rng, count, q, kind, k, out_dtype)})
+            if q.global_scale:
+                extra[f"{name}_global"] = fill_global_scales(rng, p.num_local_groups, kind)
     return p.replace(**extra, out_dtype=out_dtype, existing_out=existing_out)

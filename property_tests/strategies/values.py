@@ -13,7 +13,8 @@ from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks as _blocks
 from gmm_ref.scaled import round_scales
 
-__all__ = ["VALUE_KINDS", "few", "fill", "fill_codes", "fill_scales", "poison", "unused_elements"]
+__all__ = ["VALUE_KINDS", "few", "fill", "fill_codes", "fill_global_scales", "fill_scales", "poison",
+           "unused_elements"]
 
 VALUE_KINDS = ("exact", "normal", "wide", "poisoned")
 
@@ -91,6 +92,19 @@ def fill_scales(rng: np.random.Generator, count: int, quant: Any, kind: str, k: 
         mant = ml_dtypes.finfo(quant.scale).nmant
         vals = np.ldexp(rng.uniform(1.0, 2.0, size=count) if mant else np.ones(count), exp)
     return round_scales(vals, quant.scale)
+
+
+def fill_global_scales(rng: np.random.Generator, count: int, kind: str) -> np.ndarray:
+    """``count`` float32 second-level scales (one per group), different per group. ``exact``: 1 or 2;
+    ``normal``: in [1/2, 2); ``wide``: a float32 mantissa times 2**-20 .. 2**-1 (below 1: the block scales
+    already reach the output's range)."""
+    if kind == "exact":
+        vals = np.ldexp(1.0, rng.integers(0, 2, size=count))
+    elif kind == "normal":
+        vals = rng.uniform(0.5, 2.0, size=count)
+    else:
+        vals = np.ldexp(rng.uniform(1.0, 2.0, size=count), rng.integers(-20, 0, size=count))
+    return vals.astype(np.float32)
 
 
 def _wide_bits(rng: np.random.Generator, shape: Any, dtype: np.dtype, fin: Any, span: int) -> np.ndarray:

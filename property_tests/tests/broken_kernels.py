@@ -17,6 +17,8 @@ from property_tests.tests.broken_scaled import (
     nvfp4_activation_nibbles_swapped,
     nvfp4_correct,
     nvfp4_scale_per_32,
+    nvfp4_v2_correct,
+    nvfp4_v2_first_group_global,
     qwix_correct,
     qwix_int4_read_unsigned,
     qwix_k_tile_scales_reversed,
@@ -463,6 +465,7 @@ BROKEN = {
     "vllm.batched_moe": [batched_writes_every_row, batched_block_scales_per_tile],
     "torchao.nvfp4_grouped_mm": [nvfp4_activation_nibbles_swapped, nvfp4_scale_per_32],
     "te.scaled_grouped_gemm": [te_scaled_scale_pointer_stuck_on_empty_groups],
+    "torch.scaled_grouped_mm_v2": [nvfp4_v2_first_group_global],
 }
 CORRECT = {
     "ragged_dot": ragged_dot_correct,
@@ -477,6 +480,7 @@ CORRECT = {
     "vllm.batched_moe": batched_correct,
     "torchao.nvfp4_grouped_mm": nvfp4_correct,
     "te.scaled_grouped_gemm": te_scaled_correct,
+    "torch.scaled_grouped_mm_v2": nvfp4_v2_correct,
 }
 
 

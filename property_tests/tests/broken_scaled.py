@@ -373,3 +373,43 @@ def te_scaled_scale_pointer_stuck_on_empty_groups(lhs, rhs, *, lhs_first_dims=No
     """Per-tensor scaling: the scale_inv pointers advance only past non-empty groups (as TE's V1 grouped GEMM
     reads them), so after an empty group every group multiplies by an earlier group's scales."""
     return _te_scaled(lhs, rhs, lhs_first_dims, preferred_element_type, packed_scale_index=True)
+
+
+# -------------------------------------------- torch.scaled_grouped_mm_v2 (NVFP4: blocks x per-group global)
+def _nvfp4_v2(mat_a, mat_b, scale_a, scale_b, offs, *, first_global=False):
+    """torch's NVFP4 2d-3d, exactly: codes x swizzled e4m3 block scales x each group's global scales
+    (``first_global``: group 0's globals for every group, a per-tensor global broadcast over the groups)."""
+    from gmm_kernels.convert import to_torch
+    from gmm_ref import as_numpy, round_to
+    from gmm_ref.conventions.torch_scaled import group_blocks
+    from gmm_ref.scale_layouts import unpack_fp4
+
+    a = unpack_fp4(as_numpy(mat_a)).astype(np.float64)
+    b = unpack_fp4(np.swapaxes(as_numpy(mat_b), 1, 2)).astype(np.float64)  # [G, N, K]
+    k, kb = a.shape[1], a.shape[1] // 16
+    ends = [0, *np.asarray(as_numpy(offs)).astype(np.int64).tolist()]
+    spans = list(itertools.pairwise(ends))
+    sa = group_blocks("scale_a", as_numpy(scale_a[0]), [(e - s, kb) for s, e in spans], True)
+    sb = group_blocks("scale_b", as_numpy(scale_b[0]), [(b.shape[1], kb)] * len(spans), True)
+    ga, gb = as_numpy(scale_a[1]).astype(np.float64), as_numpy(scale_b[1]).astype(np.float64)
+    out = np.zeros((a.shape[0], b.shape[1]))
+    for g, (s, e) in enumerate(spans):
+        i = 0 if first_global else g
+        da = a[s:e] * np.repeat(sa[g].astype(np.float64), 16, axis=1)[:, :k] * ga[i]
+        db = b[g] * np.repeat(sb[g].astype(np.float64), 16, axis=1)[:, :k] * gb[i]
+        out[s:e] = da @ db.T
+    return to_torch(round_to(out, ml_dtypes.bfloat16))
+
+
+def nvfp4_v2_correct(mat_a, mat_b, scale_a, scale_recipe_a, scale_b, scale_recipe_b, swizzle_a=None, swizzle_b=None,
+                     bias=None, offs=None, output_dtype=None, contraction_dim=(), use_fast_accum=False):
+    """torch's NVFP4 grouped mm, exactly: each group's codes times its block scales and its global scales."""
+    return _nvfp4_v2(mat_a, mat_b, scale_a, scale_b, offs)
+
+
+def nvfp4_v2_first_group_global(mat_a, mat_b, scale_a, scale_recipe_a, scale_b, scale_recipe_b, swizzle_a=None,
+                                swizzle_b=None, bias=None, offs=None, output_dtype=None, contraction_dim=(),
+                                use_fast_accum=False):
+    """The global scales read as one per tensor: group 0's pair multiplies every group (right only when every
+    group's global scales are equal)."""
+    return _nvfp4_v2(mat_a, mat_b, scale_a, scale_b, offs, first_global=True)

@@ -9,7 +9,15 @@ import pytest
 
 import gmm_ref
 from gmm_ref.scaled import Quantization, to_mx
-from property_tests.tests.test_scaled_reference import BF16, CASES, E4M3, E5M2, _independent, _random_case
+from property_tests.tests.test_scaled_reference import (
+    BF16,
+    CASES,
+    E4M3,
+    E5M2,
+    _independent,
+    _nearest_in,
+    _random_case,
+)
 
 
 # ------------------------------------------------------------ scaled problems: gmm_ref.Problem and its reference
@@ -204,3 +212,87 @@ def test_the_main_job_s_quantizes_option_declares_the_format(tmp_path):
                               timeout=600, cwd=tmp_path, env=env)
     assert declared.returncode == 0, declared.stdout[-2000:] + declared.stderr[-2000:]
     assert "quantizes float8_e4m3fn/32/rceil x float8_e4m3fn/32/rceil" in declared.stdout
+
+
+# ------------------------------------------------------- NVFP4's second level: per-group float32 global scales
+def test_global_scales_multiply_each_group_exactly():
+    """Code x e4m3 block scale x the group's float32 global scale, summed as Fractions, then rounded once."""
+    from fractions import Fraction
+
+    import ml_dtypes
+
+    rng = np.random.default_rng(7)
+    q = Quantization("float4_e2m1fn", "float8_e4m3fn", "1x16", global_scale=True)
+    t, k, n, sizes = 12, 32, 3, np.array([5, 0, 7])
+    e2m1 = np.dtype(ml_dtypes.float4_e2m1fn)
+    a = rng.integers(0, 16, (t, k), dtype=np.uint8).view(e2m1)
+    b = rng.integers(0, 16, (3, k, n), dtype=np.uint8).view(e2m1)
+    sa = [rng.uniform(0.05, 8, q.scale_shape(int(m), k)).astype(ml_dtypes.float8_e4m3fn) for m in sizes]
+    sb = [rng.uniform(0.05, 8, q.scale_shape(n, k)).astype(ml_dtypes.float8_e4m3fn) for _ in sizes]
+    ga = rng.uniform(1e-4, 1, 3).astype(np.float32)
+    gb = rng.uniform(1e-4, 1, 3).astype(np.float32)
+    p = gmm_ref.Problem("ragged_m", a, b, sizes, out_dtype=np.float32, lhs_quant=q, lhs_scales=sa, rhs_quant=q,
+                        rhs_scales=sb, lhs_global=ga, rhs_global=gb)
+    ref = gmm_ref.reference(p)
+    ends = np.concatenate([[0], np.cumsum(sizes)])
+    for g in range(3):
+        for i in range(int(ends[g]), int(ends[g + 1])):
+            for j in range(n):
+                total = sum(Fraction(float(a[i, kk])) * Fraction(float(sa[g][i - ends[g], kk // 16]))
+                            * Fraction(float(ga[g])) * Fraction(float(b[g, kk, j]))
+                            * Fraction(float(sb[g][j, kk // 16])) * Fraction(float(gb[g])) for kk in range(k))
+                assert _nearest_in(total, np.dtype(np.float32)) == float(ref.values[i, j]), (g, i, j)
+    # without the globals (all 1) the same codes give a different result: the globals are applied
+    plain = p.replace(lhs_global=np.ones(3, np.float32), rhs_global=np.ones(3, np.float32))
+    assert not np.array_equal(np.asarray(gmm_ref.reference(plain).values)[5:], np.asarray(ref.values)[5:])
+
+
+def test_global_scales_are_checked():
+    import ml_dtypes
+
+    q = Quantization("float4_e2m1fn", "float8_e4m3fn", "1x16", global_scale=True)
+    e2m1 = np.dtype(ml_dtypes.float4_e2m1fn)
+    a, b = np.zeros((4, 16), e2m1), np.zeros((2, 16, 2), e2m1)
+    sizes = np.array([1, 3])
+    kw = dict(lhs_quant=q, rhs_quant=q, out_dtype=np.float32,
+              lhs_scales=np.ones(4, ml_dtypes.float8_e4m3fn), rhs_scales=np.ones(4, ml_dtypes.float8_e4m3fn))
+    with pytest.raises(ValueError, match="lhs_global: required"):
+        gmm_ref.Problem("ragged_m", a, b, sizes, **kw)
+    with pytest.raises(TypeError, match=r"rhs_global: expected a float32 array of shape \(2,\)"):
+        gmm_ref.Problem("ragged_m", a, b, sizes, **kw, lhs_global=np.ones(2, np.float32),
+                        rhs_global=np.ones(3, np.float32))
+    plain = Quantization("float4_e2m1fn", "float8_e4m3fn", "1x16")
+    with pytest.raises(ValueError, match="lhs_global: given, but lhs_quant has no second level"):
+        gmm_ref.Problem("ragged_m", a, b, sizes, **{**kw, "lhs_quant": plain, "rhs_quant": plain},
+                        lhs_global=np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="global_scale: a second scale level takes block scales"):
+        Quantization("float8_e4m3fn", "float32", "row", global_scale=True)
+    with pytest.raises(TypeError, match="global_scale: expected a bool"):
+        Quantization("float4_e2m1fn", "float8_e4m3fn", "1x16", global_scale=1)
+
+
+def test_packed_fp4_puts_the_even_element_in_the_low_nibble():
+    """torch's float4_e2m1fn_x2 / torchao's pack_uint4: [1.0, 6.0, -0.5, 0.0] is bytes 0x72, 0x09 (codes 2, 7, 9, 0:
+    sign, two exponent bits, one mantissa bit)."""
+    import ml_dtypes
+
+    from gmm_ref.scale_layouts import pack_fp4, unpack_fp4
+
+    codes = np.array([1.0, 6.0, -0.5, 0.0]).astype(ml_dtypes.float4_e2m1fn)
+    assert pack_fp4(codes).tolist() == [0x72, 0x09]
+    every = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    assert np.array_equal(pack_fp4(unpack_fp4(every)), every)
+    with pytest.raises(ValueError, match="even last axis"):
+        pack_fp4(codes[:3])
+    with pytest.raises(TypeError, match="expected uint8"):
+        unpack_fp4(np.zeros(2, np.int16))
+
+
+def test_int4_is_an_integer_dtype():
+    import ml_dtypes
+
+    from gmm_ref import dtypes
+
+    assert dtypes.is_integer(np.dtype(ml_dtypes.int4)) and not np.issubdtype(np.dtype(ml_dtypes.int4), np.integer)
+    assert (dtypes.iinfo(ml_dtypes.int4).min, dtypes.iinfo(ml_dtypes.int4).max) == (-8, 7)
+    assert dtypes.standin_codes(np.array([-8, 7], ml_dtypes.int4)).dtype == np.int8

@@ -297,6 +297,7 @@ FRONTS = {
     "deep_gemm.m_grouped_masked": gmm_ref.deep_gemm_m_grouped_masked, "vllm.batched_moe": gmm_ref.vllm_batched_moe,
     "torchao.nvfp4_grouped_mm": gmm_ref.nvfp4_grouped_mm,
     "te.scaled_grouped_gemm": gmm_ref.te_scaled_grouped_gemm,
+    "torch.scaled_grouped_mm_v2": gmm_ref.scaled_grouped_mm_v2,
 }
 
 
