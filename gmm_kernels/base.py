@@ -38,7 +38,8 @@ from gmm_ref import Numerics, Problem, Reference, conventions, reference
 from gmm_ref.dtypes import as_numpy
 from gmm_ref.numerics import default_numerics
 
-__all__ = ["KernelAdapter", "VariantAdapter", "dtype_name", "missing_module", "observe_calls", "on_accelerator"]
+__all__ = ["KernelAdapter", "VariantAdapter", "dtype_name", "import_failure", "missing_module", "observe_calls",
+           "on_accelerator"]
 
 
 _observers: list[Callable[[Any, Problem], None]] = []
@@ -62,6 +63,18 @@ def missing_module(*modules: str) -> str | None:
             found = False
         if not found:
             return f"{mod.split('.')[0]} is not installed"
+    return None
+
+
+def import_failure(module: str, attr: str | None, what: str) -> str | None:
+    """Why ``module`` (and its ``attr``, if given) cannot be imported here (``what`` names it in the reason),
+    else None."""
+    try:
+        found = importlib.import_module(module)
+        if attr is not None:
+            getattr(found, attr)
+    except Exception as exc:  # noqa: BLE001 - an import that fails here is the reason it cannot run
+        return f"{what} does not import here: {exc}"
     return None
 
 

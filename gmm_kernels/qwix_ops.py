@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gmm_kernels.base import KernelAdapter, VariantAdapter
+from gmm_kernels.base import KernelAdapter, VariantAdapter, import_failure
 from gmm_kernels.known_issues import xla_nan_leak_issues
 from gmm_kernels.scope import Scope
 from gmm_ref import AmaxQuantizer, Numerics, Problem
@@ -151,11 +151,7 @@ class QwixRaggedDotQt(KernelAdapter):
         return xla_nan_leak_issues("qwix's ragged_dot_qt calls lax.ragged_dot_general on the codes")
 
     def _unavailable(self) -> str | None:
-        try:
-            from qwix._src.core import ragged_dot_qt  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 - an import that fails here is the reason it cannot run
-            return f"qwix's ragged_dot_qt does not import here: {exc}"
-        return None
+        return import_failure("qwix._src.core", "ragged_dot_qt", "qwix's ragged_dot_qt")
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None, preferred_element_type: Any = None
              ) -> Any:

@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels.base import KernelAdapter
+from gmm_kernels.base import KernelAdapter, import_failure
 from gmm_kernels.convert import to_framework
 from gmm_kernels.scope import Scope
 from gmm_ref import Numerics, Problem
-from gmm_ref.conventions.torch_scaled import MX_BLOCK, MXFP8, ROWWISE, group_blocks
+from gmm_ref.conventions.torch_scaled import MX_BLOCK, MXFP8, ROWWISE
+from gmm_ref.scale_layouts import group_blocks
 
 __all__ = ["TorchScaledGroupedMM", "TorchScaledGroupedMMv2", "TorchScaledMMLoop", "TorchaoMXFP8ScaledGroupedMM",
            "unswizzled_2d_3d"]
@@ -167,13 +168,8 @@ class TorchaoMXFP8ScaledGroupedMM(KernelAdapter):
                   numerics=Numerics(multiply="bfloat16", accumulate="float32", flush_subnormals=True))
 
     def _unavailable(self) -> str | None:
-        try:
-            from torchao.prototype.moe_training.mxfp8_grouped_mm import (  # noqa: F401
-                _emulated_mxfp8_scaled_grouped_mm_2d_3d,
-            )
-        except Exception as exc:  # noqa: BLE001 - an import that fails here is the reason it cannot run
-            return f"torchao's emulated MXFP8 scaled grouped mm does not import here: {exc}"
-        return None
+        return import_failure("torchao.prototype.moe_training.mxfp8_grouped_mm",
+                              "_emulated_mxfp8_scaled_grouped_mm_2d_3d", "torchao's emulated MXFP8 scaled grouped mm")
 
     def _refusal(self, problem: Problem) -> str | None:
         if problem.lhs_quant != MXFP8:

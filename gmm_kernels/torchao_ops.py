@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gmm_kernels.base import KernelAdapter
+from gmm_kernels.base import KernelAdapter, import_failure
 from gmm_kernels.convert import to_framework
 from gmm_kernels.scope import Scope
 from gmm_ref import MXQuantizer, Numerics, Problem
@@ -37,11 +37,8 @@ class TorchaoMXFP8GroupedMM(KernelAdapter):
                   numerics=Numerics(multiply="bfloat16", accumulate="float32", flush_subnormals=True))
 
     def _unavailable(self) -> str | None:
-        try:
-            from torchao.prototype.moe_training import mxfp8_grouped_mm  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 - an import that fails here is the reason it cannot run
-            return f"torchao's moe_training.mxfp8_grouped_mm does not import here: {exc}"
-        return None
+        return import_failure("torchao.prototype.moe_training.mxfp8_grouped_mm", None,
+                              "torchao's moe_training.mxfp8_grouped_mm")
 
     def call(self, mat_a: Any, mat_b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any:
         import logging
@@ -69,13 +66,8 @@ class TorchaoNVFP4GroupedMM(KernelAdapter):
     requires = ("torch", "torchao")
 
     def _unavailable(self) -> str | None:
-        try:
-            from torchao.prototype.moe_training.nvfp4_grouped_mm import (  # noqa: F401
-                _emulated_nvfp4_scaled_grouped_mm_2d_3d,
-            )
-        except Exception as exc:  # noqa: BLE001 - an import that fails here is the reason it cannot run
-            return f"torchao's emulated NVFP4 grouped mm does not import here: {exc}"
-        return None
+        return import_failure("torchao.prototype.moe_training.nvfp4_grouped_mm",
+                              "_emulated_nvfp4_scaled_grouped_mm_2d_3d", "torchao's emulated NVFP4 grouped mm")
 
     def numerics_for(self, problem: Problem) -> Numerics:
         """The dequantized operands in the output dtype, then a float32-accumulated matmul."""

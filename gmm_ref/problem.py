@@ -337,6 +337,9 @@ class Problem:
             if quant is None:
                 if scales is not None:
                     raise ValueError(f"{name}_scales: given without {name}_quant (the Quantization they belong to)")
+                if getattr(self, f"{name}_global") is not None:
+                    raise ValueError(f"{name}_global: given without {name}_quant (a Quantization with "
+                                     "global_scale=True)")
                 continue
             if self.batch_ndim:
                 raise ValueError(f"{name}_quant: scaled problems take no batch dims (got batch_ndim="
@@ -362,9 +365,6 @@ class Problem:
                                  f"{quant.block} blocks one after the other), got shape {scales.shape}")
             set_field(self, f"{name}_scales", frozen_copy(scales))
             self._check_global(name, quant)
-        for name in ("lhs", "rhs"):
-            if getattr(self, f"{name}_quant") is None and getattr(self, f"{name}_global") is not None:
-                raise ValueError(f"{name}_global: given without {name}_quant (a Quantization with global_scale=True)")
 
     def _check_global(self, name: str, quant: Quantization) -> None:
         value = getattr(self, f"{name}_global")

@@ -15,7 +15,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["blocked_shape", "from_blocked", "pack_fp4", "round_up", "to_blocked", "unpack_fp4"]
+__all__ = ["blocked_shape", "from_blocked", "group_blocks", "join_blocked", "pack_fp4", "round_up", "to_blocked",
+           "unpack_fp4"]
 
 TILE_ROWS, TILE_COLS = 128, 4
 
@@ -64,6 +65,33 @@ def from_blocked(flat: Any, rows: int, cols: int) -> np.ndarray:
     padded = np.empty(pr * pc, f.dtype)
     padded[_order(rows, cols)] = f
     return padded.reshape(pr, pc)[:rows, :cols]
+
+
+def join_blocked(blocks: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """Groups' ``[rows, cols]`` scale matrices each in its own padded swizzled layout, one after the other, flat
+    (a group of no rows takes no space)."""
+    return np.concatenate([to_blocked(s) for s in blocks]) if blocks else np.zeros(0, dtype)
+
+
+def group_blocks(name: str, arr: np.ndarray, shapes: list[tuple[int, int]], rows_first: bool,
+                 kind: str = "MXFP8") -> list[np.ndarray]:
+    """Each group's ``[rows, k_blocks]`` scales from the groups' swizzled blocks laid one after the other (each
+    padded to a multiple of 128 rows and 4 columns; the inverse of :func:`join_blocked`). ``rows_first``: the
+    blocks follow each other along the rows of ``arr`` (a 2-D stack), else along its columns; ``arr`` may be
+    1-D. ``kind`` names the scales in the error message."""
+    sizes = [int(np.prod(blocked_shape(r, c))) for r, c in shapes]
+    flat = np.asarray(arr).reshape(-1)
+    if flat.size != sum(sizes):
+        want = ((sum(blocked_shape(r, c)[0] for r, c in shapes), blocked_shape(*shapes[0])[1]) if rows_first and shapes
+                else (blocked_shape(shapes[0][0], 1)[0], sum(blocked_shape(r, c)[1] for r, c in shapes)) if shapes
+                else (0,))
+        raise ValueError(f"{name}: expected {sum(sizes)} {kind} scales (each group's swizzled block, padded to 128 "
+                         f"rows and 4 columns: {want} in all), got shape {np.shape(arr)}")
+    out, at = [], 0
+    for (r, c), size in zip(shapes, sizes, strict=True):
+        out.append(from_blocked(flat[at:at + size], r, c))
+        at += size
+    return out
 
 
 # ------------------------------------------------------------------------------ packed 4-bit codes

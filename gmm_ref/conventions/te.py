@@ -20,7 +20,7 @@ import numpy as np
 from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import Problem
-from gmm_ref.scale_layouts import blocked_shape, from_blocked, to_blocked
+from gmm_ref.scale_layouts import group_blocks, join_blocked
 from gmm_ref.scaled import Quantization
 
 __all__ = ["TE_GROUPED_GEMM", "TE_SCALED_GROUPED_GEMM", "TEScaledTensor", "te_grouped_gemm", "te_scaled_grouped_gemm"]
@@ -156,20 +156,6 @@ def _scaled_operand(name: str, x: Any) -> tuple[np.ndarray, np.ndarray, str]:
     return data, sinv, x.scaling_mode
 
 
-def _mx_groups(name: str, flat: np.ndarray, rows: list[int], k: int) -> list[np.ndarray]:
-    """Each group's ``[rows, K / 32]`` e8m0 scales from the padded, swizzled blocks laid one after the other."""
-    kb = -(-k // MX_BLOCK)
-    sizes = [int(np.prod(blocked_shape(r, kb))) if r else 0 for r in rows]
-    if flat.size != sum(sizes):
-        raise ValueError(f"{name}.scale_inv: expected {sum(sizes)} e8m0 scales (each group's [rows, {kb}] block "
-                         f"padded to 128 rows and 4 columns, swizzled), got {flat.size}")
-    out, at = [], 0
-    for r, size in zip(rows, sizes, strict=True):
-        out.append(from_blocked(flat[at:at + size], r, kb) if r else np.zeros((0, kb), E8M0))
-        at += size
-    return out
-
-
 class _TeScaledGroupedGemm(Convention):
     def parse(self, lhs: Any, rhs: Any, *, lhs_first_dims: Any = None, lhs_last_dims: Any = None,
               rhs_first_dims: Any = None, rhs_last_dims: Any = None, contracting_dims: Any = ((1,), (1,)),
@@ -210,8 +196,9 @@ class _TeScaledGroupedGemm(Convention):
             if (a.dtype, b.dtype) != (E4M3, E4M3):
                 raise TypeError(f"lhs.data, rhs.data: MXFP8 takes float8_e4m3fn codes, got {a.dtype} and {b.dtype}")
             qa, qb = MXFP8
-            ls = _mx_groups("lhs", sa, [int(m) for m in gs], k)
-            rs = _mx_groups("rhs", sb, [n] * g, k)
+            kb = -(-k // MX_BLOCK)
+            ls = group_blocks("lhs.scale_inv", sa, [(int(m), kb) for m in gs], True)
+            rs = group_blocks("rhs.scale_inv", sb, [(n, kb)] * g, True)
         return Problem("ragged_m", a, b, gs.astype(np.int64), rhs_transposed=True, out_dtype=out,
                        convention=self.name, **self.policies("ragged_m"), lhs_quant=qa, lhs_scales=ls,
                        rhs_quant=qb, rhs_scales=rs)
@@ -225,11 +212,7 @@ class _TeScaledGroupedGemm(Convention):
             sb = np.array([s[0, 0] for s in rhs], np.float32)
             mode = "tensor"
         else:
-            def joined(blocks: list[np.ndarray]) -> np.ndarray:
-                parts = [to_blocked(s) for s in blocks if s.shape[0]]
-                return np.concatenate(parts) if parts else np.zeros(0, E8M0)
-
-            sa, sb, mode = joined(lhs), joined(rhs), "mxfp8"
+            sa, sb, mode = join_blocked(lhs, E8M0), join_blocked(rhs, E8M0), "mxfp8"
         return ((TEScaledTensor(p.lhs, sa, mode), TEScaledTensor(p.rhs, sb, mode)),
                 {"lhs_first_dims": base.sizes32(p), "contracting_dims": ((1,), (1,)),
                  "preferred_element_type": p.out_dtype})

@@ -22,7 +22,6 @@ kernel is CUDA only in torch 2.13 (``gmm_kernels`` loops over
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import ml_dtypes
@@ -32,11 +31,11 @@ from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import RAGGED_FAMILIES as FAMILIES
 from gmm_ref.problem import Problem
-from gmm_ref.scale_layouts import blocked_shape, from_blocked, pack_fp4, round_up, to_blocked, unpack_fp4
+from gmm_ref.scale_layouts import blocked_shape, group_blocks, join_blocked, pack_fp4, round_up, unpack_fp4
 from gmm_ref.scaled import Quantization
 
-__all__ = ["MXFP8", "NVFP4_GLOBAL", "ROWWISE", "SCALED_GROUPED_MM", "SCALED_GROUPED_MM_V2", "group_blocks",
-           "scaled_grouped_mm", "scaled_grouped_mm_v2"]
+__all__ = ["MXFP8", "NVFP4_GLOBAL", "ROWWISE", "SCALED_GROUPED_MM", "SCALED_GROUPED_MM_V2", "blocked_2d_3d",
+           "group_blocks", "scaled_grouped_mm", "scaled_grouped_mm_v2"]
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -46,25 +45,6 @@ ROWWISE = Quantization(E4M3, np.float32, "row")
 MX_BLOCK = 32
 #: MXFP8: one e8m0 scale per 32 elements along K (both operands), blocks restarting at every group
 MXFP8 = Quantization(E4M3, E8M0, (1, MX_BLOCK))
-
-
-def group_blocks(name: str, arr: np.ndarray, shapes: list[tuple[int, int]], rows_first: bool) -> list[np.ndarray]:
-    """Each group's ``[rows, k_blocks]`` scales from the groups' swizzled blocks laid one after the other (each
-    padded to a multiple of 128 rows and 4 columns). ``rows_first``: the blocks follow each other along the rows
-    of ``arr`` (2d-3d's scale_a), else along its columns (2d-2d); ``arr`` is 2-D, or 1-D for scale_b's stack."""
-    sizes = [math.prod(blocked_shape(r, c)) for r, c in shapes]
-    flat = arr.reshape(-1)
-    if flat.size != sum(sizes):
-        want = ((sum(blocked_shape(r, c)[0] for r, c in shapes), blocked_shape(*shapes[0])[1]) if rows_first and shapes
-                else (blocked_shape(shapes[0][0], 1)[0], sum(blocked_shape(r, c)[1] for r, c in shapes)) if shapes
-                else (0,))
-        raise ValueError(f"{name}: expected {sum(sizes)} MXFP8 scales (each group's swizzled block, padded to 128 "
-                         f"rows and 4 columns: {want} in all), got shape {arr.shape}")
-    out, at = [], 0
-    for (r, c), size in zip(shapes, sizes, strict=True):
-        out.append(from_blocked(flat[at:at + size], r, c))
-        at += size
-    return out
 
 
 def _offsets(offs: Any, form: str) -> np.ndarray:
@@ -79,6 +59,19 @@ def _offsets(offs: Any, form: str) -> np.ndarray:
     if np.any(sizes < 0):
         raise ValueError(f"offs: expected non-decreasing non-negative group ends, got {o.tolist()}")
     return sizes
+
+
+def blocked_2d_3d(p: Problem, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A ragged-M (2d-3d) problem's block scales as torch's grouped kernels take them: ``scale_a`` the groups'
+    padded swizzled blocks stacked by rows (``[sum of padded rows, padded k-blocks]``), ``scale_b`` one flat
+    padded swizzled block per group (``[G, padded N * padded k-blocks]``)."""
+    g = p.num_groups
+    lhs = [p.scales_of("lhs", i) for i in range(g)]
+    width = round_up(p.lhs_quant.scale_shape(p.m, p.k)[1], 4)
+    rows = sum(blocked_shape(s.shape[0], 1)[0] for s in lhs)
+    sb = np.stack([join_blocked([p.scales_of("rhs", i)], dtype) for i in range(g)]) if g else \
+        np.zeros((0, width * round_up(p.n, 128)), dtype)
+    return join_blocked(lhs, dtype).reshape(rows, width), sb
 
 
 def _expect(arr: np.ndarray, shape: tuple[int, ...], name: str) -> None:
@@ -176,21 +169,15 @@ class _ScaledGroupedMM(Convention):
         return None
 
     def _mx_arguments(self, p: Problem) -> tuple[np.ndarray, np.ndarray]:
-        g = p.num_groups
-        lhs = [p.scales_of("lhs", i) for i in range(g)]
-        rhs = [p.scales_of("rhs", i) for i in range(g)]
-        def joined(blocks: list[np.ndarray]) -> np.ndarray:
-            return np.concatenate([to_blocked(s) for s in blocks]) if blocks else np.zeros(0, E8M0)
-
         if p.family == "ragged_m":
-            width = round_up(-(-p.k // MX_BLOCK), 4)
-            rows = sum(blocked_shape(s.shape[0], 1)[0] for s in lhs)
-            sb = np.stack([to_blocked(s) for s in rhs]) if g else np.zeros((0, width * round_up(p.n, 128)), E8M0)
-            return joined(lhs).reshape(rows, width), sb
+            return blocked_2d_3d(p, E8M0)
         # 2d-2d: each group's [M, k_g / 32] (and [N, k_g / 32]) block, padded and swizzled, one after the other,
         # viewed as [round_up(M, 128), the groups' padded columns]
+        lhs = [p.scales_of("lhs", i) for i in range(p.num_groups)]
+        rhs = [p.scales_of("rhs", i) for i in range(p.num_groups)]
         cols = sum(blocked_shape(1, s.shape[1])[1] for s in lhs)
-        return (joined(lhs).reshape(round_up(p.m, 128), cols), joined(rhs).reshape(round_up(p.n, 128), cols))
+        return (join_blocked(lhs, E8M0).reshape(round_up(p.m, 128), cols),
+                join_blocked(rhs, E8M0).reshape(round_up(p.n, 128), cols))
 
     def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
         gs = base.sizes32(p)
@@ -296,20 +283,14 @@ class _ScaledGroupedMMv2(Convention):
                                 f"{glob.shape}")
             parts[name] = (blocks, glob)
         kb = k // NV_BLOCK
-        ls = group_blocks("scale_a[0]", parts["scale_a"][0], [(int(m), kb) for m in sizes], rows_first=True)
-        rs = group_blocks("scale_b[0]", parts["scale_b"][0], [(n, kb)] * g, rows_first=True)
+        ls = group_blocks("scale_a[0]", parts["scale_a"][0], [(int(m), kb) for m in sizes], True, "NVFP4 block")
+        rs = group_blocks("scale_b[0]", parts["scale_b"][0], [(n, kb)] * g, True, "NVFP4 block")
         return Problem("ragged_m", a, b, sizes, rhs_transposed=True, out_dtype=out, convention=self.name,
                        **self.policies("ragged_m"), lhs_quant=NVFP4_GLOBAL, lhs_scales=ls, rhs_quant=NVFP4_GLOBAL,
                        rhs_scales=rs, lhs_global=parts["scale_a"][1], rhs_global=parts["scale_b"][1])
 
     def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        g, kb = p.num_groups, p.k // NV_BLOCK
-        lhs = [p.scales_of("lhs", i) for i in range(g)]
-        rows = sum(blocked_shape(s.shape[0], 1)[0] for s in lhs)
-        width = round_up(kb, 4)
-        sa = (np.concatenate([to_blocked(s) for s in lhs]) if lhs else np.zeros(0, E4M3)).reshape(rows, width)
-        sb = np.stack([to_blocked(p.scales_of("rhs", i)) for i in range(g)]) if g else \
-            np.zeros((0, width * round_up(p.n, 128)), E4M3)
+        sa, sb = blocked_2d_3d(p, E4M3)
         mat_b = np.swapaxes(pack_fp4(p.rhs), 1, 2)  # [G, K/2, N], a transposed view as torch wants it
         recipe = list(_NVFP4_RECIPE)
         return ((pack_fp4(p.lhs), mat_b, [sa, np.array(p.lhs_global)], recipe, [sb, np.array(p.rhs_global)], recipe),

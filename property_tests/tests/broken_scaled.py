@@ -381,8 +381,7 @@ def _nvfp4_v2(mat_a, mat_b, scale_a, scale_b, offs, *, first_global=False):
     (``first_global``: group 0's globals for every group, a per-tensor global broadcast over the groups)."""
     from gmm_kernels.convert import to_torch
     from gmm_ref import as_numpy, round_to
-    from gmm_ref.conventions.torch_scaled import group_blocks
-    from gmm_ref.scale_layouts import unpack_fp4
+    from gmm_ref.scale_layouts import group_blocks, unpack_fp4
 
     a = unpack_fp4(as_numpy(mat_a)).astype(np.float64)
     b = unpack_fp4(np.swapaxes(as_numpy(mat_b), 1, 2)).astype(np.float64)  # [G, N, K]
