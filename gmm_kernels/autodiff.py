@@ -3,6 +3,12 @@
 The kernel function takes its convention's arguments in its framework; the
 gradients are taken w.r.t. the two operands (the first two positional
 arguments) and, where the convention has one, the existing output.
+
+jax decides whether a function has a gradient while tracing, from the
+arguments' shapes and dtypes and the static arguments alone, so a signature
+found without one is remembered and declined at once the next time: raising
+through jax's traceback filtering costs about 20 ms an attempt, most of the
+time a check of a kernel without that gradient would spend.
 """
 
 from __future__ import annotations
@@ -18,6 +24,25 @@ from gmm_ref.conventions import Convention
 from gmm_ref.dtypes import as_numpy
 
 __all__ = ["vjp"]
+
+# (function, adapter, convention, signature) -> why jax has no gradient there; bounded, cleared when full
+_NO_JAX_GRADIENT: dict[tuple[Any, ...], str] = {}
+_MEMO_LIMIT = 4096
+
+
+def _signature(value: Any) -> Any:
+    """What jax traces ``value`` as: an array's shape and dtype, a container's items, else the value."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return ("array", tuple(value.shape), str(value.dtype))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, *map(_signature, value))
+    if isinstance(value, dict):
+        return ("dict", *sorted((k, _signature(v)) for k, v in value.items()))
+    try:
+        hash(value)
+    except TypeError:
+        return ("unhashable", repr(value))
+    return value
 
 
 def vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs: dict, cotangent: Any, *,
@@ -45,6 +70,13 @@ def _jax_vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs
     import jax
     import jax.numpy as jnp
 
+    try:
+        key: tuple[Any, ...] | None = (fn, name, convention.name, _signature(args), _signature(kwargs))
+        hash(key)
+    except TypeError:  # a function or static argument that cannot be a key: nothing is remembered
+        key = None
+    if key is not None and key in _NO_JAX_GRADIENT:
+        raise NotImplementedError(_NO_JAX_GRADIENT[key])
     with jax_x64(uses_64bit(*args, *kwargs.values())):
         a, kw = to_framework("jax", args, kwargs)
         existing = kw.pop(convention.existing_argument, None) if convention.existing_argument else None
@@ -62,7 +94,12 @@ def _jax_vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs
         except (NotImplementedError, jax.errors.TracerArrayConversionError,
                 jax.errors.ConcretizationTypeError) as exc:  # not differentiable with jax
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise NotImplementedError(f"{name}: no jax gradient: {first}") from None
+            why = f"{name}: no jax gradient: {first}"
+            if key is not None:
+                if len(_NO_JAX_GRADIENT) >= _MEMO_LIMIT:
+                    _NO_JAX_GRADIENT.clear()
+                _NO_JAX_GRADIENT[key] = why
+            raise NotImplementedError(why) from None
         return {n: as_numpy(c) for n, c in zip(names, cts, strict=True)}
 
 

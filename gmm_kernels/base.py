@@ -263,6 +263,11 @@ class KernelAdapter:
     def _strategy_options(self) -> dict[str, Any]:
         return {}
 
+    def option_refusal(self, option: str) -> str | None:
+        """Why the kernel takes none of what the strategy option ``option`` (``"sharding"``,
+        ``"existing_out"``) draws, where its strategy options turn it off; else None."""
+        return None
+
     # ---------------------------------------------------------------- running
     def call(self, *args: Any, **kwargs: Any) -> Any:
         """Run the kernel on its convention's arguments (NumPy); return its output."""

@@ -29,6 +29,14 @@ from gmm_ref import Problem
 
 __all__ = ["EjkernelGroupedMatmul"]
 
+# implementation -> strategy option -> why that implementation takes none of what the option draws
+_OPTIONS_REFUSED = {
+    "xla": {"sharding": "ejkernel XLA grouped_matmul fails with group_offset (TypeError: unhashable jax array)",
+            "existing_out": ("ejkernel XLA grouped_matmul adds existing_out (out = result + existing_out); "
+                             "the megablox convention overwrites")},
+    "pallas_v2": {"existing_out": "ejkernel grouped_matmulv2 raises NotImplementedError for existing_out"},
+}
+
 _KERNELS = {
     "xla": ("ejkernel.kernels._xla.grouped_matmul", "grouped_matmul"),
     "pallas": ("ejkernel.kernels._pallas.tpu.grouped_matmul", "grouped_matmul"),
@@ -82,15 +90,19 @@ class EjkernelGroupedMatmul(VariantAdapter):
         return None
 
     def _refusal(self, problem: Problem) -> str | None:
-        if self.implementation == "xla":
-            if problem.group_offset != 0 or problem.num_local_groups != problem.num_groups:
-                return "ejkernel XLA grouped_matmul fails with group_offset (TypeError: unhashable jax array)"
-            if problem.existing_out is not None:
-                return ("ejkernel XLA grouped_matmul adds existing_out (out = result + existing_out); "
-                        "the megablox convention overwrites")
-        if self.implementation == "pallas_v2" and problem.existing_out is not None:
-            return "ejkernel grouped_matmulv2 raises NotImplementedError for existing_out"
+        if problem.group_offset != 0 or problem.num_local_groups != problem.num_groups:
+            return self.option_refusal("sharding")
+        if problem.existing_out is not None:
+            return self.option_refusal("existing_out")
         return None
+
+    def option_refusal(self, option: str) -> str | None:
+        return _OPTIONS_REFUSED.get(self.implementation, {}).get(option)
+
+    def _strategy_options(self) -> dict[str, Any]:
+        """What :meth:`_refusal` declines, left out of the designs (so no draw is spent on it, and the
+        modes that need it say why they do not apply)."""
+        return dict.fromkeys(_OPTIONS_REFUSED.get(self.implementation, {}), False)
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
              tiling: Any = (128, 128, 128), group_offset: Any = None, existing_out: Any = None,

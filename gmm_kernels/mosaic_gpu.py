@@ -74,8 +74,8 @@ class MosaicGpuRaggedDot(KernelAdapter):
         """M/K/N multiples of 8 (no partial blocks), G >= 2 (G = 1 kills the interpreted
         process), no tail: rows past sum(group_sizes) are never written, where the
         ragged_dot convention zeroes them, and no zero extent (an empty grid raises)."""
-        return {"shapes": ((32, 32, 32), (64, 16, 32)), "min_groups": 2, "max_groups": 4, "allow_tail": False,
-                "zero_extents": ()}
+        return {"multiple_of": {"m": 8, "k": 8, "n": 8}, "max_extent": 64, "min_groups": 2, "max_groups": 4,
+                "allow_tail": False, "zero_extents": ()}
 
     def large_refusal(self) -> str | None:
         if _native():

@@ -213,9 +213,15 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
         if seed is not None or derandomized:
             cell_seed = zlib.crc32(f"{cc.family} {cc.cell.describe()}".encode()) ^ (seed or 0) ^ i
             # the settings go on after the seed: @seed drops any database the settings under it named
-            prop = _settings(profile, n, seeded=True, database=database)(hypothesis_seed(cell_seed)(prop))
+            cell_settings = _settings(profile, n, seeded=True, database=database)
+            prop = cell_settings(hypothesis_seed(cell_seed)(prop))
         else:
-            prop = _settings(profile, n, seeded=False, database=database)(prop)
+            cell_settings = _settings(profile, n, seeded=False, database=database)
+            prop = cell_settings(prop)
+        if cell_settings.database is None:
+            # no database: Hypothesis would still digest the property's source (tokenizing it) for a key
+            # it never uses, a few ms in every cell; None is the key it takes when there is nothing to key
+            prop._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
         try:
             prop()
         except InvalidArgument as exc:

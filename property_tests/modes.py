@@ -94,6 +94,27 @@ def _dtypes(mode_dtypes: Any, adapter: KernelAdapter) -> Any:
     return narrowed
 
 
+def _has_gradient(adapter: KernelAdapter) -> bool:
+    """False where the adapter can say up front that it has no gradient (so no problem is drawn for it)."""
+    if type(adapter).vjp is not KernelAdapter.vjp:
+        return True
+    try:
+        return adapter.differentiable_fn() is not None
+    except ImportError:  # its framework is missing: the check says so elsewhere
+        return True
+
+
+def _takes_another_output(adapter: KernelAdapter, dtypes: Any) -> None:
+    """Raise :class:`Unsupported` naming why, when the kernel returns no dtype other than its input's."""
+    pairs = adapter.spec.dtype_pairs if dtypes is None else dtypes
+    if any(str(i) != str(o) for i, o in pairs):
+        return
+    refused = (adapter.dtype_refusal(i, i, o) for i, o in adapter.spec.dtype_pairs if str(i) != str(o))
+    reason = next((r for r in refused if r is not None), None)
+    if reason is not None:  # else the strategies say that the convention has no such pair
+        raise Unsupported(f"{adapter.name} returns no dtype other than its input's: {reason}")
+
+
 def mode_strategy(adapter: KernelAdapter, mode: Mode | str, family: str | None = None) -> st.SearchStrategy:
     """Problems in ``adapter``'s convention for ``mode``, within what the kernel declares it takes."""
     return gst.problems(**mode_arguments(adapter, mode, family))
@@ -116,14 +137,22 @@ def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None 
     if mode.name == "grad" and adapter.spec.quantizations:
         raise Unsupported(f"{adapter.convention} takes quantized operands: codes have no gradient (a quantized "
                           "layer's backward is its own scaled GEMM)")
+    if mode.name == "grad" and not _has_gradient(adapter):
+        raise Unsupported(f"{adapter.name}: no reverse-mode gradient in this adapter")
     kwargs = dict(mode.options)
     declared = adapter.strategy_options()
+    for option, what in (("sharding", "sharded groups (group_offset)"), ("existing_out", "an existing output")):
+        if kwargs.get(option) and declared.get(option) is False:
+            why = adapter.option_refusal(option)
+            raise Unsupported(f"{adapter.name} takes no {what}" + (f": {why}" if why else ""))
     # group counts: the mode's range narrowed to what the kernel takes; dtypes: the intersection
     lo = max(kwargs.get("min_groups", 1), declared.pop("min_groups", 1))
     hi = min(kwargs.get("max_groups", 8), declared.pop("max_groups", 1 << 30))
     if lo > hi:
         raise Unsupported(f"{adapter.name} takes at most {hi} groups; the {mode.name} mode needs {lo}")
     dtypes = _dtypes(kwargs.get("dtypes"), adapter)
+    if kwargs.get("vary_out_dtype"):
+        _takes_another_output(adapter, dtypes)
     declared.pop("dtypes", None)
     kwargs.update(declared, min_groups=lo, max_groups=hi)
     if dtypes is not None:

@@ -191,3 +191,53 @@ def test_ragged_dot_vjp_broken_is_rejected():
     assert info.value.groups[:1] == (0,)
     with pytest.raises(gmm_ref.Mismatch):
         gmm_ref.assert_matches_reference(got["rhs"], grads.rhs)
+
+
+# ---------------------------------------------------------------- a signature without a gradient
+def test_a_signature_without_a_jax_gradient_is_declined_at_once_the_next_time():
+    """jax decides at trace time, from shapes, dtypes and static arguments: a signature found without a
+    gradient is declined again without tracing; another signature is still tried, and a gradient that
+    exists is still taken (and checked)."""
+    import jax
+    from jax import lax
+
+    from gmm_kernels import autodiff
+    from gmm_ref.conventions import get as get_convention
+
+    traced = []
+
+    @jax.custom_vjp
+    def odd_k_has_no_gradient(lhs, rhs, gs):
+        return lax.ragged_dot(lhs, rhs, gs)
+
+    def fwd(lhs, rhs, gs):
+        traced.append(lhs.shape)
+        if lhs.shape[1] % 2:
+            raise NotImplementedError("no gradient for an odd K")
+        return lax.ragged_dot(lhs, rhs, gs), (lhs, rhs, gs)
+
+    def bwd(res, ct):
+        lhs, rhs, gs = res
+        _, pullback = jax.vjp(lambda a, b: lax.ragged_dot(a, b, gs), lhs, rhs)
+        return (*pullback(ct), None)
+
+    odd_k_has_no_gradient.defvjp(fwd, bwd)
+    spec = get_convention("ragged_dot")
+    rng = np.random.default_rng(0)
+
+    def attempt(k, sizes):
+        lhs, rhs = rng.standard_normal((6, k)).astype(np.float32), rng.standard_normal((2, k, 3)).astype(np.float32)
+        p = gmm_ref.Problem("ragged_m", lhs, rhs, np.array(sizes), out_dtype=np.float32, convention="ragged_dot")
+        ct = rng.standard_normal((6, 3)).astype(np.float32)
+        got = autodiff.vjp(odd_k_has_no_gradient, spec, (lhs, rhs, np.array(sizes, np.int32)), {}, ct, name="odd")
+        gmm_ref.assert_matches_reference(got["lhs"], gradients(p, ct).lhs)
+
+    for sizes in ([3, 3], [6, 0]):
+        with pytest.raises(NotImplementedError, match="odd: no jax gradient: no gradient for an odd K"):
+            attempt(5, sizes)
+    assert traced == [(6, 5)]  # the second size vector of the same signature was not traced again
+    attempt(4, [2, 4])
+    assert traced == [(6, 5), (6, 4)]
+    with pytest.raises(NotImplementedError):
+        attempt(7, [1, 5])
+    assert traced[-1] == (6, 7)
