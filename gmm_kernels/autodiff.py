@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels.convert import jax_x64, to_framework, to_torch, uses_64bit
+from gmm_kernels.convert import device_array, jax_x64, to_framework, to_torch, uses_64bit
 from gmm_ref import Mismatch
 from gmm_ref.conventions import Convention
 from gmm_ref.dtypes import as_numpy
@@ -68,7 +68,6 @@ def _same_shape(out: Any, cotangent: Any, name: str) -> None:
 def _jax_vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs: dict, cotangent: Any,
              name: str) -> dict[str, np.ndarray]:
     import jax
-    import jax.numpy as jnp
 
     try:
         key: tuple[Any, ...] | None = (fn, name, convention.name, _signature(args), _signature(kwargs))
@@ -90,7 +89,7 @@ def _jax_vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs
         try:
             out, pullback = jax.vjp(f, *primals)
             _same_shape(out, cotangent, name)
-            cts = pullback(jnp.asarray(np.asarray(cotangent)).astype(out.dtype))
+            cts = pullback(device_array(np.asarray(cotangent).astype(np.dtype(out.dtype))))
         except (NotImplementedError, jax.errors.TracerArrayConversionError,
                 jax.errors.ConcretizationTypeError) as exc:  # not differentiable with jax
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -18,6 +18,7 @@ import numpy as np
 from gmm_ref import RaggedDotDimensionNumbers
 
 __all__ = [
+    "device_array",
     "jax_group_offset",
     "jax_x64",
     "lax_dimension_numbers",
@@ -68,11 +69,23 @@ def to_torch(x: Any) -> Any:
 
 def to_jax(x: Any) -> Any:
     """NumPy arrays to jax arrays (None and non-arrays pass through)."""
-    import jax.numpy as jnp
+    if isinstance(x, np.ndarray):
+        return device_array(x)
+    return x
+
+
+def device_array(x: Any) -> Any:
+    """``x`` as a jax array. A NumPy array goes through ``jax.device_put``: ``jnp.asarray`` of one
+    runs an identity program (``jit(stage)``) that jax compiles once per shape and dtype, about 12 ms
+    a new shape and as many compilations as the kernel's own. Anything else goes through ``jnp.asarray``
+    (a Python scalar stays weakly typed)."""
+    import jax
 
     if isinstance(x, np.ndarray):
-        return jnp.asarray(x)
-    return x
+        return jax.device_put(x)
+    import jax.numpy as jnp
+
+    return jnp.asarray(x)
 
 
 def lax_dimension_numbers(dn: Any) -> Any:
@@ -99,11 +112,9 @@ def jax_group_offset(go: Any) -> Any:
     megablox ``gmm`` raises for any other shape, and ``tgmm`` fails inside its
     index maps for a (1,)-shaped one.
     """
-    import jax.numpy as jnp
-
     if go is None:
         return None
-    return jnp.asarray(np.asarray(go, np.int32).reshape(()))
+    return device_array(np.asarray(go, np.int32).reshape(()))
 
 
 def _to_jax_value(v: Any) -> Any:

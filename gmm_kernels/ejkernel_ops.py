@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from gmm_kernels.base import VariantAdapter
-from gmm_kernels.convert import jax_group_offset, jax_x64, uses_64bit
+from gmm_kernels.convert import device_array, jax_group_offset, jax_x64, uses_64bit
 from gmm_ref import Problem
 
 __all__ = ["EjkernelGroupedMatmul"]
@@ -107,18 +107,18 @@ class EjkernelGroupedMatmul(VariantAdapter):
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
              tiling: Any = (128, 128, 128), group_offset: Any = None, existing_out: Any = None,
              transpose_rhs: bool = False) -> np.ndarray:
-        import jax.numpy as jnp
 
         ped = np.dtype(preferred_element_type)
         with jax_x64(uses_64bit(lhs, rhs, ped)):
             kw: dict[str, Any] = dict(
                 preferred_element_type=ped, tiling=tuple(int(t) for t in tiling),
                 group_offset=jax_group_offset(group_offset),
-                existing_out=None if existing_out is None else jnp.asarray(existing_out),
+                existing_out=None if existing_out is None else device_array(np.asarray(existing_out)),
                 transpose_rhs=bool(transpose_rhs),
             )
             if self.implementation != "xla":
                 kw["interpret"] = True
             out = _kernel(self.implementation)(
-                jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(np.asarray(group_sizes, np.int32)), **kw)
+                device_array(np.asarray(lhs)), device_array(np.asarray(rhs)),
+                device_array(np.asarray(group_sizes, np.int32)), **kw)
             return np.asarray(out)

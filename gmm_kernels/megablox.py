@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gmm_kernels.base import KernelAdapter
-from gmm_kernels.convert import jax_group_offset
+from gmm_kernels.convert import device_array, jax_group_offset
 from gmm_kernels.known_issues import MEGABLOX_EXISTING_OUT_GRAD
 from gmm_kernels.scope import KnownIssue
 from gmm_ref import Problem
@@ -39,17 +39,16 @@ def ops_module() -> Any:
 
 
 def _jax_or_none(x: Any) -> Any:
-    import jax.numpy as jnp
 
-    return None if x is None else jnp.asarray(x)
+    return None if x is None else device_array(np.asarray(x))
 
 
 def _static_args(lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any, tiling: Any,
                  group_offset: Any) -> tuple:
     """The leading arguments gmm and tgmm share, as megablox takes them."""
-    import jax.numpy as jnp
 
-    return (jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(np.asarray(group_sizes, np.int32)),
+    return (device_array(np.asarray(lhs)), device_array(np.asarray(rhs)),
+            device_array(np.asarray(group_sizes, np.int32)),
             np.dtype(preferred_element_type), tuple(int(t) for t in tiling), jax_group_offset(group_offset))
 
 
@@ -128,24 +127,23 @@ def gmm_grads(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any, *,
     0 (upstream bug, see :attr:`MegabloxGmm.known_gradient_issues`).
     """
     import jax
-    import jax.numpy as jnp
 
     ops = ops_module()
-    gs = jnp.asarray(np.asarray(group_sizes, np.int32))
+    gs = device_array(np.asarray(group_sizes, np.int32))
     go = jax_group_offset(group_offset)
     ped = np.dtype(preferred_element_type)
     tl = tuple(int(t) for t in tiling)
     tr = bool(transpose_rhs)
-    primals = [jnp.asarray(lhs), jnp.asarray(rhs)]
+    primals = [device_array(np.asarray(lhs)), device_array(np.asarray(rhs))]
     if existing_out is not None:
-        primals.append(jnp.asarray(existing_out))
+        primals.append(device_array(np.asarray(existing_out)))
 
     def f(a: Any, b: Any, ex: Any = None) -> Any:
         # ops.gmm = custom_vjp(backend.gmm, nondiff_argnums=(3, 4, 7, 8)): positional call.
         return ops.gmm(a, b, gs, ped, tl, go, ex, tr, True)
 
     out, pullback = jax.vjp(f, *primals)
-    grads = pullback(jnp.asarray(cotangent, dtype=out.dtype))
+    grads = pullback(device_array(np.asarray(cotangent).astype(np.dtype(out.dtype))))
     result = {"out": np.asarray(out), "lhs": np.asarray(grads[0]), "rhs": np.asarray(grads[1])}
     if existing_out is not None:
         result["existing_out"] = np.asarray(grads[2])

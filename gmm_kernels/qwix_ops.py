@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gmm_kernels.base import KernelAdapter, VariantAdapter, import_failure
+from gmm_kernels.convert import device_array
 from gmm_kernels.known_issues import xla_nan_leak_issues
 from gmm_kernels.scope import Scope
 from gmm_ref import AmaxQuantizer, Numerics, Problem
@@ -29,9 +30,7 @@ __all__ = ["QwixRaggedDot", "QwixRaggedDotQt", "as_qarray", "qwix_qt_format", "t
 
 def to_jax(x: Any) -> Any:
     """An operand of the ``qwix.ragged_dot`` convention (an array, or ``QArrayArgs`` codes and scales) as jax."""
-    import jax.numpy as jnp
-
-    return tuple(jnp.asarray(v) for v in x) if isinstance(x, tuple) else jnp.asarray(x)
+    return tuple(device_array(v) for v in x) if isinstance(x, tuple) else device_array(x)
 
 
 def as_qarray(x: Any, zero_point: bool = False) -> Any:
@@ -92,13 +91,12 @@ class QwixRaggedDot(VariantAdapter):
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None, preferred_element_type: Any = None,
              group_offset: Any = None) -> Any:
-        import jax.numpy as jnp
 
         if precision is not None or group_offset is not None:
             raise ValueError("this adapter runs the default precision and no group_offset")
         fn = _jitted(None if preferred_element_type is None else np.dtype(preferred_element_type),
                      self.implementation == "slow")
-        return np.asarray(fn(to_jax(lhs), to_jax(rhs), jnp.asarray(np.asarray(group_sizes, np.int32))))
+        return np.asarray(fn(to_jax(lhs), to_jax(rhs), np.asarray(group_sizes, np.int32)))
 
 
 #: qwix's dynamic quantization of bfloat16 operands for ``ragged_dot_qt`` (``qarray.quantize`` with absmax
@@ -155,9 +153,8 @@ class QwixRaggedDotQt(KernelAdapter):
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None, preferred_element_type: Any = None
              ) -> Any:
-        import jax.numpy as jnp
 
         if precision is not None:
             raise ValueError("this adapter runs the default precision")
         fn = _jitted_qt(None if preferred_element_type is None else np.dtype(preferred_element_type))
-        return np.asarray(fn(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(np.asarray(group_sizes, np.int32))))
+        return np.asarray(fn(np.asarray(lhs), np.asarray(rhs), np.asarray(group_sizes, np.int32)))

@@ -132,9 +132,8 @@ class TokamaxQArrayRaggedDot(KernelAdapter):
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None, preferred_element_type: Any = None,
              group_offset: Any = None) -> np.ndarray:
-        import jax.numpy as jnp
 
         if precision is not None or group_offset is not None:
             raise ValueError("this adapter runs the default precision and no group_offset")
         ped = None if preferred_element_type is None else np.dtype(preferred_element_type)
-        return np.asarray(_jitted_qarray(ped)(to_jax(lhs), to_jax(rhs), jnp.asarray(np.asarray(group_sizes, np.int32))))
+        return np.asarray(_jitted_qarray(ped)(to_jax(lhs), to_jax(rhs), np.asarray(group_sizes, np.int32)))
