@@ -210,15 +210,25 @@ def shardings(
 
 
 # ------------------------------------------------------------ one relation
+@functools.lru_cache(maxsize=4096)
+def _cut_lists(total: int, n: int, tile: int) -> SearchStrategy[list[int]]:
+    """``n`` cut points in ``[0, total]``, each a tile edge +- 1 or any."""
+    edges = [e for e in _edges(total, tile) if 0 <= e <= total] or [0]
+    return st.lists(st.one_of(st.sampled_from(edges), st.integers(0, total)), min_size=n, max_size=n)
+
+
+@functools.lru_cache(maxsize=4096)
+def _one_of_or_any(specials: tuple[int, ...], extent: int) -> SearchStrategy[int]:
+    return st.one_of(st.sampled_from(specials), st.integers(0, extent))
+
+
 def _split(draw: Any, total: int, n: int, tile: int) -> list[int]:
     """``n`` sizes summing to ``total``, cut points biased to tile edges +- 1."""
     if n <= 0:
         return []
     if n == 1:
         return [total]
-    edges = [e for e in _edges(total, tile) if 0 <= e <= total] or [0]
-    cut = st.one_of(st.sampled_from(edges), st.integers(0, total))
-    cuts = sorted(draw(st.lists(cut, min_size=n - 1, max_size=n - 1)) if n <= _LIST_LIMIT + 1 else
+    cuts = sorted(draw(_cut_lists(total, n - 1, tile)) if n <= _LIST_LIMIT + 1 else
                   np.random.default_rng(draw(SEEDS)).integers(0, total + 1, size=n - 1).tolist())
     return [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
 
@@ -228,17 +238,17 @@ def _special(draw: Any, span: str, extent: int, tile: int, first: bool) -> tuple
     last_tile = (extent - 1) // tile
     if span == "edge_off_by_one":
         ends = [e for j in range(1, extent // tile + 2) for e in (j * tile - 1, j * tile + 1) if 1 <= e <= extent]
-        end = draw(st.sampled_from(ends))
-        return (0 if first else draw(st.integers(0, end - 1))), end
-    touch = {"one_tile": 1, "two_tiles": 2}.get(span) or draw(st.sampled_from(list(range(3, last_tile + 2, 2))))
-    i = 0 if first else draw(st.integers(0, last_tile + 1 - touch))
-    a = 0 if first else draw(st.integers(0, tile - 1))
+        end = draw(sampled(tuple(ends)))
+        return (0 if first else draw(integers(0, end - 1))), end
+    touch = {"one_tile": 1, "two_tiles": 2}.get(span) or draw(sampled(tuple(range(3, last_tile + 2, 2))))
+    i = 0 if first else draw(integers(0, last_tile + 1 - touch))
+    a = 0 if first else draw(integers(0, tile - 1))
     start = i * tile + a
     lo = (i + touch - 1) * tile + 1 if touch > 1 else start + 1
     hi = min((i + touch) * tile, extent)
     if start >= extent or lo > hi:  # the drawn start leaves too little: start the group on its tile's edge
         start, lo = i * tile, max((i + touch - 1) * tile + 1, i * tile + 1)
-    return start, draw(st.integers(lo, hi))
+    return start, draw(integers(lo, hi))
 
 
 def _least(span: str, tile: int) -> int:
@@ -253,19 +263,19 @@ def draw_span_sizes(draw: Any, span: str, g: int, extent: int, tile: int, allow_
     allowed and drawn)."""
     least = _least(span, tile)
     if span == "tail":
-        total = draw(st.integers(0, extent - 1))
+        total = draw(integers(0, extent - 1))
     elif span == "full" or not allow_tail:
         total = extent
     else:
-        total = draw(st.sampled_from((extent, draw(st.integers(least, extent)))))
+        total = draw(sampled((extent, draw(integers(least, extent)))))
     if span in ("full", "tail"):
         return _split(draw, total, g, tile)
     if span.startswith("empty_"):
         where = {"empty_first": 0, "empty_last": g - 1}.get(span)
-        where = draw(st.integers(1, g - 2)) if where is None else where
+        where = draw(integers(1, g - 2)) if where is None else where
         rest = _split(draw, total, g - 1, tile)
         return [*rest[:where], 0, *rest[where:]]
-    j = draw(st.integers(0, g - 2))
+    j = draw(integers(0, g - 2))
     start, end = _special(draw, span, total, tile, j == 0)
     return [*_split(draw, start, j, tile), end - start, *_split(draw, total - end, g - 1 - j, tile)]
 
@@ -284,19 +294,19 @@ def serving_end(sizes: list[int], alignment: int) -> int:
 
 def _serving_free(draw: Any, extent: int, tile: int) -> int:
     specials = sorted({v for v in (0, 1, tile - 1, tile, tile + 1, extent - 1, extent) if 0 <= v <= extent})
-    return draw(st.one_of(st.sampled_from(specials), st.integers(0, extent)))
+    return draw(_one_of_or_any(tuple(specials), extent))
 
 
 def _serving_special(draw: Any, span: str, extent: int, tile: int) -> int:
     """The size of a non-final group showing ``span``: touching 1, 2 or an odd number >= 3 of tiles, or one
     row off a tile edge."""
     if span == "edge_off_by_one":
-        return draw(st.sampled_from([v for j in range(extent // tile + 2) for v in (j * tile - 1, j * tile + 1)
-                                     if 1 <= v <= extent]))
+        return draw(sampled(tuple(v for j in range(extent // tile + 2) for v in (j * tile - 1, j * tile + 1)
+                                  if 1 <= v <= extent)))
     touch = {"one_tile": 1, "two_tiles": 2}.get(span)
     if touch is None:
-        touch = draw(st.sampled_from(list(range(3, (extent - 1) // tile + 2, 2))))
-    return draw(st.integers((touch - 1) * tile + 1, min(touch * tile, extent)))
+        touch = draw(sampled(tuple(range(3, (extent - 1) // tile + 2, 2))))
+    return draw(integers((touch - 1) * tile + 1, min(touch * tile, extent)))
 
 
 def draw_serving_sizes(draw: Any, family: str, span: str, g: int, extent: int, tile: int,
@@ -316,23 +326,23 @@ def draw_serving_sizes(draw: Any, family: str, span: str, g: int, extent: int, t
         sizes = [0] * g
         left = extent
         for i in range(g - 1):
-            take = draw(st.integers(0, left // tile)) * tile
+            take = draw(integers(0, left // tile)) * tile
             sizes[i], left = take, left - take
         sizes[-1] = left
         return sizes
     special, where = None, None
     if span.startswith("empty_"):
         where = {"empty_first": 0, "empty_last": g - 1}.get(span)
-        where = draw(st.integers(1, g - 2)) if where is None else where
+        where = draw(integers(1, g - 2)) if where is None else where
         special = 0
     elif span != "tail":
-        where = draw(st.integers(0, g - 2))
+        where = draw(integers(0, g - 2))
         special = _serving_special(draw, span, extent, tile)
     sizes = [_serving_free(draw, extent, tile) for _ in range(g)]
     if where is not None:
         sizes[where] = special
     if span == "tail" and family == "masked":  # some group with rows past its count
-        j = draw(st.integers(0, g - 1))
+        j = draw(integers(0, g - 1))
         sizes[j] = min(sizes[j], extent - 1)
     if family == "padded_contiguous":
         # drop rows from the other groups, last first, until the aligned layout fits
