@@ -51,8 +51,10 @@ class TorchGroupedMM(KernelAdapter):
         """As the base class says; on CPU also an output dtype other than the input's."""
         reason = super().dtype_refusal(lhs, rhs, out)
         if reason is None and dtype_name(out) != dtype_name(lhs):
-            import torch
-
+            try:
+                import torch
+            except ImportError:  # not installed: the adapter is unavailable and says so
+                return None
             if not torch.cuda.is_available():
                 return (f"torch {torch.__version__}'s CPU _grouped_mm refuses out_dtype {dtype_name(out)} for "
                         f"{dtype_name(lhs)} inputs ('Grouped gemm output dtype must match mat_a dtype'); "
