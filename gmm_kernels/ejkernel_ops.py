@@ -90,10 +90,11 @@ class EjkernelGroupedMatmul(VariantAdapter):
         return None
 
     def _refusal(self, problem: Problem) -> str | None:
-        if problem.group_offset != 0 or problem.num_local_groups != problem.num_groups:
-            return self.option_refusal("sharding")
-        if problem.existing_out is not None:
-            return self.option_refusal("existing_out")
+        sharded = problem.group_offset != 0 or problem.num_local_groups != problem.num_groups
+        for option, drawn in (("sharding", sharded), ("existing_out", problem.existing_out is not None)):
+            why = self.option_refusal(option) if drawn else None
+            if why is not None:
+                return why
         return None
 
     def option_refusal(self, option: str) -> str | None:
@@ -107,7 +108,6 @@ class EjkernelGroupedMatmul(VariantAdapter):
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
              tiling: Any = (128, 128, 128), group_offset: Any = None, existing_out: Any = None,
              transpose_rhs: bool = False) -> np.ndarray:
-
         ped = np.dtype(preferred_element_type)
         with jax_x64(uses_64bit(lhs, rhs, ped)):
             kw: dict[str, Any] = dict(

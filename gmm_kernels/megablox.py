@@ -39,14 +39,12 @@ def ops_module() -> Any:
 
 
 def _jax_or_none(x: Any) -> Any:
-
     return None if x is None else device_array(np.asarray(x))
 
 
 def _static_args(lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any, tiling: Any,
                  group_offset: Any) -> tuple:
     """The leading arguments gmm and tgmm share, as megablox takes them."""
-
     return (device_array(np.asarray(lhs)), device_array(np.asarray(rhs)),
             device_array(np.asarray(group_sizes, np.int32)),
             np.dtype(preferred_element_type), tuple(int(t) for t in tiling), jax_group_offset(group_offset))

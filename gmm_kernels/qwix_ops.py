@@ -91,7 +91,6 @@ class QwixRaggedDot(VariantAdapter):
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None, preferred_element_type: Any = None,
              group_offset: Any = None) -> Any:
-
         if precision is not None or group_offset is not None:
             raise ValueError("this adapter runs the default precision and no group_offset")
         fn = _jitted(None if preferred_element_type is None else np.dtype(preferred_element_type),
@@ -153,7 +152,6 @@ class QwixRaggedDotQt(KernelAdapter):
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None, preferred_element_type: Any = None
              ) -> Any:
-
         if precision is not None:
             raise ValueError("this adapter runs the default precision")
         fn = _jitted_qt(None if preferred_element_type is None else np.dtype(preferred_element_type))

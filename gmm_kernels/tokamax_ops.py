@@ -132,7 +132,6 @@ class TokamaxQArrayRaggedDot(KernelAdapter):
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None, preferred_element_type: Any = None,
              group_offset: Any = None) -> np.ndarray:
-
         if precision is not None or group_offset is not None:
             raise ValueError("this adapter runs the default precision and no group_offset")
         ped = None if preferred_element_type is None else np.dtype(preferred_element_type)

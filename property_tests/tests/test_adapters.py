@@ -296,3 +296,16 @@ def test_kernels_without_the_leak_pass_the_same_problem(name):
                             convention=conv, tail="undefined")
     assert not adapter.known_issue("poisoned")
     gmm_ref.assert_matches_reference(adapter.run(p), p, kernel=name)
+
+
+def test_a_refusal_of_one_option_does_not_hide_another():
+    """ejkernel's grouped_matmulv2 takes sharded groups but no existing output: a problem with both is
+    refused for the existing output (a sharded problem must not end the refusal with None)."""
+    v2 = gmm_kernels.get("ejkernel.grouped_matmul[pallas_v2]")
+    rhs = np.ones((2, 8, 8), np.float32)
+    sharded = gmm_ref.Problem("ragged_m", np.ones((8, 8), np.float32), rhs, np.array([4, 0, 4, 0]),
+                              group_offset=2, num_local_groups=2, tiling=(8, 8, 8), convention="megablox.gmm",
+                              tail="undefined")
+    assert v2.supports(sharded) is None
+    why = v2.supports(sharded.replace(existing_out=np.zeros((8, 8), np.float32)))
+    assert why is not None and "NotImplementedError for existing_out" in why, why
