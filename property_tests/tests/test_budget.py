@@ -14,12 +14,14 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 import zlib
 from pathlib import Path
 
 import numpy as np
 
 from gmm_kernels import resolve_kernel
+from property_tests import table
 from property_tests.table import ROUND_SEED_STEP, CellOutcome, run_cell, spend_budget
 from property_tests.tests import broken_kernels
 
@@ -48,7 +50,11 @@ def test_rounds_catch_a_bug_the_default_examples_miss():
     assert failed.details and "wrong" in failed.details[0]  # the full report, with its reproducer
 
 
-def test_rounds_add_examples_to_passed_cells_only_and_stop_at_the_deadline():
+def test_rounds_add_examples_to_passed_cells_only_and_stop_at_the_deadline(monkeypatch):
+    # a clock of our own: each run takes one tick of it, so a deadline 20 ticks away is reached after exactly
+    # 20 runs however busy the machine is (no assertion here depends on real time)
+    clock = [1000]
+    monkeypatch.setattr(table, "time", types.SimpleNamespace(time=lambda: clock[0]))
     done = {("k", "ragged_m", "exact"): CellOutcome("pass (10)", [], 1.0, "cov", 10),
             ("k", "ragged_m", "wide"): CellOutcome("FAIL: group 0", ["report"], 1.0, "", 3),
             ("k", "ragged_m", "sharded"): CellOutcome("n/a: no group_offset", [], 0.0, ""),
@@ -60,11 +66,11 @@ def test_rounds_add_examples_to_passed_cells_only_and_stop_at_the_deadline():
         calls.append((cell[2], seed))
         if cell[2] == "grad" and len([c for c in calls if c[0] == "grad"]) == 2:
             return CellOutcome("FAIL: group 1 (rows [3, 5)): 2 wrong", ["grad report"], 0.5, "", 4)
-        time.sleep(0.05)
+        clock[0] += 1
         return CellOutcome("pass (4)", [], 0.5, "", 4) if cell[2] == "grad" else CellOutcome("pass (10)", [], 0.5,
                                                                                              "cov", 10)
 
-    out = list(spend_budget(done, time.time() + 1.0, run, lambda c: None, seed=7))
+    out = list(spend_budget(done, 1020, run, lambda c: None, seed=7))
     assert {c for c, _ in calls} == {"exact", "grad"}  # failed, n/a and golden cells get no rounds
     assert calls[:2] == [("exact", 7 + ROUND_SEED_STEP), ("grad", 7 + ROUND_SEED_STEP)]  # round 2's seed
     grad = [o for c, o in out if c[2] == "grad"]
@@ -74,8 +80,8 @@ def test_rounds_add_examples_to_passed_cells_only_and_stop_at_the_deadline():
     exact = [o for c, o in out if c[2] == "exact"]
     assert len(exact) > 2 and exact[-1].text == f"pass ({10 * (len(exact) + 1)}; {len(exact) + 1} rounds)"
     assert exact[-1].seconds == 1.0 + 0.5 * len(exact)
-    assert len(exact) < 40  # the deadline stopped it (each round sleeps 0.05 s: about 20 fit in 1 s)
-    assert list(spend_budget(done, time.time() - 1, run, lambda c: None)) == []  # no time left: nothing more
+    assert len(calls) == 21 and len(exact) == 19  # the deadline stopped it: 20 runs of a tick (and the failing one)
+    assert list(spend_budget(done, clock[0] - 1, run, lambda c: None)) == []  # no time left: nothing more
 
 
 KERNELS = textwrap.dedent('''

@@ -118,15 +118,34 @@ def test_a_gradient_failure_names_the_gradient():
     assert result.status is Status.FAILED and result.detail.startswith("d/drhs: group "), result.detail
 
 
+def _counting(fn):
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(1)
+        return fn(*args, **kwargs)
+
+    return kernel, calls
+
+
 def test_the_same_exception_is_reported_once_and_the_run_moves_on():
-    report = check_kernel(bk.ragged_dot_always_raises, convention="ragged_dot", raise_on_failure=False,
+    # "not shrunk again" is counted in kernel calls, not seconds: a mode that only repeats a reported
+    # exception calls the kernel once per example it names, with no shrinking calls on top
+    alone, alone_calls = _counting(bk.ragged_dot_always_raises)
+    check_kernel(alone, convention="ragged_dot", raise_on_failure=False, modes=["exact"])
+    kernel, calls = _counting(bk.ragged_dot_always_raises)
+    report = check_kernel(kernel, convention="ragged_dot", raise_on_failure=False,
                           modes=["exact", "normal", "wide", "all_empty"])
     first, *rest = report
     assert first.detail.startswith("TypeError: always_raises: unsupported argument combination [on ragged_m ")
     assert "group_sizes=[" in first.detail  # the problem that provoked it
+    examples = 0
     for r in rest:
-        assert r.status is Status.FAILED and re.match(r"raised again in (\d+) of \1 examples, as in exact", r.detail), r
-        assert r.seconds < first.seconds + 5  # not shrunk again
+        found = re.match(r"raised again in (\d+) of \1 examples, as in exact", r.detail)
+        assert r.status is Status.FAILED and found, r
+        examples += int(found.group(1))
+    assert len(alone_calls) > 1  # the first report was shrunk (the derandomized exact mode calls alike)
+    assert len(calls) - len(alone_calls) == examples  # the other modes: one call per example, none shrinking
     assert "always_raises: unsupported" in rest[0].detail
 
 
