@@ -5,6 +5,8 @@
 - :mod:`golden.store`: a directory of hashed ``.npz`` files and a manifest,
   written atomically;
 - :mod:`golden.judge`: kernels against the goldens (:func:`check_goldens`);
+- :mod:`golden.staleness`: goldens made from another version of their case,
+  and the commands that remake every golden of a case;
 - :mod:`golden.regeneration`, :mod:`golden.verification`, :mod:`golden.cli`
   (``python -m golden``, from any working directory).
 

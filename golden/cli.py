@@ -23,8 +23,9 @@ from gmm_kernels import Scope, load_object, resolve_kernel
 from gmm_kernels.scope import parse_numerics
 from golden.case import Case, GoldenError, select
 from golden.cases import CASES
-from golden.judge import check_goldens
+from golden.judge import check_goldens, out_of_scope
 from golden.regeneration import regenerate
+from golden.staleness import by_convention, contents
 from golden.store import PROG, GoldenStore, corpus_of, default_directory, read_manifest
 from golden.verification import verify
 
@@ -86,6 +87,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     sp.add_argument("--wait", type=float, default=600.0,
                     help="seconds to wait for another regeneration's lock on the directory (0: do not wait)")
     sp.add_argument("--store-inputs", action="store_true", help="also store the (recomputable) inputs")
+    sp.add_argument("--drop-stale", action="store_true",
+                    help="remove the kernel goldens of the selected cases made from another version of their case")
     common(sub.add_parser("verify", help="hashes, manifest consistency, reference reproduces its goldens"))
     sp = sub.add_parser("check", help="kernels against the goldens of their convention")
     common(sp)
@@ -106,34 +109,68 @@ def _kernel(args: argparse.Namespace) -> Any:
     return kernel
 
 
-def _check(args: argparse.Namespace, directory: Path) -> tuple[int, str]:
+def _nothing_checked(kernel: Any, directory: Path, cases: str | None, results: list[Any]) -> str:
+    """Why a check checked nothing: what the directory holds, and what the kernel would need."""
+    store = GoldenStore(directory)
+    if not store.manifest_path.exists():
+        return f"{directory} has no manifest.json: no golden there"
+    held = contents(store.manifest()["cases"])
+    sel = f" matching --cases {cases}" if cases else ""
+    if results:
+        who = f"{kernel.name}'s scope" if kernel is not None else "the scope of every kernel here"
+        reasons = out_of_scope(results).partition(": ")[2]
+        return f"all {len(results)} golden case(s){sel} in {directory} are out of {who}: {reasons}"
+    if kernel is None:
+        return f"no kernel here has goldens of its convention{sel} in {directory} (it holds {held})"
+    return f"{directory} holds {held}; none{sel} of {kernel.name}'s convention, {kernel.convention}"
+
+
+def _check(args: argparse.Namespace, directory: Path, corpus: list[Case] | None, where: str, prog: str
+           ) -> tuple[int, str]:
+    """Exit 1 if a case failed, 2 if nothing was checked (no golden of the kernel's convention, or every one out
+    of its scope): checking nothing is an error, as in the main job."""
     import gmm_kernels
 
     kernel = _kernel(args)
     kernels = [kernel] if kernel is not None else gmm_kernels.registry()
     require_own = bool(args.kernel_version)
-    results = [r for k in kernels for r in check_goldens(k, directory, cases=args.cases, require_own=require_own)]
-    text = "\n".join(r.line() for r in results) or "no kernel has goldens of its convention here"
+    results = [r for k in kernels for r in check_goldens(k, directory, cases=args.cases, require_own=require_own,
+                                                          corpus=corpus, where=where)]
     counts = {s: sum(r.status is s for r in results) for s in gmm_kernels.Status}
+    if len(results) == counts[gmm_kernels.Status.UNSUPPORTED]:
+        why = _nothing_checked(kernel, directory, args.cases, results)
+        return 2, "".join(r.line() + "\n" for r in results) + f"{prog} check: error: nothing checked: {why}"
+    text = "\n".join(r.line() for r in results)
     text += "\n" + ", ".join(f"{v} {s.name.lower().replace('_', ' ')}" for s, v in counts.items())
+    scope = out_of_scope(results)
+    text += f" ({scope})" if scope else ""
     return (1 if counts[gmm_kernels.Status.FAILED] else 0), text
+
+
+def _list(args: argparse.Namespace, corpus: list[Case] | None, directory: Path) -> tuple[int, str]:
+    if corpus is None and not directory.is_dir():
+        raise GoldenError(f"--dir {directory}: no such directory")
+    cor = corpus if corpus is not None else load_corpus(str(directory))
+    chosen = [c for c in cor if c.name in set(select([c.name for c in cor], args.cases))]
+    if args.cases and not chosen:
+        raise GoldenError(f"--cases {args.cases} matches no case (the corpus holds "
+                          f"{by_convention(c.convention for c in cor)})")
+    lines = [f"{c.name:<44} {c.convention:<18} {c.family:<9} {c.dtype:<9} {' '.join(c.tags)}" for c in chosen]
+    print(summary(chosen), file=sys.stderr)
+    return 0, "\n".join(lines)
 
 
 def _run(args: argparse.Namespace, corpus: list[Case] | None, directory: Path, where: str, prog: str
          ) -> tuple[int, str]:
     if args.cmd == "list":
-        cor = corpus if corpus is not None else load_corpus(str(directory))
-        chosen = [c for c in cor if c.name in set(select([c.name for c in cor], args.cases))]
-        lines = [f"{c.name:<44} {c.convention:<18} {c.family:<9} {c.dtype:<9} {' '.join(c.tags)}" for c in chosen]
-        print(summary(chosen), file=sys.stderr)
-        return 0, "\n".join(lines)
+        return _list(args, corpus, directory)
     if args.cmd == "regenerate":
         return regenerate(corpus, directory, kernel=_kernel(args), convention=args.convention, cases=args.cases,
                           update=args.update, store_inputs=args.store_inputs, command=prog, where=where,
-                          wait=args.wait)
+                          wait=args.wait, drop_stale=args.drop_stale)
     if args.cmd == "verify":
         return verify(directory, corpus, cases=args.cases, command=prog, where=where)
-    return _check(args, directory)
+    return _check(args, directory, corpus, where, prog)
 
 
 def main(argv: Sequence[str] | None = None, *, corpus: Sequence[Case] | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,8 +21,9 @@ from gmm_kernels import FunctionAdapter, KernelAdapter, Result, Status, resolve_
 from gmm_kernels.repro import locate
 from gmm_ref import dtypes as _dt
 from gmm_ref.compare import group_span, groups_of
-from golden.case import GoldenError, build_problem, select
+from golden.case import Case, GoldenError, build_problem, select
 from golden.producers import kernel_producer
+from golden.staleness import case_now, fix_commands, spec_diff, stale_keys
 from golden.store import (
     PROG,
     REFERENCE,
@@ -33,7 +35,7 @@ from golden.store import (
     producer_key,
 )
 
-__all__ = ["bits", "check_goldens", "describe_bad", "drift"]
+__all__ = ["bits", "check_goldens", "describe_bad", "drift", "out_of_scope"]
 
 
 def _ordered(a: np.ndarray) -> np.ndarray:
@@ -86,6 +88,15 @@ def describe_bad(p: gmm_ref.Problem, bad: np.ndarray, mask: np.ndarray, actual: 
     at = tuple(int(v) for v in idx[0])
     return (f"{len(idx)} / {int(mask.sum())} defined elements wrong in {text}; "
             f"first at {list(at)}: {_fmt(actual[at])} vs {_fmt(desired[at])}")
+
+
+def out_of_scope(results: Sequence[Result]) -> str:
+    """Which results were out of the kernel's scope (unsupported), each reason with its count, most frequent
+    first: ``7 out of scope: 4 x REASON; 3 x REASON`` (empty when none was)."""
+    reasons = Counter(r.detail or "unsupported" for r in results if r.status is Status.UNSUPPORTED)
+    if not reasons:
+        return ""
+    return f"{sum(reasons.values())} out of scope: " + "; ".join(f"{n} x {why}" for why, n in reasons.most_common())
 
 
 def _failed(kernel: str, case: str, detail: str, criterion: str, message: str = "") -> Result:
@@ -146,16 +157,40 @@ def _regenerate_command(k: KernelAdapter, store: GoldenStore) -> str:
     return " ".join(parts)
 
 
+def _where(store: GoldenStore) -> str:
+    """The ``--dir`` a suggested command needs (none for this project's own goldens)."""
+    return "" if store.dir.resolve() == default_directory().resolve() else f" --dir {shlex.quote(str(store.dir))}"
+
+
+def _stale(k: KernelAdapter, name: str, key: str, goldens: dict[str, dict[str, Any]], spec: dict[str, Any] | None,
+           where: str) -> Result | None:
+    """A failure when the golden ``key`` that would judge ``k`` was made from another version of the case."""
+    stale = stale_keys(goldens, spec)
+    if key not in stale:
+        return None
+    now, _ = case_now(goldens, spec)
+    basis = "the corpus" if spec is not None else "the reference golden"
+    fixes = "; ".join(fix_commands(name, goldens, stale, where=where))
+    return Result(k.name, name, Status.FAILED, criterion="stale",
+                  detail=f"case {name}: the golden of {key} is stale: made from another version of the case "
+                         f"({spec_diff(goldens[key].get('spec'), now)}, against {basis}); to fix every golden of "
+                         f"case {name}: {fixes}")
+
+
 def _check_case(k: KernelAdapter, store: GoldenStore, name: str, goldens: dict[str, dict[str, Any]],
-                require_own: bool) -> Result:
-    own = goldens.get(producer_key(kernel_producer(k)))
+                require_own: bool, spec: dict[str, Any] | None = None, where: str = "") -> Result:
+    own_key = producer_key(kernel_producer(k))
+    own = goldens.get(own_key)
     if own is None and require_own:
         return Result(k.name, name, Status.FAILED, criterion="bit-for-bit",
-                      detail=f"case {name}: no golden of {producer_key(kernel_producer(k))} (missing; to make "
+                      detail=f"case {name}: no golden of {own_key} (missing; to make "
                              f"them run: {_regenerate_command(k, store)})")
     entry = own or goldens.get(REFERENCE)
     if entry is None:
         return Result(k.name, name, Status.FAILED, detail=f"case {name}: no reference golden (missing)")
+    stale = _stale(k, name, own_key if own else REFERENCE, goldens, spec, where)
+    if stale is not None:
+        return stale
     try:
         golden = store.load(name, entry)
         problem = build_problem(golden.case)
@@ -174,13 +209,17 @@ def _check_case(k: KernelAdapter, store: GoldenStore, name: str, goldens: dict[s
 
 
 def check_goldens(kernel: Any, directory: str | os.PathLike[str], *, cases: str | Sequence[str] | None = None,
-                  convention: str | None = None, require_own: bool = False) -> list[Result]:
+                  convention: str | None = None, require_own: bool = False, corpus: Sequence[Case] | None = None,
+                  where: str | None = None) -> list[Result]:
     """One kernel (an adapter, a built-in name, ``pkg.mod:fn`` or a function with ``convention``)
     against every golden case of its convention in ``directory``: one result per case.
 
     Its own golden (same name, version, platform) is matched bit for bit; without
     one, the reference's within the bound. ``require_own``: a missing own golden
-    is a failure (the kernel's version was given explicitly)."""
+    is a failure (the kernel's version was given explicitly). A golden made from
+    another version of its case than the reference golden's (or ``corpus``'s,
+    when given) is a failure naming the commands that remake every golden of the
+    case (``where``: what they need after the command, default ``--dir``)."""
     k = resolve_kernel(kernel, convention=convention)
     store = GoldenStore(directory)
     man = store.manifest()
@@ -189,4 +228,6 @@ def check_goldens(kernel: Any, directory: str | os.PathLike[str], *, cases: str 
     reason = k.available()
     if reason:
         return [Result(k.name, n, Status.UNSUPPORTED, detail=f"kernel unavailable: {reason}") for n in mine]
-    return [_check_case(k, store, n, man["cases"][n], require_own) for n in mine]
+    specs = {c.name: c.to_json() for c in corpus or ()}
+    where = _where(store) if where is None else where
+    return [_check_case(k, store, n, man["cases"][n], require_own, specs.get(n), where) for n in mine]

@@ -8,6 +8,7 @@ its declared numerics, which the manifest stores in full.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import platform as _platform
 import sys
 from importlib import metadata
@@ -44,10 +45,15 @@ def _packages(kernel: KernelAdapter) -> tuple[str, ...]:
 
 
 def _device(framework: str) -> str:
+    """The device the framework runs on. The framework is imported here (the kernel runs in it anyway): were it
+    read only when already imported, the platform a golden is stored under would depend on whether anything had
+    imported the framework yet, and a later check would not find the kernel's own golden."""
     with contextlib.suppress(Exception):
-        if framework == "jax" and "jax" in sys.modules:
+        if framework in ("jax", "torch"):
+            importlib.import_module(framework)
+        if framework == "jax":
             return sys.modules["jax"].devices()[0].device_kind
-        if framework == "torch" and "torch" in sys.modules:
+        if framework == "torch":
             torch = sys.modules["torch"]
             return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return ""

@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 
 import gmm_ref
-from golden.case import Case, GoldenError, build_problem, inputs_of, select
+from golden.case import Case, GoldenError, build_problem, inputs_of, select, split_patterns
 from golden.judge import describe_bad, drift
 from golden.lock import LOCK_NAME
 from golden.producers import numerics_from_json
 from golden.regeneration import Progress
+from golden.staleness import case_now, contents, fix_command, spec_diff, stale_keys
 from golden.store import (
     MANIFEST,
     REFERENCE,
@@ -31,7 +32,7 @@ __all__ = ["verify"]
 
 def _corpus_errors(cases_map: dict, names: list[str], corpus: Sequence[Case], cases: Any, hint: str
                    ) -> tuple[list[str], list[str]]:
-    """(errors, warnings) of the manifest against the corpus."""
+    """(errors, warnings) of the manifest against the corpus (its specs: :func:`_stale_errors`)."""
     errors, warnings = [], []
     specs = {c.name: c for c in corpus}
     wanted = select(sorted(specs), cases)
@@ -39,16 +40,32 @@ def _corpus_errors(cases_map: dict, names: list[str], corpus: Sequence[Case], ca
     if missing:
         errors.append(f"{len(missing)} case(s) of the corpus have no reference golden: {', '.join(missing[:8])}; "
                       f"run: {hint.format(sel='', update='')}")
-    for n in wanted:
-        for key, entry in cases_map.get(n, {}).items():
-            if entry.get("spec") != specs[n].to_json():
-                who = "" if key == REFERENCE else f" (golden by {key})"
-                errors.append(f"{n}: the corpus spec differs from the manifest's{who}; "
-                              f"run: {hint.format(sel=f' --cases {n}', update=' --update')}")
     extra = [n for n in names if n not in specs]
     if extra:
         warnings.append(f"{len(extra)} golden(s) not in the corpus (stale): {', '.join(extra[:8])}")
     return errors, warnings
+
+
+def _stale_errors(cases_map: dict, names: list[str], corpus: Sequence[Case] | None, command: str, where: str
+                  ) -> list[str]:
+    """One error per golden made from another version of its case than the corpus' (or, without a corpus, the
+    reference golden's), each with the command that remakes it: together, every golden of the case."""
+    specs = {c.name: c.to_json() for c in corpus or ()}
+    errors = []
+    for n in names:
+        goldens = cases_map.get(n, {})
+        stale = stale_keys(goldens, specs.get(n))
+        now, _ = case_now(goldens, specs.get(n))
+        basis = "the corpus" if n in specs else "the reference golden"
+        kernels = len(stale) - (REFERENCE in stale)
+        for key in stale:
+            fix = fix_command(n, key, goldens[key], command=command, where=where)
+            who = "" if key == REFERENCE else f" [golden by {key}]"
+            then = f", then the command of each of its {kernels} stale kernel golden(s) below" \
+                if key == REFERENCE and kernels else ""
+            errors.append(f"{n}{who}: made from another version of the case than {basis} "
+                          f"({spec_diff(goldens[key].get('spec'), now)}); {fix}{then}")
+    return errors
 
 
 _FIELDS = {"spec", "file", "file_sha256", "inputs_sha256", "output_sha256", "mask_sha256", "out_shape", "dtypes",
@@ -85,7 +102,7 @@ def _record_errors(n: str, key: str, entry: dict, g: Any, p: Any) -> str | None:
     return None
 
 
-def _verify_golden(store: GoldenStore, n: str, key: str, entry: dict, hint: str) -> str | None:
+def _verify_golden(store: GoldenStore, n: str, key: str, entry: dict, command: str, where: str) -> str | None:
     """The problem with one stored golden, or None."""
     who = "" if key == REFERENCE else f" [golden by {key}]"
     try:
@@ -105,19 +122,19 @@ def _verify_golden(store: GoldenStore, n: str, key: str, entry: dict, hint: str)
     record = _record_errors(n, key, entry, g, p)
     if record:
         return f"{n}{who}: {record}"
-    return _verify_values(n, who, entry, g, p, hint.format(sel=f" --cases {n}", update=" --update"))
+    return _verify_values(n, who, entry, g, p, fix_command(n, key, entry, command=command, where=where))
 
 
-def _verify_values(n: str, who: str, entry: dict, g: Any, p: Any, update: str) -> str | None:
+def _verify_values(n: str, who: str, entry: dict, g: Any, p: Any, fix: str) -> str | None:
     ref = gmm_ref.reference(p)
     if not np.array_equal(ref.mask, g.mask):
         differ = int((ref.mask != g.mask).sum())
-        return f"{n}{who}: the defined-mask differs from gmm_ref's ({differ} elements); run: {update}"
+        return f"{n}{who}: the defined-mask differs from gmm_ref's ({differ} elements); {fix}"
     if entry["producer"]["name"] == REFERENCE:
         dmax, ulps, ndiff = drift(g.out, canonical_output(ref.values, ref.mask), ref.mask)
         if ndiff:
             return (f"{n}: the reference no longer reproduces its golden bit for bit: {ndiff} element(s) differ, "
-                    f"max |delta| {dmax:.4g}, max {ulps:g} ulps; if intended, run: {update}")
+                    f"max |delta| {dmax:.4g}, max {ulps:g} ulps; if intended, {fix}")
         return None
     out = gmm_ref.check(g.out, ref, numerics=numerics_from_json(entry.get("numerics")))
     if not out.ok:
@@ -141,10 +158,16 @@ def verify(directory: str | os.PathLike[str], corpus: Sequence[Case] | None = No
     except GoldenError as exc:
         return 1, f"golden verify FAILED\n  {exc}"
     if not store.manifest_path.exists():
-        return 1, f"golden verify FAILED\n  {store.manifest_path}: missing; run: {command} regenerate{where}"
+        return 2, (f"{command} verify: error: nothing verified: {store.manifest_path} is missing (no golden "
+                   f"there); to make goldens run: {command} regenerate{where}")
     cases_map = man["cases"]
     names = select(sorted(cases_map), cases)
     errors, warnings = _corpus_errors(cases_map, names, corpus, cases, hint) if corpus is not None else ([], [])
+    errors += _stale_errors(cases_map, names, corpus, command, where)
+    if not names and not errors:
+        why = (f"--cases {','.join(split_patterns(cases) or [])} matches no case in {store.dir} (it holds "
+               f"{contents(cases_map)})" if cases_map else f"{store.manifest_path} holds no case")
+        return 2, f"{command} verify: error: nothing verified: {why}"
     referenced = {e.get("file") for _, _, e in store.goldens(man)}
     for path in sorted(store.dir.iterdir()) if store.dir.is_dir() else []:
         if path.name not in (MANIFEST, LOCK_NAME) and path.name not in referenced:
@@ -153,7 +176,7 @@ def verify(directory: str | os.PathLike[str], corpus: Sequence[Case] | None = No
     bar = Progress(len(chosen), "verify", stream or sys.stderr)
     for n, key, entry in chosen:
         bar.step(n)
-        error = _verify_golden(store, n, key, entry, hint)
+        error = _verify_golden(store, n, key, entry, command, where)
         if error:
             errors.append(error)
     if errors:

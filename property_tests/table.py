@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gmm_kernels import KernelAdapter, Result, Status
-from golden import check_goldens
+from golden import GoldenStore, check_goldens
 from golden.cli import default_directory
+from golden.judge import out_of_scope
+from golden.staleness import contents
 from property_tests.checking import check_mode
 from property_tests.modes import MODES
 from property_tests.shards import Cell
@@ -38,18 +40,41 @@ def cells_of(kernel: KernelAdapter, *, goldens: bool, modes: Sequence[str] | Non
 
 
 def _golden_cell(kernel: KernelAdapter, directory: str | None, require_own: bool) -> tuple[str, list[str]]:
+    """The goldens cell: every count says how many cases were out of the kernel's scope, and the text (the
+    note, the JSON) lists each reason with its count."""
     where = directory or default_directory()
     results = check_goldens(kernel, where, require_own=require_own)
     if not results:
-        return f"n/a: no golden case of the {kernel.convention} convention in {where}", []
+        held = contents(GoldenStore(where).manifest()["cases"])
+        return f"n/a: no golden case of the {kernel.convention} convention in {where} (it holds {held})", []
     fails = [r for r in results if r.status is Status.FAILED]
     passes = [r for r in results if r.status is Status.PASSED]
+    bugs = [r for r in results if r.status is Status.KNOWN_BUG]
+    scope = out_of_scope(results)  # "7 out of scope: 4 x WHY; 3 x WHY"
+    count, _, reasons = scope.partition(": ")
     if fails:
         details = [f"== {kernel.name} / goldens / {r.check}\n{r.full_report()}" for r in fails]
-        return f"FAIL: {len(fails)}/{len(results)} cases; {_short(fails[0].detail)}", details
+        return (f"FAIL: {len(fails)}/{len(results)} cases" + (f" ({count})" if scope else "")
+                + f"; {_short(fails[0].detail)}" + (f"; out of scope: {reasons}" if scope else "")), details
+    if not passes and not bugs:
+        return f"n/a: all {len(results)} golden cases out of scope: {reasons}", []
     if not passes:
-        return f"n/a: every golden case unsupported ({results[0].detail})", []
-    return f"pass ({len(passes)}/{len(results)})", []
+        return (f"known bug: {len(bugs)}/{len(results)} cases" + (f" ({count})" if scope else "")
+                + f"; {_short(bugs[0].detail)}" + (f"; out of scope: {reasons}" if scope else "")), []
+    return f"pass ({len(passes)}/{len(results)}" + (f"; {len(bugs)} known bug" if bugs else "") \
+        + (f"; {scope})" if scope else ")"), []
+
+
+def _shown(text: str) -> tuple[str, bool]:
+    """How a cell shows in the table, and whether it gets a note: a FAIL, n/a or known-bug cell as its prefix
+    and a note; a pass cell whose cases were partly out of scope with the count only (its reasons: the note)."""
+    for prefix in ("FAIL", "n/a", "known bug"):
+        if text.startswith(prefix):
+            return prefix, True
+    head, sep, _ = text.partition(" out of scope: ")
+    if text.startswith("pass") and sep:
+        return f"{head} out of scope)", True
+    return text, False
 
 
 def _mode_cell(result: Result) -> str:
@@ -188,15 +213,15 @@ class Table:
 
 
 def render(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """The table; a FAIL, n/a or known-bug cell shows a footnote number, the footnotes follow."""
+    """The table; a FAIL, n/a or known-bug cell (and a goldens pass with cases out of scope) shows a footnote
+    number, the footnotes follow."""
     notes: dict[str, int] = {}
 
     def cell(v: Any) -> str:
         v = str(v)
-        for prefix in ("FAIL", "n/a", "known bug"):
-            if v.startswith(prefix):
-                n = notes.setdefault(v, len(notes) + 1)
-                return f"{prefix} [{n}]"
+        shown, noted = _shown(v)
+        if noted:
+            return f"{shown} [{notes.setdefault(v, len(notes) + 1)}]"
         return v
 
     table = [["kernel", "family", *columns]]
