@@ -39,7 +39,7 @@ from gmm_ref.dtypes import as_numpy
 from gmm_ref.numerics import default_numerics
 
 __all__ = ["KernelAdapter", "VariantAdapter", "dtype_name", "import_failure", "missing_module", "observe_calls",
-           "on_accelerator"]
+           "on_accelerator", "torch_operators"]
 
 
 _observers: list[Callable[[Any, Problem], None]] = []
@@ -100,6 +100,27 @@ def on_accelerator(numerics: Numerics, problem: Problem) -> Numerics:
     if backend == "cpu":
         return numerics
     return dataclasses.replace(numerics, multiply="bfloat16")
+
+
+def torch_operators(fn: Callable[..., Any], args: tuple, kwargs: dict) -> frozenset[str]:
+    """The torch operators ``fn(*args, **kwargs)`` dispatches to, named as ``torch.ops`` names their overload
+    packets (``aten._grouped_mm``, ``aten.mm``), recorded by a ``TorchDispatchMode`` while it runs; those it
+    reached before it raised, if it raises."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: set[str] = set()
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            seen.add(str(getattr(func, "overloadpacket", func)))
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with _Record():
+            fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - a kernel that raises says what it called until then
+        pass
+    return frozenset(seen)
 
 
 class KernelAdapter:
@@ -294,9 +315,20 @@ class KernelAdapter:
         inputs.modified(self.name, self.spec, pristine, given)
 
     def primitives(self, problem: Problem) -> frozenset[str]:
-        """The jax primitives the kernel calls on ``problem`` (to match failures with known upstream bugs);
-        empty where that cannot be told."""
-        return frozenset()
+        """The jax primitives or torch operators the kernel calls on ``problem`` (to match failures with known
+        upstream bugs, ``gmm_kernels.known_issues.matching``); empty where that cannot be told. A kernel of a
+        torch convention runs once more on fresh copies of the arguments, its operators recorded
+        (:func:`torch_operators`: ``aten._grouped_mm``); jax kernels say theirs where they can
+        (``gmm_kernels.user.FunctionAdapter``)."""
+        if self.spec.framework != "torch" or missing_module("torch"):
+            return frozenset()
+        seen: frozenset[str] = frozenset()
+        try:
+            with self.arguments(problem) as (args, kwargs):
+                seen = torch_operators(self.call, args, kwargs)
+        except Exception:  # noqa: BLE001 - e.g. the kernel wrote to an input: it still called what it called
+            pass
+        return seen
 
     def differentiable_fn(self) -> Any:
         """The kernel as a function of its convention's (jax or torch) arguments that

@@ -5,20 +5,27 @@ An adapter lists its upstream bugs in ``known_issues`` (a tuple of
 fail and the package versions it was seen on). Where one applies, the suite
 shows the mode as a strict xfail and the main job as a "known bug" cell that
 still shows the caught mismatch; on a version outside the range the bug is not
-assumed, so a fix upstream shows as a pass. A failure in a kernel that does not
-declare it, whose signature matches one of these (:func:`matching`), says so.
+assumed, so a fix upstream shows as a pass. A bug that shows only on some
+machines carries a ``condition``: torch's CPU ragged-K leak
+(:data:`TORCH_CPU_RAGGED_K_LEAK`) applies where a probe that runs its reproducer
+once per process sees it (AMX bfloat16), so the verdict is the same on every
+processor. A failure in a kernel that does not declare it, whose signature
+matches one of these (:func:`matching`: a jax primitive or torch operator the
+kernel calls, the mismatch kind, the mode), says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from typing import Any
 
 from gmm_kernels.scope import KnownIssue
 from gmm_ref import Problem
 
-__all__ = ["MEGABLOX_EXISTING_OUT_GRAD", "XLA_CPU_NAN_LEAK", "matching", "xla_nan_leak_issues"]
+__all__ = ["MEGABLOX_EXISTING_OUT_GRAD", "TORCH_CPU_RAGGED_K_LEAK", "TORCH_LEAK_REPRODUCERS", "XLA_CPU_NAN_LEAK",
+           "matching", "torch_cpu_ragged_k_leak", "xla_nan_leak_issues"]
 
 #: checked on jax 0.10.2 (Python 3.11) and jax 0.12.0.1 (Python 3.12, the newest there on 2026-11-23)
 _SEEN_ON_JAX = {"jax": "<=0.12.0.1"}
@@ -42,6 +49,62 @@ MEGABLOX_EXISTING_OUT_GRAD = KnownIssue(
         "whole cotangent as the gradient of existing_out, also for the rows gmm overwrote (their true "
         "gradient is 0)"),
     versions=_SEEN_ON_JAX,
+)
+
+
+#: the probe's reproducers, (M, K, N, group K size): the documented one (docs/conventions.md), and a group
+#: past one 32-wide K tile, where oneDNN's K-tail handling differs
+TORCH_LEAK_REPRODUCERS = ((64, 64, 64, 3), (64, 128, 64, 35))
+
+
+@functools.cache
+def torch_cpu_ragged_k_leak() -> tuple[str, ...]:
+    """The input dtypes (of ``bfloat16``, ``float16``) in which torch's CPU ``_grouped_mm`` leaks a NaN from the
+    K padding into a ragged-K output on this machine: :data:`TORCH_LEAK_REPRODUCERS` run once per process
+    (a few milliseconds; what oneDNN runs depends on the processor and on ``ONEDNN_MAX_CPU_ISA``, read when
+    oneDNN first runs). Empty where torch is not installed (never imported then), has no ``_grouped_mm``, or
+    does not leak."""
+    try:
+        import torch
+    except ImportError:  # not installed (nothing was imported), or blocked
+        return ()
+    if not hasattr(torch, "_grouped_mm"):
+        return ()
+    leaked = []
+    for name in ("bfloat16", "float16"):
+        dtype = getattr(torch, name)
+        for m, k, n, size in TORCH_LEAK_REPRODUCERS:
+            a = torch.ones(m, k, dtype=dtype)
+            a[:, size:] = float("nan")  # the K padding: no group reads it
+            try:
+                out = torch._grouped_mm(a, torch.ones(k, n, dtype=dtype),
+                                        offs=torch.tensor([size], dtype=torch.int32))
+            except Exception:  # noqa: BLE001 - a torch that refuses the reproducer does not show the leak
+                continue
+            if bool(torch.isnan(out).any()):
+                leaked.append(name)
+                break
+    return tuple(leaked)
+
+
+def _torch_cpu_ragged_k_leaks() -> bool:
+    """:data:`TORCH_CPU_RAGGED_K_LEAK`'s condition: the probe sees the leak on this machine."""
+    return bool(torch_cpu_ragged_k_leak())
+
+
+TORCH_CPU_RAGGED_K_LEAK = KnownIssue(
+    modes=("poisoned",),
+    text=(
+        "upstream bug, torch CPU _grouped_mm, ragged K (2d x 2d) in bfloat16 where oneDNN runs its AMX matmul (a CPU "
+        "with amx_bf16, ONEDNN_MAX_CPU_ISA not below AVX512_CORE_AMX): a group of odd K size >= 3 (or of many even "
+        "sizes above 32) reads the lhs columns just past its K range and multiplies them by 0, so a NaN/Inf in the "
+        "padding past offs[-1] (or in the next group's first columns) reaches its output; finite values there "
+        "change nothing. Repro: a = ones(64, 64, bfloat16); a[:, 3:] = nan; torch._grouped_mm(a, ones(64, 64, "
+        "bfloat16), offs=tensor([3], int32)) has 2048 NaN of 4096 outputs (docs/conventions.md)"),
+    versions={"torch": ">=2.13,<=2.14.1"},  # checked on 2.13.0+cpu and 2.14.1+cu130 (CPU path), both oneDNN 3.12.0
+    primitive="aten._grouped_mm",
+    kind="nonfinite",
+    condition=_torch_cpu_ragged_k_leaks,
 )
 
 
@@ -69,13 +132,16 @@ def xla_nan_leak_issues(via: str = "") -> tuple[KnownIssue, ...]:
 
 
 def _signatures() -> tuple[KnownIssue, ...]:
-    """The upstream bugs a failure can be matched against on this machine."""
-    return xla_nan_leak_issues()
+    """The upstream bugs a failure can be matched against on this machine (one with a ``condition`` only
+    where it shows: :func:`matching` asks it last)."""
+    return (*xla_nan_leak_issues(), TORCH_CPU_RAGGED_K_LEAK)
 
 
 def matching(adapter: Any, mode: str, error: BaseException, problem: Problem) -> list[KnownIssue]:
     """The known upstream bugs ``error`` (a failure of ``adapter`` in ``mode`` on ``problem``) matches: same
-    mode and mismatch kind, in a jax primitive the kernel calls. Empty for bugs the adapter declares."""
+    mode and mismatch kind, in a jax primitive or torch operator the kernel calls (``adapter.primitives``),
+    where the bug shows on this machine (its ``condition``, asked only then, so a jax kernel's failure never
+    imports torch). Empty for bugs the adapter declares."""
     if adapter.known_issue(mode):
         return []
     kind = getattr(error, "kind", None)
@@ -83,4 +149,4 @@ def matching(adapter: Any, mode: str, error: BaseException, problem: Problem) ->
     if not candidates:
         return []
     called = adapter.primitives(problem)
-    return [k for k in candidates if k.primitive in called]
+    return [k for k in candidates if k.primitive in called and (k.condition is None or k.condition())]

@@ -35,16 +35,22 @@ _AXES = ("m", "k", "n")
 @dataclass(frozen=True)
 class KnownIssue:
     """An upstream bug a kernel is known to carry in ``modes``, on the package ``versions`` given
-    (a PEP 440 specifier per distribution, e.g. ``{"jax": "<=0.10.2"}``); outside them it is not
-    assumed, so a fixed bug shows as a pass rather than a failing strict xfail."""
+    (a PEP 440 specifier per distribution, e.g. ``{"jax": "<=0.10.2"}``) and, for a bug that shows only on
+    some machines (a processor's instruction set, say), where its ``condition`` (a function of no argument,
+    called when the issue is asked about; cache it) says it shows; outside them it is not assumed, so a fixed
+    bug, or a machine without it, shows as a pass rather than a failing strict xfail."""
 
     modes: tuple[str, ...]
     text: str
     versions: Mapping[str, str] = field(default_factory=dict)
-    #: the jax primitive the bug lives in, and the mismatch kind it shows as: a failure of a kernel that
-    #: calls it, of this kind, in one of ``modes``, cites the bug (``gmm_kernels.known_issues.matching``)
+    #: the jax primitive (``ragged_dot_general``) or torch operator (``aten._grouped_mm``) the bug lives in, and
+    #: the mismatch kind it shows as: a failure of a kernel that calls it, of this kind, in one of ``modes``,
+    #: cites the bug (``gmm_kernels.known_issues.matching``)
     primitive: str = ""
     kind: str = ""
+    #: None: wherever ``versions`` hold; else whether the bug shows on this machine (e.g. a probe that runs
+    #: its reproducer once per process)
+    condition: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
         from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -64,9 +70,12 @@ class KnownIssue:
                 raise ValueError(f"versions: expected {{distribution: PEP 440 specifier}}, got {dist!r}: {spec!r}")\
                     from None
         object.__setattr__(self, "versions", dict(self.versions))
+        if self.condition is not None and not callable(self.condition):
+            raise TypeError(f"condition: expected a function of no argument returning a bool, got {self.condition!r}")
 
     def applies(self) -> bool:
-        """Whether every package it names is installed at a version it is known on."""
+        """Whether every package it names is installed at a version it is known on, and its ``condition``
+        (if any) says the bug shows on this machine."""
         from packaging.specifiers import SpecifierSet
 
         for dist, spec in self.versions.items():
@@ -76,7 +85,7 @@ class KnownIssue:
                 return False
             if installed not in SpecifierSet(spec):
                 return False
-        return True
+        return self.condition is None or bool(self.condition())
 
     def describe(self) -> str:
         known = ", ".join(f"{d} {s}" for d, s in self.versions.items())

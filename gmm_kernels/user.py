@@ -54,9 +54,10 @@ class FunctionAdapter(KernelAdapter):
         return self.numerics if self.numerics is not None else super().numerics_for(problem)
 
     def primitives(self, problem: Problem) -> frozenset[str]:
-        """For a jax kernel, the primitives its jaxpr binds on ``problem``'s arguments."""
+        """For a jax kernel, the primitives its jaxpr binds on ``problem``'s arguments; for a torch kernel, the
+        torch operators it calls on them (``aten._grouped_mm``; ``KernelAdapter.primitives``)."""
         if self.spec.framework != "jax":
-            return frozenset()
+            return super().primitives(problem)
         args, kwargs = self.spec.arguments(self._own(problem))
         with jax_x64(uses_64bit(*args, *kwargs.values())):
             a, kw = to_framework("jax", args, kwargs)

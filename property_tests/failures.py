@@ -123,8 +123,10 @@ def finish(exc: BaseException, adapter: KernelAdapter, mode: str) -> list[str]:
     if recipe is not None:
         for issue in matching(adapter, mode, exc, recipe["problem"]):
             hints.append(issue.primitive)
-            notes.append(f"This failure matches a known upstream bug of jax's {issue.primitive} primitive, "
-                         f"which {adapter.name} calls: {issue.describe()}")
+            what = (f"torch's {issue.primitive} operator" if issue.primitive.startswith("aten.")
+                    else f"jax's {issue.primitive} primitive")
+            notes.append(f"This failure matches a known upstream bug of {what}, which {adapter.name} calls: "
+                         f"{issue.describe()}")
     exc.__notes__ = notes
     return hints
 
