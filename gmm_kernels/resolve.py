@@ -18,6 +18,7 @@ from gmm_kernels.registry import registry
 from gmm_kernels.scope import Scope
 from gmm_kernels.user import wrap
 from gmm_ref import Numerics, as_tiling, conventions
+from gmm_ref.names import did_you_mean
 
 __all__ = ["load_object", "resolve_kernel", "resolve_kernels"]
 
@@ -50,10 +51,16 @@ def _adapter(obj: Any) -> KernelAdapter | None:
 def _from_callable(fn: Callable[..., Any], convention: str | None, name: str | None, numerics: Numerics | None,
                    option: str, convention_option: str, spec: str) -> KernelAdapter:
     """A function as an adapter; a function decorated with ``gmm_kernels.declare`` brings its
-    convention and scope."""
+    convention and scope. An explicit ``convention`` may repeat the declared one, never contradict it:
+    the kernel would be called with another convention's arguments and fail every check."""
     if not callable(fn):
         raise TypeError(f"{option} {spec!r}: expected a function or a KernelAdapter, got {type(fn).__name__}")
-    convention = convention or getattr(fn, "__gmm_convention__", None)
+    declared = getattr(fn, "__gmm_convention__", None)
+    if convention is not None and declared is not None and convention != declared:
+        raise ValueError(f"{convention_option}: {convention!r} contradicts {option} {spec!r}, which declares the "
+                         f"convention {declared!r} (gmm_kernels.declare): drop {convention_option}, or fix the "
+                         "declaration")
+    convention = convention or declared
     if convention is None:
         raise ValueError(f"{convention_option}: required with {option} {spec!r}; expected one of "
                          f"{conventions.names()}")
@@ -77,8 +84,8 @@ def resolve_kernel(spec: Any, *, convention: str | None = None, tiling: Any = No
         else:
             builtin = {a.name: a for a in registry()}
             if spec not in builtin:
-                raise ValueError(f"{option}: {spec!r} is neither a built-in adapter ({sorted(builtin)}) "
-                                 "nor an import path pkg.module:fn")
+                raise ValueError(f"{option}: {spec!r} is neither a built-in adapter nor an import path "
+                                 f"pkg.module:fn{did_you_mean(spec, builtin)} (built-in: {sorted(builtin)})")
             adapter = builtin[spec]
     elif adapter is None:
         adapter = _from_callable(spec, convention, name, numerics, option, convention_option, repr(spec))

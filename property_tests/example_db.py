@@ -34,6 +34,8 @@ from typing import Any
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase, MultiplexedDatabase
 
+from property_tests.paths import check_output_dir
+
 __all__ = ["ENV", "describe", "open_database", "resolve"]
 
 #: the harness's own variable: a spec (see the module's docstring)
@@ -44,8 +46,9 @@ _opened: dict[str, ExampleDatabase | None] = {}
 
 
 def open_database(spec: str, *, option_name: str = "example_db") -> ExampleDatabase | None:
-    """The database a spec names (None for ``off``); ``ValueError`` naming ``option_name`` for a bad spec,
-    ``ImportError`` naming the package when Redis is asked for without ``redis`` installed."""
+    """The database a spec names (None for ``off``); ``ValueError`` naming ``option_name`` for a bad spec or a
+    directory that cannot be made or written, ``ImportError`` naming the package when Redis is asked for without
+    ``redis`` installed."""
     if not isinstance(spec, str):
         raise TypeError(f"{option_name}: expected a directory, redis://HOST:PORT or 'off', got {spec!r}")
     parts = [p.strip() for p in spec.split(",")]
@@ -82,7 +85,11 @@ def _one(part: str, option_name: str) -> ExampleDatabase:
     path = Path(part).expanduser()
     if path.exists() and not path.is_dir():
         raise ValueError(f"{option_name}: expected a directory, got the file {part!r}")
-    path.mkdir(parents=True, exist_ok=True)
+    check_output_dir(path, option_name)  # a usage error naming the path, before anything is checked
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{option_name}: cannot make the directory {part!r}: {exc}") from None
     return DirectoryBasedExampleDatabase(str(path))
 
 

@@ -5,13 +5,21 @@ kernel x mode table, one row per (kernel, family): ``pass (n examples)``,
 ``FAIL [note]``, ``n/a [note]`` or ``known bug [note]``, the notes below the
 table, plus a goldens column; it exits 1 if anything fails, 2 on a usage error
 (or when nothing could be checked for a kernel it was asked for). With ``-v``
-every failure's full report and reproducer follows the table.
+every failure's full report and reproducer follows the table. Usage errors
+come before any kernel runs, in the command's own usage, with a "did you mean"
+for a near-miss name; they include every path the run would write that cannot
+be written (``--json``, ``--example-db``, ``--compile-cache``,
+``$GMM_REPRO_DIR``). A shard (``--shard I/N``) with no cells writes a shard
+file that says it checked nothing and exits 0: ``gmm-harness merge`` judges the
+whole run.
 
-The cells are computed in a worker process (``property_tests.worker``): a
-kernel that hangs past ``--timeout`` or crashes the process is reported as a
+The cells are computed in worker processes (``property_tests.worker``, watched
+by ``property_tests.supervisor``): a kernel that hangs past ``--timeout``,
+crashes the process or ends it (any exit status, 0 included) is reported as a
 failure of the cell it was in, with the last problem it was given, and the run
-goes on with the next cell in a fresh worker. Examples come from the
-derandomized ``gmm-ci`` profile (the same verdict every run) unless ``--seed`` is given.
+goes on with the next cell in a fresh worker; a kernel's ``sys.exit`` fails the
+example it was given. Examples come from the derandomized ``gmm-ci`` profile
+(the same verdict every run) unless ``--seed`` is given.
 """
 
 from __future__ import annotations
@@ -19,10 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,114 +35,18 @@ from pathlib import Path
 from typing import Any
 
 from gmm_kernels import KernelAdapter, Status, resolve_kernels
-from property_tests import compile_cache, coverage, example_db, shards
+from gmm_ref import conventions
+from gmm_ref.names import did_you_mean
+from property_tests import compile_cache, coverage, example_db, paths, shards
 from property_tests.checking import check_known_issue_modes
 from property_tests.modes import ALL_MODES, MODES
 from property_tests.options import SCOPE_OPTIONS, add_scope_options, apply_scope, modes_option, scope_fields
+from property_tests.supervisor import Supervisor
 from property_tests.table import GOLDENS, CellOutcome, Table, cells_of, check_cells, render, run_cell
 
 __all__ = ["main", "resolve_request"]
 
 _ENVIRON = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-
-
-def _ended(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-class _Supervisor:
-    """Runs the cells in worker processes, restarting one after a crash or a hang."""
-
-    def __init__(self, request: dict[str, Any], table: Table, timeout: float, verbose: bool) -> None:
-        self.request, self.table, self.timeout, self.verbose = request, table, timeout, verbose
-        self.workdir = Path(tempfile.mkdtemp(prefix="gmm-harness-"))
-
-    #: after this many crashed or hung cells, a kernel's other cells are not run
-    MAX_LOST = 2
-
-    def run(self, cells: list[tuple[str, str | None, str]]) -> None:
-        pending = list(cells)
-        lost: dict[str, int] = {}
-        while pending:
-            done, failed = self._worker(pending)
-            if failed:
-                kernel = pending[done][0]
-                lost[kernel] = lost.get(kernel, 0) + 1
-                pending = pending[done + 1:]
-                if lost[kernel] >= self.MAX_LOST:
-                    for k, family, column in [c for c in pending if c[0] == kernel]:
-                        self.table.put(k, family, column, f"n/a: not run: {kernel} crashed or hung in "
-                                                          f"{lost[kernel]} cells already (see their notes)")
-                    pending = [c for c in pending if c[0] != kernel]
-            else:
-                pending = pending[done:]
-
-    def _worker(self, cells: list[tuple[str, str | None, str]]) -> tuple[int, bool]:
-        """Run a worker on ``cells``; (cells completed, whether it died or hung in the next one)."""
-        request_path, events_path = self.workdir / "request.json", self.workdir / "events.jsonl"
-        request_path.write_text(json.dumps({**self.request, "cells": cells}))
-        events_path.write_text("")
-        proc = subprocess.Popen([sys.executable, "-m", "property_tests.worker", str(request_path), str(events_path)],
-                                env={**_ENVIRON, **os.environ})
-        state = {"done": 0, "started": time.monotonic(), "problem": "", "cell": None}
-        with events_path.open() as events:
-            pending = ""  # a line the worker is still writing (a long event arrives in pieces)
-            while True:
-                pending += events.readline()
-                if pending.endswith("\n"):
-                    self._event(json.loads(pending), state)
-                    pending = ""
-                    continue
-                if proc.poll() is not None:
-                    rest = events.read()  # what it wrote before it exited
-                    for line in (pending + rest).splitlines(keepends=True):
-                        if line.endswith("\n"):
-                            self._event(json.loads(line), state)
-                    break
-                if state["cell"] is not None and time.monotonic() - state["started"] > self.timeout:
-                    proc.kill()
-                    proc.wait()
-                    self._lost(state, f"timed out after {self.timeout:g} s")
-                    return state["done"], state["done"] < len(cells)  # (in a budget's extra round: all done)
-                time.sleep(0.02)
-        if proc.returncode != 0 and state["done"] < len(cells):
-            state["cell"] = state["cell"] or cells[state["done"]]  # it died before it began the cell
-            self._lost(state, f"crashed: the process {_ended(proc.returncode)}")
-            return state["done"], True
-        if proc.returncode != 0 and state["cell"] is not None:  # in an extra round of the time budget
-            self._lost(state, f"crashed: the process {_ended(proc.returncode)}")
-        return state["done"], False
-
-    def _event(self, event: dict[str, Any], state: dict[str, Any]) -> None:
-        if event["event"] == "start":
-            state.update(cell=(event["kernel"], event["family"], event["column"]), started=time.monotonic(),
-                         problem="")
-        elif event["event"] == "problem":
-            state["problem"] = event["text"]
-        elif event["event"] == "cell":
-            self.table.put(event["kernel"], event["family"], event["column"], event["text"])
-            self.table.seconds[(event["kernel"], event["family"], event["column"])] = event["seconds"]
-            self.table.details += event["details"]
-            if event.get("coverage"):
-                self.table.coverage.append(event["coverage"])
-            # an extra round of the time budget revises a cell already counted
-            state.update(done=state["done"] + (not event.get("extra")), cell=None)
-            if self.verbose:
-                print(f"  {event['kernel']:<34} {event['family'] or '':<9} {event['column']:<17} "
-                      f"{event['text'][:70]}  [{event['seconds']:.1f}s]", file=sys.stderr, flush=True)
-
-    def _lost(self, state: dict[str, Any], what: str) -> None:
-        kernel, family, column = state["cell"]
-        key = (kernel, family, column)
-        self.table.seconds[key] = self.table.seconds.get(key, 0.0) + time.monotonic() - state["started"]
-        last = f"; the last problem it was given: {state['problem']}" if state["problem"] else ""
-        self.table.put(kernel, family, column, f"FAIL: {what}{last}")
-        self.table.details.append(f"== {kernel} / {family} / {column}\nthe kernel {what}{last}")
 
 
 class _Once(argparse.Action):
@@ -217,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("files", nargs="+", metavar="SHARD.json", help="every shard's --json file")
     m.add_argument("--json", default=None, action=_Once, metavar="FILE", help="also write the merged results")
     m.add_argument("-v", "--verbose", action="store_true", help="print every failure's full report")
+    for command in sub.choices.values():
+        command.set_defaults(command_parser=command)
+    parser.set_defaults(commands=tuple(sub.choices))
     return parser
 
 
@@ -228,6 +140,9 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
         ("--convention", args.convention), ("--kernel-version", args.kernel_version)) if v is not None]
     if given and not args.kernel:
         parser.error(f"{given[0]}: given without --kernel, which it applies to")
+    if args.convention is not None and args.convention not in conventions.names():
+        parser.error(f"--convention: expected one of {', '.join(conventions.names())}, got {args.convention!r}"
+                     f"{did_you_mean(args.convention, conventions.names())}")
     if args.kernel_version is not None and len(args.kernel) != 1:
         parser.error("--kernel-version: applies to one --kernel, got " + str(len(args.kernel)))
     if args.jobs is not None and args.in_process:
@@ -250,11 +165,30 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
     return modes, values
 
 
+class KernelExit(RuntimeError):
+    """A kernel raised ``SystemExit`` (it called ``sys.exit``): a failure of the problem it was given, shrunk and
+    reported like any error, never the end of the run or of its worker."""
+
+
+def _guard_exit(adapter: KernelAdapter) -> None:
+    call = adapter.call
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except SystemExit as exc:
+            raise KernelExit(f"the kernel raised SystemExit({exc.code!r}) (sys.exit)") from exc
+
+    adapter.call = guarded  # type: ignore[method-assign]
+
+
 def resolve_request(request: dict[str, Any]) -> list[KernelAdapter]:
-    """The kernels of a request (here and in the worker): resolved, scoped, versioned."""
+    """The kernels of a request (here and in the worker): resolved, scoped, versioned, and a ``sys.exit`` in a
+    kernel turned into a :class:`KernelExit` failure."""
     kernels = resolve_kernels(request["kernels"], convention=request.get("convention"), tiling=request.get("tiling"))
     fields = scope_fields(request.get("scope") or {})
     for k in kernels:
+        _guard_exit(k)
         apply_scope(k, fields)
         if request.get("kernel_version"):
             k.version = request["kernel_version"]
@@ -269,9 +203,13 @@ def _run(args: argparse.Namespace, request: dict[str, Any], kernels: dict[str, K
     table.plan(plan)
     if args.in_process:
         def run(cell: shards.Cell, seed: int | None) -> CellOutcome:
-            return run_cell(kernels[cell[0]], cell[1], cell[2], max_examples=args.max_examples, seed=seed,
-                            golden_dir=request["golden_dir"], require_own=request["require_own"],
-                            example_db=request["example_db"])
+            try:
+                return run_cell(kernels[cell[0]], cell[1], cell[2], max_examples=args.max_examples, seed=seed,
+                                golden_dir=request["golden_dir"], require_own=request["require_own"],
+                                example_db=request["example_db"])
+            except (SystemExit, GeneratorExit) as exc:  # a kernel's sys.exit: never the run's exit status
+                what = f"{type(exc).__name__}({', '.join(map(repr, exc.args))}) was raised in the cell"
+                return CellOutcome(f"FAIL: {what}", [f"== {' / '.join(map(str, cell))}\nthe kernel {what}"], 0.0, "")
 
         def put(cell: shards.Cell, o: CellOutcome) -> None:
             table.put(*cell, o.text)
@@ -291,12 +229,16 @@ def _run(args: argparse.Namespace, request: dict[str, Any], kernels: dict[str, K
     by_kernel: dict[str, list[tuple[str, str | None, str]]] = {}
     for cell in cells:
         by_kernel.setdefault(cell[0], []).append(cell)
+    if not by_kernel:  # a shard with no cells
+        return
     tables = {name: Table() for name in by_kernel}
 
     def check(name: str) -> None:
         tables[name].plan([c for c in plan if c[0] == name])  # every row, even for a shard with the goldens alone
-        lane = {**request, "deadline": time.time() + args.budget if args.budget else None}  # the kernel's budget
-        _Supervisor(lane, tables[name], args.timeout, verbose=True).run(by_kernel[name])
+        # the worker loads this kernel alone (another's module failing to load there is not this kernel's failure)
+        lane = {**request, "kernels": [kernels[name].origin or name],
+                "deadline": time.time() + args.budget if args.budget else None}  # the kernel's budget
+        Supervisor(lane, tables[name], args.timeout, verbose=True).run(by_kernel[name])
 
     jobs = min(args.jobs or os.cpu_count() or 1, len(by_kernel))
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="gmm-lane") as lanes:
@@ -354,17 +296,23 @@ def _json_cells(table: Table, cells: list[shards.Cell]) -> list[dict[str, Any]]:
 
 
 def _write_json(path: str, doc: dict[str, Any]) -> None:
-    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+    Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)  # checked before the run
+    Path(path).expanduser().write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *, requested: list[str],
             seconds: float, run: str, verbose: bool, json_path: str | None, doc: dict[str, Any],
             partial: bool = False) -> int:
-    """Print the table and its summary, write the JSON; the exit status (1: a cell failed; 2: nothing checked)."""
-    print(render(table.as_rows(), columns))
+    """Print the table and its summary, write the JSON; the exit status (1: a cell failed; 2: nothing checked).
+    A shard with no cells prints and writes that it checked nothing, and exits 0: the merge judges the run."""
     n_fail = sum(v.startswith("FAIL") for v in table.values())
     n_pass = sum(v.startswith("pass") for v in table.values())
-    print(f"\n{n_pass} passed, {n_fail} failed  ({seconds:.0f} s; {run}; 'n/a' cells give their reason)")
+    if partial and doc.get("checked") == 0:
+        print(f"shard {doc['shard'][0]}/{doc['shard'][1]} checked nothing (0 of the {len(doc['plan'])} cells); its "
+              "--json file says so, and gmm-harness merge joins it with the other shards")
+    else:
+        print(render(table.as_rows(), columns))
+        print(f"\n{n_pass} passed, {n_fail} failed  ({seconds:.0f} s; {run}; 'n/a' cells give their reason)")
     # a shard may hold only a kernel's n/a cells: whether a kernel was checked at all is the merge's to say
     idle = [] if partial else [name for name in requested if table.checked_nothing(name)]
     if json_path:
@@ -406,10 +354,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault(name, value)
     if not {"", os.getcwd()} & set(sys.path):  # as with python -m: --kernel mymodule:fn imports from here
         sys.path.insert(0, os.getcwd())
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args = _parse(_parser(), sys.argv[1:] if argv is None else list(argv))
+    parser = args.command_parser  # usage errors print the command's usage
     if args.command == "coverage":
         return coverage.run(parser, args)
+    _check_outputs(parser, args)
     if args.command == "merge":
         return _merge(parser, args)
     modes, scope_values = _options(parser, args)
@@ -428,35 +377,72 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     request["kernels"] = args.kernel or [k.name for k in kernels]
     plan = [c for k in kernels for c in cells_of(k, goldens=not args.no_goldens, modes=request["modes"])]
-    cells = plan
-    if args.shard is not None:
-        i, n = args.shard
-        cells = shards.assign(plan, n, args.durations, unit=_shape_unit)[i - 1]
-        if not cells:
-            parser.error(f"--shard: shard {i}/{n} has no cells: the run has {len(plan)}, fewer than {n} shards")
+    cells = plan if args.shard is None else shards.assign(plan, args.shard[1], args.durations,
+                                                           unit=_shape_unit)[args.shard[0] - 1]
     t0 = time.perf_counter()
     table = Table()
     header = _header(kernels, request)
     if args.verbose:
         header = "\n".join(filter(None, [header, cache_line, example_db.describe(args.example_db)]))
-    if args.shard is not None:
-        header = "\n".join(filter(None, [header, f"shard {args.shard[0]}/{args.shard[1]}: {len(cells)} of the "
-                                                  f"{len(plan)} cells (gmm-harness merge joins the shards)"]))
-    if header:
-        print(header + "\n")
+    if header or args.shard is not None:
+        print("\n".join(filter(None, [header, _shard_line(args.shard, plan, cells)])) + "\n")
     _run(args, request, {k.name: k for k in kernels}, plan, cells, table)
     columns = modes + ([] if args.no_goldens else [GOLDENS])
-    run = _run_text(args.seed, args.budget)
     doc = {"kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
                         "scope": None if k.scope is None else k.scope.to_json()} for k in kernels],
            "requested": bool(args.kernel), "modes": request["modes"], "goldens": not args.no_goldens,
            "max_examples": request["max_examples"], "seed": request["seed"], "budget": args.budget,
-           "golden_dir": request["golden_dir"],
-           "shard": list(args.shard) if args.shard else None, "plan": [list(c) for c in plan],
-           "cells": _json_cells(table, cells)}
+           "golden_dir": request["golden_dir"], "shard": list(args.shard) if args.shard else None,
+           "plan": [list(c) for c in plan], "checked": len(cells), "cells": _json_cells(table, cells)}
     return _finish(parser, table, columns, requested=[k.name for k in kernels] if args.kernel else [],
-                   seconds=time.perf_counter() - t0, run=run, verbose=args.verbose, json_path=args.json, doc=doc,
-                   partial=args.shard is not None)
+                   seconds=time.perf_counter() - t0, run=_run_text(args.seed, args.budget), verbose=args.verbose,
+                   json_path=args.json, doc=doc, partial=args.shard is not None)
+
+
+def _shard_line(shard: tuple[int, int] | None, plan: list[shards.Cell], cells: list[shards.Cell]) -> str:
+    """The header line of a shard: its share of the cells, or why it has none (it still writes its --json)."""
+    if shard is None:
+        return ""
+    i, n = shard
+    if cells:
+        return f"shard {i}/{n}: {len(cells)} of the {len(plan)} cells (gmm-harness merge joins the shards)"
+    units = len({_shape_unit(c) for c in plan})
+    return (f"shard {i}/{n}: 0 of the {len(plan)} cells (they make {units} group{'s' * (units != 1)} of cells that "
+            f"compile the same shapes, each checked on one shard: fewer than the {n} shards)")
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The command line's namespace, with ``command_parser`` (the command's parser); a misspelt command or
+    option is a usage error of the command, suggesting the nearest name."""
+    commands = parser.get_default("commands")
+    if argv and not argv[0].startswith("-") and argv[0] not in commands:
+        parser.error(f"argument command: invalid choice: {argv[0]!r} (choose from {', '.join(commands)})"
+                     f"{did_you_mean(argv[0], commands)}")
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = args.command_parser
+        # argparse keeps its parsers' options private; the option strings are what a user could have meant
+        known = [o for action in command._actions for o in action.option_strings if o.startswith("--")]
+        hints = "".join(did_you_mean(e.partition("=")[0], known) for e in extra if e.startswith("-"))
+        command.error(f"unrecognized arguments: {' '.join(extra)}{hints}")
+    return args
+
+
+def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every path the run will write, checked before anything runs: a usage error naming the option and the path.
+    (The example database is checked as it is opened, the compilation cache as it is enabled.)"""
+    try:
+        if args.json is not None:
+            paths.check_output_file(args.json, "--json")
+        if args.command != "check":
+            return
+        if os.environ.get("GMM_REPRO_DIR"):  # where reproducers save the data of large problems
+            paths.check_output_dir(os.environ["GMM_REPRO_DIR"], "GMM_REPRO_DIR")
+        if args.example_db is None and os.environ.get(example_db.ENV):  # the workers open it
+            example_db.open_database(os.environ[example_db.ENV], option_name=example_db.ENV)
+    except (ValueError, TypeError, ImportError) as exc:
+        parser.error(str(exc))
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,8 +16,11 @@ from typing import Any
 
 from gmm_kernels import KernelAdapter, Scope
 from gmm_kernels.scope import parse_multiples, parse_numerics, parse_quantizes
+from gmm_ref import FAMILIES
+from gmm_ref.names import did_you_mean
 
-__all__ = ["SCOPE_OPTIONS", "add_scope_options", "apply_scope", "modes_option", "scope_fields", "split_list"]
+__all__ = ["SCOPE_OPTIONS", "add_scope_options", "apply_scope", "modes_option", "scope_fields", "split_list",
+           "suggestions"]
 
 #: (option name without prefix, argparse keyword arguments)
 SCOPE_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -61,7 +64,8 @@ def scope_fields(values: Mapping[str, Any], prefix: str = "--") -> dict[str, Any
             try:
                 Scope(**{field: items})
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"{prefix}{name}: {exc}") from None
+                hint = suggestions(items, FAMILIES) if name == "families" else ""
+                raise ValueError(f"{prefix}{name}: {exc}{hint}") from None
             fields[field] = items
     if values.get("multiple"):
         fields["multiples"] = parse_multiples(values["multiple"], option=prefix + "multiple")
@@ -103,5 +107,14 @@ def modes_option(text: str | None, known: Any, error: Callable[[str], Any], defa
         raise
     unknown = [m for m in modes if m not in known]
     if unknown:
-        error(f"--modes: expected some of {', '.join(known)}, got {unknown}")
+        error(f"--modes: expected some of {', '.join(known)}, got {unknown}{suggestions(unknown, known)}")
     return modes
+
+
+def suggestions(given: list[str], known: Any) -> str:
+    """``"; did you mean X?"`` for the items of a list option that are not ``known`` (each named when several)."""
+    unknown = [g for g in given if g not in known]
+    hints = [(u, did_you_mean(u, known)) for u in unknown]
+    if len(unknown) == 1:
+        return hints[0][1]
+    return "".join(f"; {u!r}:{hint.removeprefix(';')}" for u, hint in hints if hint)

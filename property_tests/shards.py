@@ -8,12 +8,16 @@ together), and the units are dealt longest first to the shard with the least
 work so far, a cell's work being its seconds in a previous run's ``--json``
 given with ``--durations`` (the same file on every shard), else one. The partition depends only on the plan,
 N and that file, so the N shards check every cell exactly once, and a shard
-prints and writes (``--json``) only its own cells.
+prints and writes (``--json``) only its own cells. A shard may have none (a run
+with fewer groups of cells than shards, in a CI matrix whose shard count is
+fixed): it writes a shard file that says it checked nothing and exits 0, and
+the merge decides whether the run checked anything.
 
 ``gmm-harness merge A.json B.json ...`` reads the shards' ``--json`` files,
 checks that they are the N shards of one plan (a missing, repeated or foreign
-shard is an error: cells nobody checked are never a pass), prints the whole
-table and exits as the unsharded run would have: 1 if a cell failed.
+shard is an error, an empty shard's file too is needed: cells nobody checked
+are never a pass), prints the whole table and exits as the unsharded run would
+have: 1 if a cell failed, 2 if nothing was checked for a kernel asked for.
 """
 
 from __future__ import annotations
@@ -97,22 +101,21 @@ def load_shards(paths: Sequence[str], error: Callable[[str], Any]) -> dict[str, 
         except (OSError, ValueError) as exc:
             error(f"{p}: expected a shard's --json file: {type(exc).__name__}: {exc}")
     for p, doc in docs:
-        if not isinstance(doc, dict) or not doc.get("shard") or not doc.get("plan"):
+        if not isinstance(doc, dict) or not doc.get("shard") or not isinstance(doc.get("plan"), list) \
+                or not isinstance(doc.get("cells"), list):
             error(f"{p}: not a shard's result (run gmm-harness check with --shard I/N --json FILE)")
     first_path, first = docs[0]
     n = first["shard"][1]
     seen: dict[int, str] = {}
     for p, doc in docs:
-        if doc["plan"] != first["plan"] or doc["shard"][1] != n or doc["modes"] != first["modes"]:
-            error(f"{p}: a shard of another run than {first_path} (its plan, modes or shard count differ)")
+        if doc["plan"] != first["plan"] or doc["shard"][1] != n or doc.get("modes") != first.get("modes") \
+                or bool(doc.get("requested")) != bool(first.get("requested")):
+            error(f"{p}: a shard of another run than {first_path} (its plan, modes, shard count or --kernel "
+                  "differ)")
         i = doc["shard"][0]
         if i in seen:
             error(f"{p}: shard {i}/{n} given twice (also {seen[i]})")
         seen[i] = p
-    missing = [i for i in range(1, n + 1) if i not in seen]
-    if missing:
-        error(f"missing shard{'s' * (len(missing) > 1)} {', '.join(f'{i}/{n}' for i in missing)}: "
-              f"{'their' if len(missing) > 1 else 'its'} cells were not checked")
     by_cell: dict[str, list[dict[str, Any]]] = {}
     owner: dict[str, str] = {}
     for p, doc in docs:
@@ -121,13 +124,19 @@ def load_shards(paths: Sequence[str], error: Callable[[str], Any]) -> dict[str, 
             if owner.setdefault(key, p) != p:
                 error(f"{p}: the cell {key} was also checked by {owner[key]}")
             by_cell.setdefault(key, []).append(c)
-    plan = [plan_key(c) for c in first["plan"]]
+    plan = list(dict.fromkeys(plan_key(c) for c in first["plan"]))
     unchecked = [k for k in plan if k not in by_cell]
+    missing = [f"{i}/{n}" for i in range(1, n + 1) if i not in seen]
+    if missing:  # every shard's file is needed, an empty shard's too: the merge says the run is whole
+        lost = f"{_cells(len(unchecked), len(plan))} in no given shard's result" if unchecked \
+            else "every cell of the plan is in the given shards' results, but each shard writes a file, even one " \
+                 "that checked nothing"
+        error(f"missing shard{'s' * (len(missing) > 1)} {', '.join(missing)} (given {len(docs)} of {n}): {lost}")
     if unchecked:
-        error(f"{len(unchecked)} cells of the plan are in no shard's result, e.g. {unchecked[0]}")
+        error(f"{_cells(len(unchecked), len(plan))} in no shard's result, e.g. {unchecked[0]}")
     docs.sort(key=lambda d: d[1]["shard"][0])
     return {
-        "kernels": _unique(k for _, d in docs for k in d["kernels"]),
+        "kernels": _unique(k for _, d in docs for k in d["kernels"]), "requested": bool(first.get("requested")),
         "modes": first["modes"], "max_examples": first["max_examples"], "seed": first["seed"],
         "budget": first.get("budget"),
         "golden_dir": first["golden_dir"], "goldens": first.get("goldens", True), "plan": first["plan"],
@@ -137,6 +146,11 @@ def load_shards(paths: Sequence[str], error: Callable[[str], Any]) -> dict[str, 
         "seconds": round(sum(d.get("seconds", 0.0) for _, d in docs), 1),
         "shard_seconds": [d.get("seconds") for _, d in docs],
     }
+
+
+def _cells(n: int, total: int) -> str:
+    """``"1 of the plan's 3 cells is"``: a count of cells and its verb."""
+    return f"{n} of the plan's {total} cell{'s' * (total != 1)} {'is' if n == 1 else 'are'}"
 
 
 def _unique(kernels: Any) -> list[dict[str, Any]]:

@@ -4,25 +4,43 @@ hangs or crashes the process cannot take the run with it.
 ``python -m property_tests.worker REQUEST EVENTS`` reads a JSON request (the
 kernel specs, the cells to compute, the options) and appends one JSON line per
 event to EVENTS: ``start`` (a cell begins), ``problem`` (the problem a kernel is
-about to be called on), ``cell`` (a cell's text and failure reports). The main
-job reads them as they come, and restarts a worker after the cell a kernel
-crashed or hung in.
+about to be called on), ``cell`` (a cell's text and failure reports), ``error``
+(an exception that ended the worker: one its setup raised, or one a cell let
+through, such as the ``SystemExit`` of a kernel that calls ``sys.exit``) and
+``end`` (every cell was reported). The main job reads them as they come, and
+restarts a worker after the cell a kernel crashed or hung in.
+
+Its reports go to EVENTS alone, never to its stdout or stderr (a kernel may
+close them), and it ends with ``os._exit`` once EVENTS is written: threads a
+kernel left running, or an exit handler, cannot keep it alive.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["describe_exception", "main"]
+
+_exit = os._exit  # the worker's own, whatever a kernel does to os._exit
 
 
-def main(argv: list[str] | None = None) -> int:
-    request_path, events_path = (argv if argv is not None else sys.argv[1:])[:2]
-    request: dict[str, Any] = json.loads(Path(request_path).read_text())
+def describe_exception(exc: BaseException) -> str:
+    """One line naming an exception: ``Type: message``, or ``SystemExit(0)`` for one that is no error (an
+    exit request, an interrupt), whose message alone would say nothing."""
+    if not isinstance(exc, Exception):
+        return f"{type(exc).__name__}({', '.join(map(repr, exc.args))})"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:500]}" if text else type(exc).__name__
+
+
+def _work(request: dict[str, Any], emit: Callable[..., None]) -> None:
     for name, value in request.get("environ", {}).items():
         os.environ.setdefault(name, value)  # before anything imports jax
     from gmm_kernels.base import observe_calls
@@ -31,31 +49,55 @@ def main(argv: list[str] | None = None) -> int:
     from property_tests.table import Cell, CellOutcome, check_cells, run_cell
 
     register_profiles()
-    with open(events_path, "a", buffering=1) as events:
-        def emit(**event: Any) -> None:
-            events.write(json.dumps(event) + "\n")
-            events.flush()
+    kernels = {k.name: k for k in resolve_request(request)}
 
-        observe_calls(lambda adapter, problem: emit(event="problem", kernel=adapter.name, text=problem.describe()))
-        kernels = {k.name: k for k in resolve_request(request)}
+    def run(cell: Cell, seed: int | None) -> CellOutcome:
+        kernel, family, column = cell
+        return run_cell(kernels[kernel], family, column, max_examples=request["max_examples"], seed=seed,
+                        golden_dir=request.get("golden_dir"), require_own=request.get("require_own", False),
+                        example_db=request.get("example_db"))
 
-        def run(cell: Cell, seed: int | None) -> CellOutcome:
-            kernel, family, column = cell
-            return run_cell(kernels[kernel], family, column, max_examples=request["max_examples"], seed=seed,
-                            golden_dir=request.get("golden_dir"), require_own=request.get("require_own", False),
-                            example_db=request.get("example_db"))
+    def started(cell: Cell, extra: bool) -> None:
+        emit(event="start", kernel=cell[0], family=cell[1], column=cell[2], extra=extra)
 
-        def started(cell: Cell, extra: bool) -> None:
-            emit(event="start", kernel=cell[0], family=cell[1], column=cell[2], extra=extra)
-
-        # the deadline is the kernel's time budget: rounds of more examples for its passed cells
+    forget = observe_calls(lambda adapter, problem: emit(event="problem", kernel=adapter.name,
+                                                         text=problem.describe()))
+    try:  # the deadline is the kernel's time budget: rounds of more examples for its passed cells
         for (kernel, family, column), o, extra in check_cells(map(tuple, request["cells"]), run, started,
                                                              deadline=request.get("deadline"),
                                                              seed=request.get("seed")):
             emit(event="cell", kernel=kernel, family=family, column=column, text=o.text, details=o.details,
                  seconds=o.seconds, coverage=o.coverage, extra=extra)
+    finally:
+        forget()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compute the request's cells into EVENTS; 0 when every cell was reported, else 1 (after an ``error``
+    event naming what ended it)."""
+    request_path, events_path = (argv if argv is not None else sys.argv[1:])[:2]
+    with open(events_path, "a", buffering=1) as events:
+        def emit(**event: Any) -> None:
+            events.write(json.dumps(event) + "\n")
+            events.flush()
+
+        try:
+            _work(json.loads(Path(request_path).read_text()), emit)
+        except BaseException as exc:  # noqa: BLE001 - whatever ends the worker is reported, SystemExit too
+            emit(event="error", text=describe_exception(exc), traceback=traceback.format_exc()[-3000:])
+            return 1
+        emit(event="end")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except BaseException:  # noqa: BLE001 - EVENTS could not be written: the exit status says it failed
+        code = 1
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):  # what a kernel printed, if it left the streams open
+        with contextlib.suppress(Exception):
+            stream.flush()
+    _exit(code)

@@ -31,6 +31,7 @@ from gmm_ref.conventions.torch_grouped import GROUPED_MM
 from gmm_ref.conventions.torch_scaled import SCALED_GROUPED_MM, SCALED_GROUPED_MM_V2
 from gmm_ref.conventions.torchao import NVFP4_GROUPED_MM
 from gmm_ref.conventions.vllm import BATCHED_MOE
+from gmm_ref.names import did_you_mean
 from gmm_ref.problem import Problem
 
 __all__ = ["ENTRY_POINT_GROUP", "Convention", "arguments", "get", "names", "problem_from_arguments", "registry"]
@@ -67,7 +68,7 @@ def get(name: Any) -> Convention:
         return name
     conv = registry().get(name) if isinstance(name, str) else None
     if conv is None:
-        raise ValueError(f"convention: expected one of {names()}, got {name!r}")
+        raise ValueError(f"convention: expected one of {names()}, got {name!r}{did_you_mean(name, names())}")
     return conv
 
 

@@ -84,3 +84,88 @@ def test_check_kernel_gives_the_same_verdict_every_run_and_names_it():
     assert all(r.setting == "gmm-ci profile (derandomized, 10 examples)" for r in runs[0])
     seeded = check_kernel(_np_ragged_dot, convention="ragged_dot", modes=["exact"], max_examples=10, seed=1234)
     assert seeded.results[0].status is Status.PASSED and seeded.results[0].setting == "seed=1234 (10 examples)"
+
+
+# ------------------------------------------------------------------ usage errors, found before anything runs
+
+
+def _usage_error(argv: list[str], cwd: Path, monkeypatch, resolves: bool = False) -> str:
+    """The stderr of ``gmm-harness ARGV`` run from ``cwd``; it must be a usage error (exit 2), found before any
+    shard is read and, unless ``resolves``, before any kernel is resolved."""
+    import contextlib
+    import io
+
+    import property_tests.main as main_module
+
+    if not resolves:  # the error is found before the kernels are resolved (the resolver names the others)
+        monkeypatch.setattr(main_module, "resolve_request", lambda request: pytest.fail("a kernel was resolved"))
+    monkeypatch.setattr(main_module.shards, "load_shards", lambda *a: pytest.fail("the shards were read"))
+    monkeypatch.chdir(cwd)
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as info, contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        main_module.main(argv)
+    assert info.value.code == 2, err.getvalue()
+    return err.getvalue()
+
+
+OUTPUTS = [
+    (["check", "--kernel", "jax.ragged_dot", "--json", "a-file/r.json"], {},
+     "--json: cannot write 'a-file/r.json': 'a-file' is not a directory"),
+    (["check", "--kernel", "jax.ragged_dot", "--json", "."], {}, "--json: cannot write '.': it is a directory"),
+    (["check", "--kernel", "jax.ragged_dot", "--example-db", "a-file/db"], {},
+     "--example-db: cannot write the directory 'a-file/db': 'a-file' is not a directory"),
+    (["check", "--kernel", "jax.ragged_dot"], {"GMM_HARNESS_EXAMPLE_DB": "a-file/db"},
+     "GMM_HARNESS_EXAMPLE_DB: cannot write the directory 'a-file/db': 'a-file' is not a directory"),
+    (["check", "--kernel", "jax.ragged_dot"], {"GMM_REPRO_DIR": "a-file/repro"},
+     "GMM_REPRO_DIR: cannot write the directory 'a-file/repro': 'a-file' is not a directory"),
+    (["merge", "shard1.json", "--json", "a-file/merged.json"], {},
+     "--json: cannot write 'a-file/merged.json': 'a-file' is not a directory"),
+]
+
+
+@pytest.mark.parametrize(("argv", "env", "text"), OUTPUTS,
+                         ids=[" ".join([*env, *argv]) for argv, env, _ in OUTPUTS])
+def test_an_output_path_that_cannot_be_written_is_a_usage_error_before_anything_runs(tmp_path, monkeypatch, argv,
+                                                                                     env, text):
+    (tmp_path / "a-file").write_text("a regular file where a directory is needed\n")
+    monkeypatch.delenv("GMM_HARNESS_EXAMPLE_DB", raising=False)
+    monkeypatch.delenv("GMM_REPRO_DIR", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    err = _usage_error(argv, tmp_path, monkeypatch)
+    assert text in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # the checks left nothing behind
+
+
+def test_a_compile_cache_that_cannot_be_written_stays_a_usage_error(tmp_path, monkeypatch):
+    from property_tests import compile_cache
+
+    def unwritable(option, *args, option_name="option", **kwargs):
+        raise ValueError(f"{option_name}: the compilation cache directory {option} cannot be written: read-only")
+
+    monkeypatch.setattr(compile_cache, "enable", unwritable)
+    err = _usage_error(["check", "--kernel", "jax.ragged_dot", "--compile-cache", "/ro/cache"], tmp_path, monkeypatch)
+    assert "--compile-cache: the compilation cache directory /ro/cache cannot be written" in err, err
+
+
+TYPOS = [
+    (["check", "--kernal", "x"], "gmm-harness check: error: unrecognized arguments: --kernal x; did you mean "
+                                 "--kernel?"),
+    (["check", "--max-exmples=3"], "unrecognized arguments: --max-exmples=3; did you mean --max-examples?"),
+    (["check", "--kernel", "jax.ragged_dto"], "--kernel: 'jax.ragged_dto' is neither a built-in adapter nor an import "
+                                              "path pkg.module:fn; did you mean jax.ragged_dot?"),
+    (["check", "--kernel", "mk:good", "--convention", "ragged_dto"], "got 'ragged_dto'; did you mean ragged_dot"),
+    (["check", "--modes", "exact,nromal"], "got ['nromal']; did you mean normal?"),
+    (["check", "--kernel", "jax.ragged_dot", "--families", "ragged_mm"], "got ['ragged_mm']; did you mean ragged_m?"),
+    (["merge", "--jsn", "m.json", "a.json"], "gmm-harness merge: error: unrecognized arguments: --jsn; did you mean "
+                                             "--json?"),
+    (["chek"], "invalid choice: 'chek' (choose from check, coverage, merge); did you mean check?"),
+]
+
+
+@pytest.mark.parametrize(("argv", "text"), TYPOS, ids=[" ".join(argv) for argv, _ in TYPOS])
+def test_a_typo_gets_the_commands_usage_and_a_suggestion(tmp_path, monkeypatch, argv, text):
+    err = _usage_error(argv, tmp_path, monkeypatch, resolves="--kernel" in argv and "--convention" not in argv)
+    assert text in err, err
+    command = argv[0] if argv[0] in ("check", "merge") else ""
+    assert err.startswith(f"usage: gmm-harness {command}".rstrip()), err  # the command's usage, not the top one's

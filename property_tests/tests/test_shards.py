@@ -85,10 +85,10 @@ def test_two_shards_merged_give_the_unsharded_table_and_verdict(runs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("edit", "text"), [
-    ("drop", "missing shard 2/2: its cells were not checked"),
+    ("drop", "missing shard 2/2 (given 1 of 2): "),
     ("twice", "shard 1/2 given twice"),
     ("foreign", "a shard of another run than"),
-    ("cell lost", "cells of the plan are in no shard's result"),
+    ("cell lost", "1 of the plan's 8 cells is in no shard's result, e.g. "),
     ("cell twice", "was also checked by"),
     ("unsharded", "not a shard's result"),
 ])
@@ -107,6 +107,50 @@ def test_merge_refuses_anything_but_every_shard_of_one_run(runs, edit, text):
     files = {"drop": ["one.json"], "twice": ["one.json", "one.json"], "unsharded": [str(d / "full.json")]}
     proc = _cli(case, "merge", *files.get(edit, ["one.json", "two.json"]))
     assert proc.returncode == 2 and text in proc.stderr, proc.stdout + proc.stderr
+
+
+EMPTY = ["--kernel", GOOD, "--convention", "ragged_dot", "--modes", "exact,normal", "--max-examples", "3",
+         "--no-goldens", "--jobs", "1"]
+
+
+@pytest.mark.slow
+def test_a_shard_with_no_cells_checks_nothing_exits_0_and_merges(tmp_path):
+    # exact and normal draw the same shapes: one group of cells, which shard 1/2 checks; shard 2/2 has none
+    empty = _cli(tmp_path, "check", *EMPTY, "--shard", "2/2", "--json", "s2.json")
+    assert empty.returncode == 0, empty.stdout + empty.stderr
+    assert "shard 2/2: 0 of the 2 cells (they make 1 group of cells that compile the same shapes" in empty.stdout
+    assert "shard 2/2 checked nothing (0 of the 2 cells)" in empty.stdout
+    doc = json.loads((tmp_path / "s2.json").read_text())
+    assert doc["shard"] == [2, 2] and doc["cells"] == [] and doc["checked"] == 0 and len(doc["plan"]) == 2
+    assert (doc["passed"], doc["failed"]) == (0, 0)
+    full = _cli(tmp_path, "check", *EMPTY, "--json", "full.json")
+    one = _cli(tmp_path, "check", *EMPTY, "--shard", "1/2", "--json", "s1.json")
+    assert full.returncode == one.returncode == 0, full.stderr + one.stderr
+    merged = _cli(tmp_path, "merge", "s2.json", "s1.json", "--json", "merged/all.json")
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert _table(merged.stdout) == _table(full.stdout)
+    texts = [[(c["kernel"], c["family"], c["check"], c["text"]) for c in json.loads(p.read_text())["cells"]]
+             for p in (tmp_path / "full.json", tmp_path / "merged" / "all.json")]
+    assert texts[0] == texts[1] and len(texts[0]) == 2
+    # every shard's file is needed, the empty one's too; the message counts what is missing truly
+    alone = _cli(tmp_path, "merge", "s1.json")
+    assert alone.returncode == 2 and "missing shard 2/2 (given 1 of 2): every cell of the plan is in the given " \
+        "shards' results" in alone.stderr, alone.stderr
+    alone = _cli(tmp_path, "merge", "s2.json")
+    assert alone.returncode == 2 and "missing shard 1/2 (given 1 of 2): 2 of the plan's 2 cells are in no given " \
+        "shard's result" in alone.stderr, alone.stderr
+
+
+@pytest.mark.slow
+def test_a_merged_run_that_checked_nothing_for_a_kernel_asked_for_is_an_error(tmp_path):
+    # te.grouped_gemm does not run here: every cell is n/a; each shard may say so, the merge must refuse the run
+    argv = ["check", "--kernel", "te.grouped_gemm", "--modes", "exact,grad", "--no-goldens"]
+    for i in (1, 2):
+        part = _cli(tmp_path, *argv, "--shard", f"{i}/2", "--json", f"s{i}.json")
+        assert part.returncode == 0, part.stdout + part.stderr
+    merged = _cli(tmp_path, "merge", "s1.json", "s2.json")
+    assert merged.returncode == 2, merged.stdout + merged.stderr
+    assert "--kernel: nothing was checked for te.grouped_gemm: every cell is n/a" in merged.stderr
 
 
 def test_assign_deals_every_cell_once_and_balances_recorded_times():

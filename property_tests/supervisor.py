@@ -1,0 +1,186 @@
+"""The main job's supervisor: runs a kernel's cells in worker processes (``property_tests.worker``) and turns
+every way a worker can end into a verdict.
+
+A worker reports events (a cell begins, the problem a kernel is about to be given, a cell's verdict, an error
+that ended it, the end of its cells) to a file the supervisor reads as they come. A worker that ends before it
+reported all its cells has crashed, whatever its exit status (0 included): the cell it was in, or the next one,
+is a failure naming how it ended (the exit status or signal, or the exception that ended it) and the last
+problem the kernel was given, and a fresh worker takes the cells after it, so every worker makes progress. A
+cell past ``--timeout`` and a worker silent outside a cell are killed and named; a worker that reported every
+cell and does not exit (a thread it cannot end) is done, and killed after a grace. After ``MAX_LOST`` such
+cells a kernel's other cells are not run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from property_tests.table import Table
+
+__all__ = ["Supervisor", "ended"]
+
+
+def ended(code: int) -> str:
+    """How a process ended, from its exit status (negative: the signal that killed it)."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class Supervisor:
+    """Runs the cells in worker processes, restarting one after a crash or a hang.
+
+    A worker that ends before it reported all its cells crashed, whatever its exit status: the cell it was in
+    (or the next one) is a failure naming how it ended and the last problem the kernel was given, and a new
+    worker takes the cells after it. Every worker makes progress (it reports a cell or loses one), so a run
+    ends; a worker silent past the time limits is killed."""
+
+    def __init__(self, request: dict[str, Any], table: Table, timeout: float, verbose: bool) -> None:
+        self.request, self.table, self.timeout, self.verbose = request, table, timeout, verbose
+        self.workdir = Path(tempfile.mkdtemp(prefix="gmm-harness-"))
+
+    #: after this many crashed or hung cells, a kernel's other cells are not run
+    MAX_LOST = 2
+    #: seconds a worker may spend outside a cell (starting, between cells) before it is reported as hung: the
+    #: ``--timeout``, but no less than this (a loaded machine may take a while to import its frameworks)
+    MIN_IDLE = 120.0
+    #: seconds a worker that reported every cell may take to exit before it is killed (no failure: it is done)
+    EXIT_GRACE = 10.0
+    #: the worker's command line (a test may put a stand-in here)
+    COMMAND = (sys.executable, "-m", "property_tests.worker")
+
+    def run(self, cells: list[tuple[str, str | None, str]]) -> None:
+        pending = list(cells)
+        lost: dict[str, int] = {}
+        try:
+            while pending:
+                done = self._worker(pending)
+                if done >= len(pending):
+                    return
+                kernel = pending[done][0]  # the cell it crashed or hung in: a failure already
+                lost[kernel] = lost.get(kernel, 0) + 1
+                pending = pending[done + 1:]  # at least one cell fewer: no restart without progress
+                if lost[kernel] >= self.MAX_LOST:
+                    for k, family, column in [c for c in pending if c[0] == kernel]:
+                        self.table.put(k, family, column, f"n/a: not run: {kernel} crashed or hung in "
+                                                          f"{lost[kernel]} cells already (see their notes)")
+                    pending = [c for c in pending if c[0] != kernel]
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _worker(self, cells: list[tuple[str, str | None, str]]) -> int:
+        """Run a worker on ``cells``; the cells it completed. Fewer than all: it died or hung in the next one,
+        which is reported as a failure."""
+        request_path, events_path = self.workdir / "request.json", self.workdir / "events.jsonl"
+        request_path.write_text(json.dumps({**self.request, "cells": cells}))
+        events_path.write_text("")
+        state = {"done": 0, "since": time.monotonic(), "started": time.monotonic(), "problem": "", "cell": None,
+                 "error": None, "end": False}
+        try:
+            proc = subprocess.Popen([*self.COMMAND, str(request_path), str(events_path)],
+                                    env={**self.request.get("environ", {}), **os.environ}, stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            why = f"crashed: its worker could not be started: {exc}"
+        else:
+            with events_path.open() as events:
+                why = self._watch(proc, events, state, len(cells))
+        if state["done"] < len(cells):
+            state["cell"] = state["cell"] or cells[state["done"]]  # it died before it began the cell
+            self._lost(state, why or "crashed: its worker ended before it reported the cell")
+        elif why and state["cell"] is not None:  # in an extra round of the time budget
+            self._lost(state, why)
+        return state["done"]
+
+    def _watch(self, proc: subprocess.Popen, events: Any, state: dict[str, Any], n: int) -> str:
+        """Read the worker's events until it ends; how it ended ("" when it was done)."""
+        pending = ""  # a line the worker is still writing (a long event arrives in pieces)
+        while True:
+            pending += events.readline()
+            if pending.endswith("\n"):
+                self._event(pending, state)
+                pending = ""
+                continue
+            if proc.poll() is not None:
+                for line in (pending + events.read()).splitlines(keepends=True):  # what it wrote before it exited
+                    if line.endswith("\n"):
+                        self._event(line, state)
+                if state["end"] and state["done"] >= n:
+                    return ""
+                if state["error"] and state["cell"]:
+                    return f"crashed: {state['error']} was raised in the cell and ended its worker"
+                if state["error"]:
+                    return f"crashed: the worker failed before it began the cell: {state['error']}"
+                return f"crashed: the process {ended(proc.returncode)}"
+            why = self._overdue(state, n)
+            if why is not None:
+                proc.kill()
+                proc.wait()
+                return why
+            time.sleep(0.02)
+
+    def _overdue(self, state: dict[str, Any], n: int) -> str | None:
+        """Why the worker is to be killed now (a cell past the timeout, a silent worker), or None."""
+        now = time.monotonic()
+        if state["cell"] is not None:
+            return f"timed out after {self.timeout:g} s" if now - state["started"] > self.timeout else None
+        silent = now - state["since"]
+        if state["done"] >= n and (state["end"] or self.request.get("deadline") is None):
+            return "" if silent > self.EXIT_GRACE else None  # done: it only has to exit
+        limit = max(self.timeout, self.MIN_IDLE)
+        if silent <= limit:
+            return None
+        return (f"timed out: its worker was silent for {limit:g} s "
+                f"{'between cells' if state['done'] else 'before its first cell'}")
+
+    def _event(self, line: str, state: dict[str, Any]) -> None:
+        try:
+            event = json.loads(line)
+            kind = event["event"]
+            state["since"] = time.monotonic()
+            if kind == "start":
+                state.update(cell=(event["kernel"], event["family"], event["column"]), problem="",
+                             started=state["since"])
+            elif kind == "problem":
+                state["problem"] = event["text"]
+            elif kind == "error":
+                state.update(error=event["text"], traceback=event.get("traceback", ""))
+            elif kind == "end":
+                state["end"] = True
+            elif kind == "cell":
+                self._cell(event, state)
+        except (ValueError, TypeError, KeyError):
+            return  # not one of the worker's events (a kernel wrote into its file): nothing to record
+
+    def _cell(self, event: dict[str, Any], state: dict[str, Any]) -> None:
+        key = (event["kernel"], event["family"], event["column"])
+        self.table.put(*key, event["text"])
+        self.table.seconds[key] = event["seconds"]
+        self.table.details += event["details"]
+        if event.get("coverage"):
+            self.table.coverage.append(event["coverage"])
+        # an extra round of the time budget revises a cell already counted
+        state.update(done=state["done"] + (not event.get("extra")), cell=None, started=state["since"])
+        if self.verbose:
+            print(f"  {event['kernel']:<34} {event['family'] or '':<9} {event['column']:<17} "
+                  f"{event['text'][:70]}  [{event['seconds']:.1f}s]", file=sys.stderr, flush=True)
+
+    def _lost(self, state: dict[str, Any], what: str) -> None:
+        kernel, family, column = state["cell"]
+        key = (kernel, family, column)
+        self.table.seconds[key] = self.table.seconds.get(key, 0.0) + time.monotonic() - state["started"]
+        last = f"; the last problem it was given: {state['problem']}" if state["problem"] else ""
+        self.table.put(kernel, family, column, f"FAIL: {what}{last}")
+        trace = f"\n{state['traceback'].rstrip()}" if state.get("traceback") else ""
+        self.table.details.append(f"== {kernel} / {family} / {column}\nthe kernel {what}{last}{trace}")
