@@ -168,8 +168,12 @@ class TorchaoMXFP8ScaledGroupedMM(KernelAdapter):
                   numerics=Numerics(multiply="bfloat16", accumulate="float32", flush_subnormals=True))
 
     def _unavailable(self) -> str | None:
-        return import_failure("torchao.prototype.moe_training.mxfp8_grouped_mm",
-                              "_emulated_mxfp8_scaled_grouped_mm_2d_3d", "torchao's emulated MXFP8 scaled grouped mm")
+        from gmm_kernels.torchao_ops import quiet_torchao_import
+
+        with quiet_torchao_import():  # torchao's import-time log lines concern no kernel
+            return import_failure("torchao.prototype.moe_training.mxfp8_grouped_mm",
+                                  "_emulated_mxfp8_scaled_grouped_mm_2d_3d",
+                                  "torchao's emulated MXFP8 scaled grouped mm")
 
     def _refusal(self, problem: Problem) -> str | None:
         if problem.lhs_quant != MXFP8:
@@ -181,14 +185,13 @@ class TorchaoMXFP8ScaledGroupedMM(KernelAdapter):
 
     def call(self, mat_a: Any, mat_b: Any, scale_a: Any, scale_b: Any, offs: Any = None, out_dtype: Any = None
              ) -> Any:
-        import logging
-
         import torch
-        from torchao.prototype.moe_training.mxfp8_grouped_mm import _emulated_mxfp8_scaled_grouped_mm_2d_3d
 
         from gmm_kernels.convert import to_torch
+        from gmm_kernels.torchao_ops import quiet_torchao_import
 
-        logging.getLogger("torchao").setLevel(logging.ERROR)  # it warns about its CUDA extensions on import
+        with quiet_torchao_import():
+            from torchao.prototype.moe_training.mxfp8_grouped_mm import _emulated_mxfp8_scaled_grouped_mm_2d_3d
         m, k = mat_a.shape
         sa, sb = unswizzled_2d_3d(scale_a, scale_b, offs, m, k, mat_b.shape[2])
         (a, b), kw = to_framework("torch", (mat_a, mat_b), {"offs": offs, "out_dtype": out_dtype})

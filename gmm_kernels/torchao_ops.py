@@ -14,6 +14,10 @@ bfloat16, a float32 accumulator, and the CPU bfloat16 matmul's flushed subnormal
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
 from typing import Any
 
 from gmm_kernels.base import KernelAdapter, import_failure
@@ -21,9 +25,45 @@ from gmm_kernels.convert import to_framework
 from gmm_kernels.scope import Scope
 from gmm_ref import MXQuantizer, Numerics, Problem
 
-__all__ = ["TorchaoMXFP8GroupedMM", "TorchaoNVFP4GroupedMM"]
+__all__ = ["TorchaoMXFP8GroupedMM", "TorchaoNVFP4GroupedMM", "quiet_torchao_import"]
 
 MXFP8_RCEIL = MXQuantizer("float8_e4m3fn", 32, "rceil")
+
+#: what importing torchao (0.18) logs on a machine where its prebuilt CUDA extensions cannot load (any CPU-only
+#: machine): a warning per extension from torchao's logger, and torch's deprecation of register_constant() on
+#: the Enums torchao registers. Both are about torchao's own build, never about a kernel under test, and each
+#: process that imports torchao prints them (the main job's workers, the xdist workers): only these messages,
+#: only while the harness imports torchao, are dropped (quiet_torchao_import)
+_IMPORT_NOISE = (
+    ("torchao", re.compile(r"^Failed to load \S*torchao[/\\]_C[^/\\]*\.so: ")),
+    ("torch.utils._pytree", re.compile(r"register_constant\(\) on Enum subclasses is deprecated")),
+)
+
+
+class _DropImportNoise(logging.Filter):
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        super().__init__()
+        self.pattern = pattern
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.search(record.getMessage())
+
+
+@contextlib.contextmanager
+def quiet_torchao_import() -> Iterator[None]:
+    """Import torchao inside this block without its known import-time log noise (``_IMPORT_NOISE``).
+
+    The filters are on the two loggers for the block only: torchao's other messages, and anything your
+    own kernel makes torchao or torch log later, still show (torchao logs these once per process, when it
+    is first imported)."""
+    filters = [(logging.getLogger(name), _DropImportNoise(pattern)) for name, pattern in _IMPORT_NOISE]
+    for logger, f in filters:
+        logger.addFilter(f)
+    try:
+        yield
+    finally:
+        for logger, f in filters:
+            logger.removeFilter(f)
 
 
 class TorchaoMXFP8GroupedMM(KernelAdapter):
@@ -37,17 +77,16 @@ class TorchaoMXFP8GroupedMM(KernelAdapter):
                   numerics=Numerics(multiply="bfloat16", accumulate="float32", flush_subnormals=True))
 
     def _unavailable(self) -> str | None:
-        return import_failure("torchao.prototype.moe_training.mxfp8_grouped_mm", None,
-                              "torchao's moe_training.mxfp8_grouped_mm")
+        with quiet_torchao_import():
+            return import_failure("torchao.prototype.moe_training.mxfp8_grouped_mm", None,
+                                  "torchao's moe_training.mxfp8_grouped_mm")
 
     def call(self, mat_a: Any, mat_b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any:
-        import logging
+        with quiet_torchao_import():
+            from torchao.prototype.moe_training.mxfp8_grouped_mm import _to_mxfp8_then_scaled_grouped_mm
+            from torchao.prototype.mx_formats.config import ScaleCalculationMode
+            from torchao.quantization.quantize_.common import KernelPreference
 
-        from torchao.prototype.moe_training.mxfp8_grouped_mm import _to_mxfp8_then_scaled_grouped_mm
-        from torchao.prototype.mx_formats.config import ScaleCalculationMode
-        from torchao.quantization.quantize_.common import KernelPreference
-
-        logging.getLogger("torchao").setLevel(logging.ERROR)  # it warns about its CUDA extensions on import
         (a, b), kw = to_framework("torch", (mat_a, mat_b), {"offs": offs, "out_dtype": out_dtype})
         # its documented layouts, as its MoE layer passes them: A row-major, B_t per-group column-major
         a, b = a.contiguous(), b.transpose(-2, -1).contiguous().transpose(-2, -1)
@@ -66,8 +105,9 @@ class TorchaoNVFP4GroupedMM(KernelAdapter):
     requires = ("torch", "torchao")
 
     def _unavailable(self) -> str | None:
-        return import_failure("torchao.prototype.moe_training.nvfp4_grouped_mm",
-                              "_emulated_nvfp4_scaled_grouped_mm_2d_3d", "torchao's emulated NVFP4 grouped mm")
+        with quiet_torchao_import():
+            return import_failure("torchao.prototype.moe_training.nvfp4_grouped_mm",
+                                  "_emulated_nvfp4_scaled_grouped_mm_2d_3d", "torchao's emulated NVFP4 grouped mm")
 
     def numerics_for(self, problem: Problem) -> Numerics:
         """The dequantized operands in the output dtype, then a float32-accumulated matmul."""
@@ -77,12 +117,11 @@ class TorchaoNVFP4GroupedMM(KernelAdapter):
 
     def call(self, A_data: Any, A_scale: Any, B_data: Any, B_scale: Any, offs: Any = None, out_dtype: Any = None
              ) -> Any:
-        import logging
-
         import torch
-        from torchao.prototype.moe_training.nvfp4_grouped_mm import _emulated_nvfp4_scaled_grouped_mm_2d_3d
 
-        logging.getLogger("torchao").setLevel(logging.ERROR)  # it warns about its CUDA extensions on import
+        with quiet_torchao_import():
+            from torchao.prototype.moe_training.nvfp4_grouped_mm import _emulated_nvfp4_scaled_grouped_mm_2d_3d
+
         args, kw = to_framework("torch", (A_data, A_scale, B_data, B_scale), {"offs": offs, "out_dtype": out_dtype})
         return _emulated_nvfp4_scaled_grouped_mm_2d_3d(*args, offs=kw["offs"],
                                                        out_dtype=kw["out_dtype"] or torch.bfloat16)

@@ -21,8 +21,8 @@ from hypothesis.errors import InvalidArgument
 
 import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
+from property_tests import compile_cache, failures
 from property_tests import example_db as example_dbs
-from property_tests import failures
 from property_tests.modes import MODES, Mode, Unsupported, mode_covering, mode_of
 from property_tests.profiles import PROFILES
 from property_tests.profiles import profile as profile_settings
@@ -355,6 +355,15 @@ def check_kernel(
     ``example_db`` (an ``ExampleDatabase``, a directory, ``redis://HOST:PORT``, several joined by ``,``;
     default ``$GMM_HARNESS_EXAMPLE_DB``, else none) saves every failing example and replays the saved
     ones first on every run that shares it (``property_tests.example_db``).
+
+    Compilations go to the persistent compilation cache that the CLI and the pytest plugin use
+    (``property_tests.compile_cache``: ``$GMM_HARNESS_COMPILE_CACHE``, else ``~/.cache/gmm-harness/jax``),
+    so a shape compiled by one is loaded by the others and by later runs. It is turned on for the
+    process at the first call, before the kernel runs, and only if you have not configured jax's cache
+    yourself: ``JAX_COMPILATION_CACHE_DIR`` or ``jax_compilation_cache_dir`` set, or
+    ``jax_enable_compilation_cache`` off, and it is left as it is. Once on, it stays on for the process
+    (your own later jax compilations are cached there too); ``GMM_HARNESS_COMPILE_CACHE=off`` keeps it off.
+    A ``$GMM_HARNESS_COMPILE_CACHE`` that cannot be written is a ``ValueError``.
     """
     __tracebackhide__ = True
     adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name, scope=scope,
@@ -363,6 +372,7 @@ def check_kernel(
     _check_options(max_examples, profile, seed)
     check_known_issue_modes(adapter, option="scope")
     database = example_dbs.resolve(example_db)
+    compile_cache.ensure()  # the CLI's and the plugin's cache, unless jax's is yours (see above)
     why = adapter.available()
     if why:
         raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")

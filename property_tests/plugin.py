@@ -10,15 +10,22 @@ its pytest configuration (this repository does). Then:
   ``gmm-thorough`` are there to pick (``property_tests.profiles``);
 - ``--gmm-kernel`` (repeatable: a built-in adapter name or ``pkg.module:fn``),
   ``--gmm-convention`` and ``--gmm-tiling`` select the kernels the kernel
-  checks run on; with ``--gmm-kernel`` only the kernel checks run;
+  checks run on. With ``--gmm-kernel`` the harness's own tests that are not kernel
+  checks are left out (its test modules without kernel checks are not collected,
+  the rest deselected, and the run's summary says so), while your own tests run as
+  always; a run in which no collected test checks the kernel (neither a kernel
+  check of ``--pyargs property_tests`` nor a test of yours using ``gmm_kernel``) is a
+  usage error that says to add ``--pyargs property_tests`` (under xdist, whose
+  workers cannot stop the run, a failing item with the same message);
 - ``--gmm-families``, ``--gmm-dtypes``, ``--gmm-out-dtypes``, ``--gmm-multiple``,
   ``--gmm-no-tail``, ``--gmm-numerics`` and ``--gmm-quantizes`` declare the kernels' scope
   (``property_tests.options``; the same as the main job's options without the prefix);
 - the ``gmm_kernel`` fixture parametrizes a test over the selected kernels;
 - ``pytest_report_header`` lists the kernels under test and why any is skipped;
 - JAX's persistent compilation cache is on (``--gmm-compile-cache=DIR|off``,
-  default under pytest's cache directory), so xdist workers and later runs
-  compile each shape once (``property_tests.compile_cache``);
+  default the one the main job and ``check_kernel`` use, ``~/.cache/gmm-harness/jax``),
+  so xdist workers, later runs and the other front ends compile each shape once
+  (``property_tests.compile_cache``); a directory that cannot be written is a usage error;
 - ``--gmm-example-db=DIR|redis://HOST:PORT`` (default ``$GMM_HARNESS_EXAMPLE_DB``, else
   off) saves the kernel checks' failing examples and replays them first in
   every run that shares it, on any machine (``property_tests.example_db``).
@@ -29,6 +36,7 @@ its pytest configuration (this repository does). Then:
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,6 +45,11 @@ from property_tests.options import SCOPE_OPTIONS, add_scope_options
 from property_tests.profiles import DEFAULT, register_profiles
 
 __all__: list[str] = []
+
+#: the harness's own test modules that hold kernel checks (tests marked ``kernel``, using ``gmm_kernel``);
+#: with --gmm-kernel its other test modules are not collected (property_tests/tests/test_plugin.py keeps this true)
+KERNEL_CHECK_MODULES = ("test_kernels.py", "test_goldens.py")
+_TESTS = Path(__file__).resolve().parent / "tests"  # the harness's own tests, installed or in a checkout
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,7 +73,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--gmm-compile-cache", default=None, metavar="DIR|off",
         help="JAX persistent compilation cache shared by the xdist workers and later runs "
-             "(default: .pytest_cache/d/gmm-harness-jax; property_tests.compile_cache)",
+             "(default: the main job's and check_kernel's, $XDG_CACHE_HOME/gmm-harness/jax or "
+             "~/.cache/gmm-harness/jax; property_tests.compile_cache)",
     )
     group.addoption(
         "--gmm-example-db", default=None, metavar="DIR|redis://HOST:PORT|off",
@@ -118,6 +132,7 @@ def _scope_values(config: pytest.Config) -> dict[str, Any]:
 def _check_options(config: pytest.Config) -> None:
     """Every --gmm-* option is checked whenever it is given: one usage error, before collection."""
     from gmm_ref import conventions
+    from gmm_ref.names import did_you_mean
 
     kernels = config.getoption("--gmm-kernel")
     given = [o for o in ("--gmm-convention", "--gmm-tiling") if config.getoption(o) is not None]
@@ -126,7 +141,8 @@ def _check_options(config: pytest.Config) -> None:
         raise pytest.UsageError(f"{given[0]}: given without --gmm-kernel, which it applies to")
     convention = config.getoption("--gmm-convention")
     if convention is not None and convention not in conventions.names():
-        raise pytest.UsageError(f"--gmm-convention: expected one of {conventions.names()}, got {convention!r}")
+        raise pytest.UsageError(f"--gmm-convention: expected one of {conventions.names()}, got {convention!r}"
+                                f"{did_you_mean(convention, conventions.names())}")
     _tiling(config)
     if kernels:
         selected_kernels(config)  # fail fast on a bad import path
@@ -154,11 +170,9 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.load_profile(DEFAULT)  # deterministic unless asked otherwise
     from property_tests import compile_cache
 
-    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
-    fallback = cache.mkdir("gmm-harness-jax") if cache is not None else None
-    try:
+    try:  # the cache the main job and check_kernel use, unless told otherwise
         config._gmm_compile_cache = compile_cache.enable(  # type: ignore[attr-defined]
-            config.getoption("--gmm-compile-cache"), fallback, option_name="--gmm-compile-cache")
+            config.getoption("--gmm-compile-cache"), option_name="--gmm-compile-cache")
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
 
@@ -186,12 +200,85 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("gmm_kernel", kernels, ids=[k.name for k in kernels])
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("--gmm-kernel"):
+def _harness_test(path: Path) -> bool:
+    """Whether ``path`` is one of the harness's own test modules."""
+    if not (path.name.startswith("test_") and path.suffix == ".py"):
+        return False
+    return path.parent == _TESTS or path.parent.resolve() == _TESTS
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    # with --gmm-kernel the harness's own tests that are not kernel checks concern the harness, not the
+    # kernel: their modules are not even collected (a module-level skip of one, such as the walk-through's
+    # outside a checkout, would otherwise show in every user's run); a path named on the command line is
+    # collected all the same (pytest asks this hook only about the paths it finds)
+    if (config.getoption("--gmm-kernel") and _harness_test(collection_path)
+            and collection_path.name not in KERNEL_CHECK_MODULES):
+        config._gmm_left_out = getattr(config, "_gmm_left_out", 0) + 1  # type: ignore[attr-defined]
+        return True
+    return None
+
+
+class _CheckedNothing(pytest.Item):
+    """A run whose --gmm-kernel no collected test checks, under xdist: its workers cannot end the run
+    with a usage error (pytest reports an internal error), so the message is this item's failure."""
+
+    def __init__(self, *, message: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.message = message
+
+    def runtest(self) -> None:
+        raise pytest.UsageError(self.message)
+
+    def repr_failure(self, excinfo: Any, style: Any = None) -> str:
+        return self.message
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, self.name
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselect: whether any collected test checks the kernel
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    kernels = config.getoption("--gmm-kernel")
+    if not kernels:
         return
     keep, drop = [], []
-    for item in items:
-        (keep if item.get_closest_marker("kernel") else drop).append(item)
+    for item in items:  # the harness's own tests that are not kernel checks go; the user's tests all stay
+        internal = _harness_test(item.path) and item.get_closest_marker("kernel") is None
+        (drop if internal else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    left_out = (len(drop), getattr(config, "_gmm_left_out", 0))
+    config._gmm_left_out_counts = left_out  # type: ignore[attr-defined]
+    if hasattr(config, "workeroutput"):  # an xdist worker: its controller prints the summary
+        config.workeroutput["gmm_left_out"] = left_out
+    if any("gmm_kernel" in getattr(item, "fixturenames", ()) for item in items):
+        return
+    them = "it" if len(kernels) == 1 else "them"
+    message = (f"--gmm-kernel {', '.join(kernels)}: no collected test checks {them}: the harness's kernel checks "
+               "are collected with --pyargs property_tests (python -m pytest [your tests] --pyargs property_tests "
+               "--gmm-kernel ...), or a test of yours takes the gmm_kernel fixture")
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        raise pytest.UsageError(message)
+    items.append(_CheckedNothing.from_parent(session, name="--gmm-kernel checked by no test",
+                                             nodeid="gmm-harness: --gmm-kernel checked by no test", message=message))
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's: a worker ended, with what it collected
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    counts = getattr(node, "workeroutput", {}).get("gmm_left_out")
+    if counts is not None:
+        node.config._gmm_left_out_counts = tuple(counts)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if not config.getoption("--gmm-kernel"):
+        return
+    deselected, not_collected = getattr(config, "_gmm_left_out_counts", (0, 0))  # an xdist worker's, if one ran
+    if not deselected and not not_collected:  # none of the harness's tests were asked for: nothing to say
+        return
+    terminalreporter.write_line(
+        f"gmm-harness: --gmm-kernel runs the harness's kernel checks and your own tests; the harness's other "
+        f"tests (of the harness itself, not of your kernel) were left out: {deselected} deselected, "
+        f"{not_collected} of its test modules not collected")

@@ -91,14 +91,42 @@ def test_the_main_job_refuses_an_empty_directory():
     assert "--compile-cache: expected a directory or 'off', got ''" in proc.stderr
 
 
-def test_the_plugin_uses_pytests_cache_directory_and_names_it(tmp_path):
+def test_the_plugin_uses_the_main_jobs_cache_directory_and_names_it(tmp_path):
+    # one cache for the main job, the plugin and check_kernel (it was under .pytest_cache, compiled twice)
     (tmp_path / "pytest.ini").write_text("[pytest]\ngmm_harness = true\n")
     (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
     run = [sys.executable, "-m", "pytest", "-v", "-p", "no:xdist", str(tmp_path / "test_nothing.py")]
-    proc = subprocess.run(run, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_environ())
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=_environ(XDG_CACHE_HOME=str(tmp_path / "xdg")))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    where = tmp_path / ".pytest_cache" / "d" / "gmm-harness-jax"
-    assert f"gmm jax compilation cache: {where}" in proc.stdout and where.is_dir()
+    where = tmp_path / "xdg" / "gmm-harness" / "jax"
+    assert f"gmm jax compilation cache: {where}\n" in proc.stdout and where.is_dir()
+    assert not (tmp_path / ".pytest_cache" / "d" / "gmm-harness-jax").exists()
+
+
+def test_a_directory_that_cannot_be_written_names_the_option_and_the_path(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    bad = tmp_path / "a-file" / "jax"
+    script = textwrap.dedent('''
+        import sys
+        from property_tests import compile_cache
+        try:
+            compile_cache.enable(sys.argv[1] if len(sys.argv) > 1 else None, option_name="--opt")
+        except ValueError as exc:
+            print("ValueError", exc)
+        else:
+            print("enabled")
+    ''')
+
+    def run(*argv, **env):
+        return subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120,
+                              env=_environ(**env)).stdout
+
+    assert f"ValueError --opt: the compilation cache directory {bad} cannot be written" in run(str(bad))
+    assert f"ValueError {compile_cache.ENV}: the compilation cache directory {bad}" in run(
+        **{compile_cache.ENV: str(bad)})
+    assert "enabled" in run(str(tmp_path / "fine"), **{compile_cache.ENV: str(bad)})  # the option wins
+    assert "enabled" in run("off", **{compile_cache.ENV: str(bad)})
 
 
 def test_prune_keeps_the_cache_bounded_least_recently_used_first(tmp_path):

@@ -36,7 +36,6 @@ def _run(tmp_path, *args, conftest=None, env=None):
     (("--hypothesis-profile=gmm-ci",), "PROFILE 50 True"),
     (("--hypothesis-profile=gmm-dev",), "PROFILE 15 False"),
     (("--hypothesis-profile=gmm-thorough",), "PROFILE 400 False"),
-    (("--gmm-kernel=jax.ragged_dot",), "deselected"),  # in use: only the kernel checks run
 ])
 def test_profiles_are_selectable(tmp_path, args, expected):
     proc = _run(tmp_path, *args)
@@ -62,6 +61,27 @@ def test_a_project_opts_in_with_its_configuration(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\ngmm_harness = true\n")
     proc = _run(tmp_path, "-v")  # (-q hides the header)
     assert "PROFILE 50 True" in proc.stdout and "gmm kernel jax.ragged_dot (ragged_dot)" in proc.stdout
+
+
+def test_the_kernel_check_modules_are_the_ones_holding_kernel_checks():
+    # with --gmm-kernel the harness's other test modules are not collected: a module of kernel checks
+    # missing from KERNEL_CHECK_MODULES would silently drop its checks from every user's run
+    from pathlib import Path
+
+    from property_tests.plugin import KERNEL_CHECK_MODULES
+
+    here = Path(__file__).parent
+    holding = {p.name for p in here.glob("test_*.py")
+               if "pytest.mark.kernel" in p.read_text() and p.name != Path(__file__).name}
+    assert holding == set(KERNEL_CHECK_MODULES)
+
+
+def test_with_gmm_kernel_a_run_that_checks_nothing_is_a_usage_error(tmp_path):
+    # the probe is a user's test without the gmm_kernel fixture: it is kept, and the run says nothing checks the kernel
+    proc = _run(tmp_path, "--gmm-kernel=jax.ragged_dot")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "--gmm-kernel jax.ragged_dot: no collected test checks it" in proc.stderr
+    assert "--pyargs property_tests" in proc.stderr
 
 
 def test_bad_tiling_is_a_usage_error(tmp_path):

@@ -47,8 +47,8 @@ def test_the_walkthrough_has_what_the_issue_asks_for():
     files, commands = _steps()
     assert {"my_kernels/gmm.py", "tests/test_my_kernel.py", "my_kernels/golden_cases.py"} <= set(files)
     text = " ".join(commands)
-    for step in ("--pyargs property_tests --gmm-kernel", "gmm-harness check", "--json", "python -m golden regenerate",
-                 "python -m golden check", "--golden-dir"):
+    for step in ("tests --pyargs property_tests --gmm-kernel", "gmm-harness check", "--json",
+                 "python -m golden regenerate", "python -m golden check", "--golden-dir"):
         assert step in text, step
 
 
@@ -81,6 +81,9 @@ def test_the_walkthrough_runs_verbatim_in_a_fresh_repository(tmp_path, part):
         assert done.returncode == 0, f"$ {command}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
         if "--gmm-kernel" in command:
             assert "declared scope: dtypes float32,bfloat16" in done.stdout and " passed" in done.stdout
+            # the user's own tests run beside the kernel checks, and the summary says what of the harness's was not
+            assert "tests/test_my_kernel.py .." in done.stdout, done.stdout
+            assert "gmm-harness: --gmm-kernel runs the harness's kernel checks and your own tests" in done.stdout
         if "--json" in command:
             results = json.loads((tmp_path / "results.json").read_text())
             assert results["failed"] == 0 and results["passed"] >= 7
