@@ -15,7 +15,7 @@ NumPy and ml_dtypes. The semantics are in the repository's docs/ (semantics.md, 
 numerics.md, scaled.md).
 """
 
-from gmm_ref import conventions
+from gmm_ref import conventions, families
 from gmm_ref.compare import Comparison, Mismatch, assert_deterministic, assert_matches_reference, check
 from gmm_ref.conventions import arguments, problem_from_arguments
 from gmm_ref.conventions.deep_gemm import deep_gemm_m_grouped_contiguous, deep_gemm_m_grouped_masked
@@ -58,6 +58,7 @@ __all__ = [
     "conventions",
     "deep_gemm_m_grouped_contiguous",
     "deep_gemm_m_grouped_masked",
+    "families",
     "gmm",
     "gradients",
     "grouped_mm",

@@ -15,6 +15,7 @@ import numpy as np
 
 from gmm_ref import dtypes as _dt
 from gmm_ref.exact import Reference, reference
+from gmm_ref.families import ALIGNED, COUNTS
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import Problem
 from gmm_ref.repro import fenced, reproducer
@@ -72,19 +73,20 @@ REPRODUCE = "Reproduce with:\n"
 def groups_of(p: Problem, idx: np.ndarray) -> np.ndarray:
     """The group of each output index (rows of ``idx``); -1 for the tail past every group."""
     nb = len(p.batch_shape)
-    if p.family == "masked":  # group g's matrix; -1 past its valid rows
+    fam = p.family_facts
+    if fam.groups == COUNTS:  # group g's matrix; -1 past its valid rows
         g = idx[:, 0].astype(np.int64)
         return np.where(idx[:, 1] < p.group_sizes[g], g, -1)
-    if p.family == "padded_contiguous":  # the group whose rows hold it; -1 for padding rows
+    if fam.groups == ALIGNED:  # the group whose rows hold it; -1 for padding rows
         starts, ends = p.spans_at(())
         row = idx[:, 0]
         g = np.searchsorted(starts, row, side="right") - 1
         inside = (g >= 0) & (row < ends[np.maximum(g, 0)])
         # empty groups share their start with the next group: the last group starting there holds the row
         return np.where(inside, g, -1)
-    if p.family in ("ragged_k", "batch"):
+    if fam.is_grouped("out"):
         return p.group_offset + idx[:, 0].astype(np.int64)
-    pos = idx[:, nb] if p.family == "ragged_m" else idx[:, nb + 1]
+    pos = idx[:, nb + fam.ragged_dim("out")]
     out = np.empty(len(idx), np.int64)
     batch = [tuple(r) for r in idx[:, :nb]] if p.group_sizes.ndim > 1 else None
     for bi in ({()} if batch is None else set(batch)):
@@ -102,20 +104,20 @@ def group_of(p: Problem, index: tuple[int, ...]) -> int:
 
 def group_span(p: Problem, g: int, index: tuple[int, ...]) -> str:
     """``group g (rows [a, b), size s)``: the group of output ``index`` and its ragged range."""
+    fam = p.family_facts
     if g < 0:
-        return {"masked": "rows past a group's valid count (masked)",
-                "padded_contiguous": "padding rows (no group's)"}.get(p.family, "tail (past sum(group_sizes))")
-    if p.group_sizes is None or p.family == "batch":
+        return fam.outside
+    if p.group_sizes is None or not fam.takes_sizes:
         return f"group {g}"
-    if p.family in ("masked", "padded_contiguous"):
+    if fam.serving:
         starts, ends = p.spans_at(())
-        where = " of its own matrix" if p.family == "masked" else ""
+        where = " of its own matrix" if fam.groups == COUNTS else ""
         return f"group {g} (rows [{starts[g]}, {ends[g]}){where}, size {ends[g] - starts[g]})"
     nb = len(p.batch_shape)
-    lead = 1 if p.family == "ragged_k" else 0
+    lead = 1 if fam.is_grouped("out") else 0
     bi = tuple(index[lead:lead + nb]) if p.group_sizes.ndim > 1 else ()
     off = p.offsets_at(bi)
-    axis = {"ragged_m": "rows", "ragged_n": "columns", "ragged_k": "K range"}[p.family]
+    axis = fam.axis_word
     where = f" at batch index {list(bi)}" if bi else ""
     return f"group {g} ({axis} [{off[g]}, {off[g + 1]}){where}, size {off[g + 1] - off[g]})"
 
@@ -128,7 +130,8 @@ def _group_summary(p: Problem, idx: np.ndarray) -> tuple[str, dict[int, int]]:
              for g, i, c in list(zip(found, first, counts, strict=True))[:MAX_LISTED]]
     if len(found) > MAX_LISTED:
         lines.append(f"  ... and {len(found) - MAX_LISTED} more groups")
-    if p.family == "masked" and found.size and found[0] == -1:  # name the groups whose rows past the count are wrong
+    # masked: name the groups whose rows past the count are wrong
+    if p.family_facts.groups == COUNTS and found.size and found[0] == -1:
         past = idx[groups < 0, 0]
         owners, n_past = np.unique(past, return_counts=True)
         lines[0] = "  rows past a group's valid count (masked):"
@@ -144,16 +147,15 @@ def scale_blocks_of(p: Problem, idx: np.ndarray) -> np.ndarray:
     groups = groups_of(p, idx)
     out = np.full((len(idx), 3), -1, np.int64)
     out[:, 0] = groups
-    fam = p.family
-    starts = None if fam in ("batch", "ragged_k") else p.spans_at(())[0]
+    dim = p.family_facts.ragged_dim("out")  # masked: its groups start at row 0 of their own matrices
+    starts = None if dim is None else p.spans_at(())[0]
     for i, (g, ix) in enumerate(zip(groups.tolist(), idx.tolist(), strict=True)):
         if g < 0:
             continue
-        row, col = ix[-2], ix[-1]
-        if fam in ("ragged_m", "padded_contiguous"):
-            row -= int(starts[g])
-        elif fam == "ragged_n":
-            col -= int(starts[g])
+        rc = [ix[-2], ix[-1]]
+        if dim is not None:
+            rc[dim] -= int(starts[g])
+        row, col = rc
         for j, (quant, at) in enumerate(((p.lhs_quant, row), (p.rhs_quant, col)), 1):
             if quant is not None:
                 out[i, j] = 0 if quant.block[0] is None else at // quant.block[0]

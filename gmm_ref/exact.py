@@ -33,16 +33,16 @@ def _wide(p: Problem) -> type:
 def _undefine_outside(p: Problem, mask: np.ndarray) -> None:
     """Rows (ragged_m) or columns (ragged_n) of no local group follow tail/foreign; so do the rows of no group of
     the serving layouts (past a group's valid count, padding between groups, past the last group)."""
-    if p.family in ("masked", "padded_contiguous"):
+    fam = p.family_facts
+    if fam.serving:
         if p.tail == "undefined":
             covered = np.zeros(mask.shape, bool)
             starts, ends = p.spans_at(())
             for g in range(p.num_groups):
-                rows = slice(int(starts[g]), int(ends[g]))
-                covered[(g, rows) if p.family == "masked" else (rows,)] = True
+                covered[fam.index("out", g, int(starts[g]), int(ends[g]))] = True
             mask &= covered
         return
-    axis = -2 if p.family == "ragged_m" else -1
+    axis = -2 if fam.ragged_dim("out") == 0 else -1
     g0, g1 = p.group_offset, p.group_offset + p.num_local_groups
     for bi in np.ndindex(*p.batch_shape):
         off = p.offsets_at(bi)
@@ -111,11 +111,11 @@ def reference(p: Problem) -> Reference:
     accumulate = p.existing_out is not None and p.existing_policy == "accumulate"
     if p.existing_out is not None:
         np.copyto(exact, p.existing_out, casting="unsafe")
-    elif p.family in ("ragged_m", "ragged_n", "masked", "padded_contiguous"):
+    elif p.family_facts.ragged_out:
         _undefine_outside(p, mask)
     jobs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for blk in blocks(p):
-        if p.family == "ragged_k" and blk.k == 0:
+        if p.family_facts.ragged_contraction and blk.k == 0:
             if p.empty == "undefined" or (p.empty == "untouched" and p.existing_out is None):
                 mask[blk.out_index] = False
             elif p.empty == "zero" and not accumulate:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from gmm_ref import dtypes as _dt
+from gmm_ref import families as _families
 from gmm_ref.problem import Problem
 
 __all__ = ["Gradients", "gradients"]
@@ -88,7 +89,7 @@ def gradients(problem: Problem, cotangent: Any, *, tail: str | None = None,
         batch_ndim=p.batch_ndim, tiling=p.tiling, group_offset=p.group_offset,
         num_local_groups=p.num_local_groups,
     )
-    if p.family == "batch":
+    if not p.family_facts.takes_sizes:
         common = dict(batch_ndim=p.batch_ndim, tiling=p.tiling)
     policies = dict(tail=tail, foreign=foreign, empty="zero")
     gs = p.group_sizes
@@ -121,7 +122,7 @@ def _cotangent(p: Problem, cotangent: Any) -> np.ndarray:
         raise TypeError(f"cotangent: dtype {dout.dtype} cannot be a grouped GEMM input")
     if p.packed:
         raise NotImplementedError("gradients: packed layouts are not supported")
-    if p.family in ("masked", "padded_contiguous"):
+    if p.family_facts.gradient is None:
         raise NotImplementedError(f"gradients: the {p.family} family has no gradient model here (its kernels are "
                                   "inference kernels)")
     return dout
@@ -130,42 +131,24 @@ def _cotangent(p: Problem, cotangent: Any) -> np.ndarray:
 def _specs(p: Problem, dout: np.ndarray) -> tuple[tuple, tuple]:
     """dlhs and drhs of ``p`` as (family, lhs buffer, rhs buffer, lhs_transposed, rhs_transposed)."""
     lt, rt = p.lhs_transposed, p.rhs_transposed
-    fam = p.family
-    # For each family: dlhs and drhs as (family, lhs buffer, rhs buffer, lhs_transposed, rhs_transposed).
+    fam = p.family_facts
+    # dlhs = dout @ rhs^T; stored transposed, dlhs^T = rhs @ dout^T. drhs = lhs^T @ dout; stored transposed,
+    # drhs^T = dout^T @ lhs. Which family each product is (the groups split the same extents, now on other axes)
+    # is the family's fact (Family.gradient), e.g. ragged_m: dlhs [T, K] is ragged_m (stored [K, T]: ragged_n),
+    # drhs_g [K, N] = lhs_g^T [K, m_g] @ dout_g [m_g, N] is ragged_k.
     # An operand's "transposed" flag flips when the gradient reads it transposed.
-    if fam == "ragged_m":
-        # dlhs [T, K] = dout_g [m_g, N] @ rhs_g^T [N, K]
-        dl = (("ragged_m", dout, p.rhs, False, not rt) if not lt
-              # stored [K, T]: dlhs^T[:, g] = rhs_g [K, N] @ dout_g^T [N, m_g]
-              else ("ragged_n", p.rhs, dout, rt, True))
-        # drhs_g [K, N] = lhs_g^T [K, m_g] @ dout_g [m_g, N]; stored [N, K]: dout_g^T @ lhs_g
-        dr = (("ragged_k", p.lhs, dout, not lt, False) if not rt
-              else ("ragged_k", dout, p.lhs, True, lt))
-    elif fam == "ragged_n":
-        # dlhs_g [M, K] = dout_g [M, n_g] @ rhs_g^T [n_g, K]; stored [K, M]: rhs_g @ dout_g^T
-        dl = (("ragged_k", dout, p.rhs, False, not rt) if not lt
-              else ("ragged_k", p.rhs, dout, rt, True))
-        # drhs [K, T]: drhs[:, g] = lhs_g^T [K, M] @ dout_g [M, n_g]; stored [T, K]: dout_g^T @ lhs_g
-        dr = (("ragged_n", p.lhs, dout, not lt, False) if not rt
-              else ("ragged_m", dout, p.lhs, True, lt))
-    elif fam == "ragged_k":
-        # dlhs [M, T]: dlhs[:, g] = dout_g [M, N] @ rhs_g^T [N, k_g]; stored [T, M]: rhs_g @ dout_g^T
-        dl = (("ragged_n", dout, p.rhs, False, not rt) if not lt
-              else ("ragged_m", p.rhs, dout, rt, True))
-        # drhs [T, N]: drhs[g] = lhs_g^T [k_g, M] @ dout_g [M, N]; stored [N, T]: dout_g^T @ lhs_g
-        dr = (("ragged_m", p.lhs, dout, not lt, False) if not rt
-              else ("ragged_n", dout, p.lhs, True, lt))
-    else:  # batch
-        dl = (("batch", dout, p.rhs, False, not rt) if not lt else ("batch", p.rhs, dout, rt, True))
-        dr = (("batch", p.lhs, dout, not lt, False) if not rt else ("batch", dout, p.lhs, True, lt))
+    dl = ((fam.gradient_family("lhs", False), dout, p.rhs, False, not rt) if not lt
+          else (fam.gradient_family("lhs", True), p.rhs, dout, rt, True))
+    dr = ((fam.gradient_family("rhs", False), p.lhs, dout, not lt, False) if not rt
+          else (fam.gradient_family("rhs", True), dout, p.lhs, True, lt))
     return dl, dr
 
 
 def _problem(spec: tuple, gs: Any, out_dtype: Any, common: dict, policies: dict) -> Problem:
     fam, a, b, at, bt = spec
     kw = dict(common)
-    if fam == "batch":
-        return Problem("batch", a, b, None, lhs_transposed=at, rhs_transposed=bt, out_dtype=out_dtype, **kw)
+    if not _families.get(fam).takes_sizes:
+        return Problem(fam, a, b, None, lhs_transposed=at, rhs_transposed=bt, out_dtype=out_dtype, **kw)
     return Problem(fam, a, b, gs, lhs_transposed=at, rhs_transposed=bt, out_dtype=out_dtype,
                    **policies, **kw)
 
@@ -185,26 +168,25 @@ def _existing_gradient(p: Problem, dout: np.ndarray) -> Problem:
     if p.existing_policy == "accumulate":
         sizes_shape = (p.num_groups,) if p.group_sizes is None else p.group_sizes.shape
         zeros = np.zeros(sizes_shape, np.int64)
-        if p.family in ("ragged_m", "ragged_n"):
+        if p.family_facts.ragged_out:  # ragged_m, ragged_n: every output element keeps existing_out
             return Problem(p.family, np.zeros(_zero_shape(p, "lhs"), np.float32),
                            np.zeros(_zero_shape(p, "rhs"), np.float32), zeros,
                            group_offset=p.group_offset, num_local_groups=p.num_local_groups, **kw)
         b, (m, n) = p.out_shape[1:-2], p.out_shape[-2:]
+        # ragged_k (and batch): G empty contraction groups, each block untouched
         return Problem("ragged_k", np.zeros((*b, m, 0), np.float32), np.zeros((*b, 0, n), np.float32),
                        zeros, empty="untouched", group_offset=p.group_offset,
                        num_local_groups=p.num_local_groups, **kw)
     zl = np.zeros(_zero_shape(p, "lhs"), np.float32)
     zr = np.zeros(_zero_shape(p, "rhs"), np.float32)
-    if p.family == "batch":
-        return Problem("batch", zl, zr, None, **kw)
+    if not p.family_facts.takes_sizes:
+        return Problem(p.family, zl, zr, None, **kw)
     return Problem(p.family, zl, zr, p.group_sizes, group_offset=p.group_offset,
                    num_local_groups=p.num_local_groups, empty=p.empty, **kw)
 
 
 def _zero_shape(p: Problem, which: str) -> tuple[int, ...]:
     """Canonical (untransposed) operand shape of ``p`` with contraction length 1 (ragged K: T)."""
-    b, m, n = p.batch_shape, p.m, p.n
-    lead_l = (p.num_local_groups,) if p.family == "ragged_n" else (p.num_groups,) if p.family == "batch" else ()
-    lead_r = (p.num_local_groups,) if p.family == "ragged_m" else (p.num_groups,) if p.family == "batch" else ()
-    k = p.k if p.family == "ragged_k" else 1
-    return (*lead_l, *b, m, k) if which == "lhs" else (*lead_r, *b, k, n)
+    fam = p.family_facts
+    k = p.k if fam.ragged_contraction else 1
+    return fam.shape(which, p.m, k, p.n, p.num_local_groups, p.batch_shape)

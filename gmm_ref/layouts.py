@@ -44,21 +44,13 @@ class Block:
 
 
 def _operand(p: Problem, which: str, bi: tuple[int, ...], local: int, start: int, size: int) -> np.ndarray:
-    fam = p.family
+    fam = p.family_facts
     buf = p.lhs if which == "lhs" else p.rhs
     transposed = p.lhs_transposed if which == "lhs" else p.rhs_transposed
-    grouped = (fam in ("ragged_n", "batch", "masked")) if which == "lhs" else (
-        fam in ("ragged_m", "batch", "masked", "padded_contiguous"))
-    mat = buf[(local, *bi)] if grouped else buf[bi]
-    # logical ragged dim of this operand: lhs (M, K) -> 0 or 1; rhs (K, N) -> 0 or 1
-    ragged = {
-        ("ragged_m", "lhs"): 0,
-        ("ragged_k", "lhs"): 1,
-        ("ragged_k", "rhs"): 0,
-        ("ragged_n", "rhs"): 1,
-        ("masked", "lhs"): 0,  # the valid rows of the group's own matrix
-        ("padded_contiguous", "lhs"): 0,
-    }.get((fam, which))
+    mat = buf[(local, *bi)] if fam.is_grouped(which) else buf[bi]
+    # logical ragged dim of this operand: lhs (M, K) -> 0 or 1; rhs (K, N) -> 0 or 1 (masked: the valid rows of
+    # the group's own matrix)
+    ragged = fam.ragged_dim(which)
     if ragged is not None:
         stored_axis = ragged if not transposed else 1 - ragged
         mat = _ragged_slice(mat, stored_axis, start, size, p.packed)
@@ -67,12 +59,12 @@ def _operand(p: Problem, which: str, bi: tuple[int, ...], local: int, start: int
 
 def blocks(p: Problem) -> Iterator[Block]:
     """Every (batch index, local group) block of the problem, in order."""
-    fam = p.family
+    fam = p.family_facts
     for bi in np.ndindex(*p.batch_shape):
         starts, ends = p.spans_at(bi)
         for local, g in enumerate(p.local_groups):
             start, size = int(starts[g]), int(ends[g] - starts[g])
-            if fam == "batch":
+            if not fam.takes_sizes:
                 start, size = 0, 0
             a = _operand(p, "lhs", bi, local, start, size)
             b = _operand(p, "rhs", bi, local, start, size)
@@ -80,14 +72,7 @@ def blocks(p: Problem) -> Iterator[Block]:
                 a = dequantized(a, p.lhs_quant, p.scales_of("lhs", local), p.global_of("lhs", local))
             if p.rhs_quant is not None:
                 b = dequantized(b.T, p.rhs_quant, p.scales_of("rhs", local), p.global_of("rhs", local)).T
-            if fam in ("ragged_m", "padded_contiguous"):
-                out_index = (*bi, slice(start, start + size), slice(None))
-            elif fam == "masked":
-                out_index = (local, slice(0, size), slice(None))
-            elif fam == "ragged_n":
-                out_index = (*bi, slice(None), slice(start, start + size))
-            else:
-                out_index = (local, *bi)
+            out_index = fam.index("out", local, start, start + size, bi)
             yield Block(g, local, bi, a, b, out_index, a.shape[1])
 
 

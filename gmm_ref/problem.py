@@ -55,6 +55,7 @@ from typing import Any, Literal
 import numpy as np
 
 from gmm_ref import dtypes as _dt
+from gmm_ref import families as _families
 from gmm_ref.checks import (
     aligned_starts,
     as_int,
@@ -72,11 +73,12 @@ from gmm_ref.scaled import ELEMENT_DTYPES, Quantization
 __all__ = ["FAMILIES", "RAGGED_FAMILIES", "SERVING_FAMILIES", "STORAGES", "Problem", "aligned_starts", "as_tiling",
            "known_conventions"]
 
-FAMILIES = ("ragged_m", "ragged_n", "ragged_k", "batch", "masked", "padded_contiguous")
+#: every family's name (the records: :mod:`gmm_ref.families`)
+FAMILIES = _families.names()
 #: the families of one ragged axis (and batch), each with every layout, batch dims and sharding
-RAGGED_FAMILIES = ("ragged_m", "ragged_n", "ragged_k", "batch")
+RAGGED_FAMILIES = _families.ragged_names()
 #: the serving layouts: a valid row count per group's own matrix, or groups at aligned row offsets
-SERVING_FAMILIES = ("masked", "padded_contiguous")
+SERVING_FAMILIES = _families.serving_names()
 TAIL_POLICIES = ("zero", "undefined")
 EMPTY_POLICIES = ("zero", "untouched", "undefined")
 EXISTING_POLICIES = ("overwrite", "accumulate")
@@ -132,7 +134,7 @@ class Problem:
 
     # ---------------------------------------------------------------- validation
     def __post_init__(self) -> None:
-        choice("family", self.family, FAMILIES)
+        set_field(self, "family", _families.get(self.family).name)  # a name (or its record) -> the name
         choice("tail", self.tail, TAIL_POLICIES)
         choice("foreign", self.foreign, TAIL_POLICIES)
         choice("empty", self.empty, EMPTY_POLICIES)
@@ -140,9 +142,9 @@ class Problem:
         self._check_operands()
         set_field(self, "out_dtype", output_dtype(self.lhs.dtype, self.rhs.dtype, self.out_dtype, self.scaled))
         self._check_shapes()
-        if self.family == "batch":
+        if not self.family_facts.takes_sizes:
             self._check_batch_groups()
-        elif self.family in SERVING_FAMILIES:
+        elif self.family_facts.serving:
             self._check_serving_groups()
         else:
             self._check_groups()
@@ -160,6 +162,11 @@ class Problem:
         for name, kind in zip(("lhs", "rhs"), st, strict=True):
             choice(f"storage[{name}]", kind, STORAGES)
         set_field(self, "storage", tuple(st))
+
+    @property
+    def family_facts(self) -> _families.Family:
+        """The record of :attr:`family` (its ragged axis, grouped operands, ...: :mod:`gmm_ref.families`)."""
+        return _families.get(self.family)
 
     @property
     def scaled(self) -> bool:
@@ -200,17 +207,16 @@ class Problem:
         set_field(self, "batch_ndim", nb)
 
     def _check_shapes(self) -> None:
-        fam, nb = self.family, self.batch_ndim
+        fam, nb, facts = self.family, self.batch_ndim, self.family_facts
         lhs, rhs = self.lhs, self.rhs
-        grouped_lhs = fam in ("ragged_n", "batch", "masked")
-        grouped_rhs = fam in ("ragged_m", "batch", "masked", "padded_contiguous")
-        if fam in SERVING_FAMILIES:
-            if nb:
-                raise ValueError(f"batch_ndim: the {fam} family takes no batch dims, got {nb}")
-            if fam == "padded_contiguous" and self.lhs_transposed:
-                raise ValueError("lhs_transposed: the padded_contiguous family stores lhs [T, K] (its rows are the "
-                                 "groups' rows), expected False")
-        if self.alignment is not None and fam != "padded_contiguous":
+        grouped_lhs = facts.is_grouped("lhs")
+        grouped_rhs = facts.is_grouped("rhs")
+        if nb and not facts.batch_dims:
+            raise ValueError(f"batch_ndim: the {fam} family takes no batch dims, got {nb}")
+        if self.lhs_transposed and not facts.lhs_transposable:
+            raise ValueError(f"lhs_transposed: the {fam} family stores lhs [T, K] (its rows are the "
+                             "groups' rows), expected False")
+        if self.alignment is not None and facts.groups != _families.ALIGNED:
             raise ValueError(f"alignment: only the padded_contiguous family takes one, got {self.alignment!r} for "
                              f"family {fam!r}")
         for name, arr, want in (("lhs", lhs, nb + 2 + grouped_lhs), ("rhs", rhs, nb + 2 + grouped_rhs)):
@@ -263,7 +269,7 @@ class Problem:
         if np.any(gs < 0):
             raise ValueError(f"group_sizes: must be non-negative, got {gs.tolist()}")
         extent = self.ragged_extent
-        axis = fam[-1].upper()
+        axis = self.family_facts.ragged.upper()
         if np.any(gs > extent):  # checked first: a sum of huge sizes could wrap around
             raise ValueError(f"group_sizes: size {int(np.max(gs))} exceeds the ragged extent {extent} ({axis})")
         totals = gs.astype(np.int64).sum(axis=-1)
@@ -277,7 +283,7 @@ class Problem:
         gs = np.array(gs, dtype=np.int64)
         gs.setflags(write=False)
         set_field(self, "group_sizes", gs)
-        grouped = {"ragged_m": ("rhs", self.rhs), "ragged_n": ("lhs", self.lhs)}.get(fam)
+        grouped = next(((op, getattr(self, op)) for op in ("lhs", "rhs") if self.family_facts.is_grouped(op)), None)
         if grouped is not None and grouped[1].shape[0] != nl:
             raise ValueError(
                 f"{grouped[0]}: expected {nl} local groups on axis 0 (G={g}, group_offset={off}), "
@@ -306,7 +312,7 @@ class Problem:
         if rhs_groups != g:
             raise ValueError(f"rhs: expected {g} groups on axis 0 (len(group_sizes)), got {rhs_groups}")
         gs = np.array(gs, dtype=np.int64)
-        if fam == "masked":
+        if self.family_facts.groups == _families.COUNTS:
             if self.lhs.shape[0] != g:
                 raise ValueError(f"lhs: expected {g} groups on axis 0 (len(group_sizes)), got {self.lhs.shape[0]}")
             if np.any(gs > self.m):
@@ -403,20 +409,17 @@ class Problem:
     def scale_extent(self, operand: str, local: int) -> tuple[int, int]:
         """``(rows, K)`` of local group ``local``'s block of ``operand`` ("lhs" or "rhs"), in its ``[rows, K]``
         orientation (rows: M for lhs, N for rhs)."""
-        fam = self.family
+        facts = self.family_facts
         size = 0
-        if fam != "batch":
+        if facts.takes_sizes:  # masked: spans [0, count) of each group's own matrix
             starts, ends = self.spans_at(())
             g = self.group_offset + local
             size = int(ends[g] - starts[g])
         rows = self.m if operand == "lhs" else self.n
         k = self.k
-        if fam == "masked":
-            size = int(self.group_sizes[self.group_offset + local])
-        if (fam, operand) in (("ragged_m", "lhs"), ("ragged_n", "rhs"), ("masked", "lhs"),
-                              ("padded_contiguous", "lhs")):
+        if facts.ragged == ("m" if operand == "lhs" else "n"):  # the operand's rows
             rows = size
-        elif fam == "ragged_k":
+        elif facts.ragged_contraction:
             k = size
         return rows, k
 
@@ -451,10 +454,8 @@ class Problem:
     # ----------------------------------------------------------------- derived
     def ragged_last(self, operand: str) -> bool:
         """Whether ``operand`` ("lhs" or "rhs") is ragged along its stored last (fast) axis."""
-        fam = self.family
-        if operand == "lhs":
-            return (fam == "ragged_m" and self.lhs_transposed) or (fam == "ragged_k" and not self.lhs_transposed)
-        return (fam == "ragged_n" and not self.rhs_transposed) or (fam == "ragged_k" and self.rhs_transposed)
+        transposed = self.lhs_transposed if operand == "lhs" else self.rhs_transposed
+        return self.family_facts.ragged_last(operand, transposed)
 
     @property
     def value_dtypes(self) -> tuple[np.dtype, np.dtype]:
@@ -486,15 +487,11 @@ class Problem:
     @property
     def ragged_extent(self) -> int | None:
         """The extent the group sizes live in: the ragged axis (``masked``: the rows of one group's matrix)."""
-        return {"ragged_m": self.m, "ragged_n": self.n, "ragged_k": self.k, "masked": self.m,
-                "padded_contiguous": self.m}.get(self.family)
+        return self.family_facts.extent(self.m, self.k, self.n)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
-        b, m, n = self.batch_shape, self.m, self.n
-        if self.family in ("ragged_m", "ragged_n", "padded_contiguous"):
-            return (*b, m, n)
-        return (self.num_local_groups, *b, m, n)
+        return self.family_facts.shape("out", self.m, self.k, self.n, self.num_local_groups, self.batch_shape)
 
     def sizes_at(self, bi: tuple[int, ...]) -> np.ndarray:
         """The group sizes that apply at batch index ``bi``."""
@@ -512,9 +509,10 @@ class Problem:
         """``(starts, ends)`` of every group along its ragged axis (G each): contiguous groups for the ragged
         families, aligned starts for ``padded_contiguous``, ``[0, size)`` of each group's own matrix for
         ``masked``; ``[0, 1)`` for the batch family."""
-        if self.family == "masked":
+        groups = self.family_facts.groups
+        if groups == _families.COUNTS:
             return np.zeros(self.num_groups, np.int64), self.group_sizes.astype(np.int64)
-        if self.family == "padded_contiguous":
+        if groups == _families.ALIGNED:
             starts = aligned_starts(self.group_sizes, self.alignment)
             return starts, starts + self.group_sizes
         off = self.offsets_at(bi)
@@ -527,7 +525,7 @@ class Problem:
     def replace(self, **changes: Any) -> Problem:
         """A copy with some fields changed (validated again; arrays are copied)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if "group_sizes" not in changes and self.family == "batch":
+        if "group_sizes" not in changes and not self.family_facts.takes_sizes:
             fields["group_sizes"] = None
         fields.update(changes)
         return Problem(**fields)

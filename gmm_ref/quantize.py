@@ -50,20 +50,13 @@ def quantize_problem(p: Problem, lhs: Any = None, rhs: Any = None) -> Problem:
 
 def _views(p: Problem, operand: str) -> list[tuple[Any, bool]]:
     """(index into the stored operand, whether that index is transposed to [rows, K]) of each local group."""
-    fam = p.family
+    fam = p.family_facts
     starts, ends = p.spans_at(())
     views = []
     for local, g in enumerate(p.local_groups):
-        lo, hi = (int(starts[g]), int(ends[g])) if fam != "batch" else (0, 0)
-        if operand == "lhs":  # stored [rows, K] (with a leading group axis in ragged_n / batch / masked)
-            idx = {"ragged_m": (slice(lo, hi), slice(None)), "ragged_k": (slice(None), slice(lo, hi)),
-                   "padded_contiguous": (slice(lo, hi), slice(None)),
-                   "masked": (local, slice(lo, hi), slice(None))}.get(fam, (local, slice(None), slice(None)))
-            views.append((idx, False))
-        else:  # stored [K, N]: transposed to [N, K]
-            idx = {"ragged_n": (slice(None), slice(lo, hi)), "ragged_k": (slice(lo, hi), slice(None))}.get(
-                fam, (local, slice(None), slice(None)))
-            views.append((idx, True))
+        lo, hi = (int(starts[g]), int(ends[g])) if fam.takes_sizes else (0, 0)
+        # lhs stored [rows, K], rhs stored [K, N]: transposed to [N, K] (each with a leading group axis if grouped)
+        views.append((fam.index(operand, local, lo, hi), operand == "rhs"))
     return views
 
 

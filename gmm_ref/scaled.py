@@ -44,6 +44,7 @@ import ml_dtypes
 import numpy as np
 
 from gmm_ref import dtypes as _dt
+from gmm_ref import families as _families
 
 __all__ = [
     "ELEMENT_DTYPES",
@@ -329,27 +330,29 @@ def scaled_reference(lhs: Any, lhs_scales: Sequence[Any], rhs: Any, rhs_scales: 
     ``[G, K, N]``, out ``[G, M, N]``. ``lhs_scales[g]`` and ``rhs_scales[g]`` are group g's scales in the
     ``[rows, K]`` orientation (``Quantization.scale_shape``); ``lhs_global``/``rhs_global`` are optional
     per-group float32 global scales (NVFP4)."""
-    if family not in ("ragged_m", "ragged_n", "ragged_k", "batch"):
-        raise ValueError(f"family: expected one of ragged_m, ragged_n, ragged_k, batch, got {family!r}")
+    if family not in _families.ragged_names():
+        raise ValueError(f"family: expected one of {', '.join(_families.ragged_names())}, got {family!r}")
+    fam = _families.get(family)
     for name, q in (("lhs_quant", lhs_quant), ("rhs_quant", rhs_quant)):
         if not isinstance(q, Quantization):
             raise TypeError(f"{name}: expected a gmm_ref.scaled.Quantization, got {q!r}")
     out_dtype = named_dtype(out_dtype, OUT_DTYPES, "out_dtype")
     a = _check_codes("lhs", lhs, lhs_quant)
     b = _check_codes("rhs", rhs, rhs_quant)
-    want = {"ragged_m": (2, 3), "ragged_n": (3, 2), "ragged_k": (2, 2), "batch": (3, 3)}[family]
+    lead_a, lead_b = int(fam.is_grouped("lhs")), int(fam.is_grouped("rhs"))
+    want = (2 + lead_a, 2 + lead_b)
     if (a.ndim, b.ndim) != want:
         raise ValueError(f"lhs, rhs: {family} expects {want[0]}-D lhs and {want[1]}-D rhs, got {a.ndim}-D and "
                          f"{b.ndim}-D")
-    k_a, k_b = {"ragged_m": (1, 1), "ragged_n": (2, 0), "ragged_k": (1, 0), "batch": (2, 1)}[family]
+    k_a, k_b = lead_a + 1, lead_b
     if a.shape[k_a] != b.shape[k_b]:
         raise ValueError(f"lhs, rhs: contraction extents differ ({a.shape} and {b.shape} for {family})")
-    g = len(group_sizes) if family != "batch" else a.shape[0]
-    if family == "batch":
+    m, k, n = a.shape[lead_a], a.shape[k_a], b.shape[lead_b + 1]
+    g = len(group_sizes) if fam.takes_sizes else a.shape[0]
+    if not fam.takes_sizes:
         offs = np.arange(g + 1)
     else:
-        extent = {"ragged_m": a.shape[0], "ragged_n": b.shape[-1], "ragged_k": a.shape[-1]}[family]
-        offs = _offsets(group_sizes, extent)
+        offs = _offsets(group_sizes, fam.extent(m, k, n))
     if len(lhs_scales) != g or len(rhs_scales) != g:
         raise ValueError(f"lhs_scales, rhs_scales: expected one scale array per group ({g}), got {len(lhs_scales)} "
                          f"and {len(rhs_scales)}")
@@ -357,23 +360,12 @@ def scaled_reference(lhs: Any, lhs_scales: Sequence[Any], rhs: Any, rhs_scales: 
     gb = [1.0] * g if rhs_global is None else [float(x) for x in rhs_global]
     if len(ga) != g or len(gb) != g:
         raise ValueError(f"lhs_global, rhs_global: expected one global scale per group ({g})")
-    shape = {"ragged_m": lambda: (a.shape[0], b.shape[2]), "ragged_n": lambda: (a.shape[1], b.shape[1]),
-             "ragged_k": lambda: (g, a.shape[0], b.shape[1]), "batch": lambda: (g, a.shape[1], b.shape[2])}[family]()
+    shape = fam.shape("out", m, k, n, g)
     exact, values, mag = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     for i in range(g):
         lo, hi = int(offs[i]), int(offs[i + 1])
-        if family == "ragged_m":
-            blocks = (a[lo:hi], b[i].T)
-            where: Any = (slice(lo, hi), slice(None))
-        elif family == "ragged_n":
-            blocks = (a[i], b[:, lo:hi].T)
-            where = (slice(None), slice(lo, hi))
-        elif family == "ragged_k":
-            blocks = (a[:, lo:hi], b[lo:hi].T)
-            where = (i,)
-        else:
-            blocks = (a[i], b[i].T)
-            where = (i,)
+        blocks = (a[fam.index("lhs", i, lo, hi)], b[fam.index("rhs", i, lo, hi)].T)
+        where = fam.index("out", i, lo, hi)
         e, v, m = _group_product(blocks[0], np.asarray(lhs_scales[i]), lhs_quant, blocks[1],
                                  np.asarray(rhs_scales[i]), rhs_quant, out_dtype, ga[i], gb[i])
         exact[where], values[where], mag[where] = e, v, m

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 import gmm_ref
-from gmm_ref import conventions
+from gmm_ref import conventions, families
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
 from gmm_ref.scaled import round_scales
@@ -114,23 +114,14 @@ class Case:
 
 
 def _shapes(c: Case, local: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The stored shapes of lhs and rhs (``local``: the local groups; batch: ``groups``)."""
+    fam = families.get(c.family)  # ValueError naming the families
     b, m, k, n = c.batch_shape, c.m, c.k, c.n
     lt = (k, m) if c.lhs_transposed else (m, k)
     rt = (n, k) if c.rhs_transposed else (k, n)
-    if c.family == "ragged_m":
-        return (*b, *lt), (local, *b, *rt)
-    if c.family == "ragged_n":
-        return (local, *b, *lt), (*b, *rt)
-    if c.family == "ragged_k":
-        return (*b, *lt), (*b, *rt)
-    if c.family == "batch":
-        g = int(c.groups or 0)
-        return (g, *b, *lt), (g, *b, *rt)
-    if c.family == "masked":
-        return (local, *lt), (local, *rt)
-    if c.family == "padded_contiguous":
-        return lt, (local, *rt)
-    raise ValueError(f"family: expected one of {gmm_ref.FAMILIES}, got {c.family!r}")
+    lead = (local,) if fam.takes_sizes else (int(c.groups or 0),)
+    return ((*lead[:fam.is_grouped("lhs")], *b, *lt),
+            (*lead[:fam.is_grouped("rhs")], *b, *rt))
 
 
 def _quantization(case: Case, convention: Any, dtype: np.dtype) -> tuple[Any, Any]:
@@ -211,7 +202,7 @@ def build_problem(case: Case) -> gmm_ref.Problem:
     except ValueError as exc:
         raise ValueError(f"case {case.name}: {exc}") from None
     local = case.num_local_groups
-    if case.family != "batch":
+    if families.get(case.family).takes_sizes:
         gs = np.asarray(case.group_sizes, dtype=np.int64)
         if local is None:
             local = gs.shape[-1] - case.group_offset
@@ -258,11 +249,11 @@ def _promise(p: gmm_ref.Problem) -> dict[str, Any]:
     """What a problem says about its output (layouts aside)."""
     d = {"family": p.family, "out_shape": p.out_shape, "out_dtype": str(p.out_dtype),
          "existing": p.existing_out is not None}
-    if p.family in ("ragged_m", "ragged_n", "masked", "padded_contiguous") and p.existing_out is None:
+    if p.family_facts.ragged_out and p.existing_out is None:
         d["tail"] = p.tail
         if p.num_local_groups != p.num_groups:
             d["foreign"] = p.foreign
-    if p.family == "ragged_k":
+    if p.family_facts.ragged_contraction:
         d["empty"] = p.empty
     if p.existing_out is not None:
         d["existing_policy"] = p.existing_policy

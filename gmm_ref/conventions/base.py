@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from gmm_ref import dtypes as _dt
+from gmm_ref import families as _families
 from gmm_ref.exact import Reference, reference
 from gmm_ref.layouts import stored
 from gmm_ref.problem import FAMILIES, Problem
@@ -48,12 +49,8 @@ TRANSPOSES: tuple[Layout, ...] = tuple((lt, rt, False) for lt in (False, True) f
 
 def ragged_last(family: str, lhs_transposed: bool, rhs_transposed: bool) -> bool:
     """Whether some operand of this family and layout is ragged along its stored last axis."""
-    return {
-        "ragged_m": lhs_transposed,
-        "ragged_n": not rhs_transposed,
-        "ragged_k": (not lhs_transposed) or rhs_transposed,
-        "batch": False,
-    }[family]
+    fam = _families.get(family)
+    return fam.ragged_last("lhs", lhs_transposed) or fam.ragged_last("rhs", rhs_transposed)
 
 
 def packed_layouts(family: str) -> tuple[Layout, ...]:
@@ -153,13 +150,12 @@ class Convention:
 
     def policies(self, family: str) -> dict[str, str]:
         """The tail / foreign / empty / existing-output policies of this convention's kernels."""
-        return {"tail": "zero" if family == "batch" else self.tail, "foreign": self.foreign,
+        return {"tail": self.tail if _families.get(family).takes_sizes else "zero", "foreign": self.foreign,
                 "empty": self.empty, "existing_policy": self.existing_policy or "overwrite"}
 
     def axis_multiple(self, axis: str, family: str, tiling: tuple[int, int, int] | None, in_dtype: Any) -> int:
         """What the extent of ``axis`` ("m", "k" or "n") must be a multiple of."""
-        ragged = {"ragged_m": "m", "ragged_n": "n", "ragged_k": "k", "masked": "m", "padded_contiguous": "m"}.get(
-            family)
+        ragged = _families.get(family).ragged
         tiling = tiling or self.default_tiling or (1, 1, 1)
         mult = 1
         for name, req in self.multiple_of:
@@ -246,8 +242,8 @@ class Convention:
         return None
 
     def _why(self, axis: str, p: Problem) -> str:
+        ragged = p.family_facts.ragged
         for name, req in self.multiple_of:
-            ragged = {"ragged_m": "m", "ragged_n": "n", "ragged_k": "k"}.get(p.family)
             if name == axis or (name == "ragged" and axis == ragged):
                 return " (16 bytes of the input dtype)" if req == "16B" else f" (the tile {req})"
         return ""
@@ -282,13 +278,13 @@ class Convention:
             if p.existing_policy != self.existing_policy:
                 verb = "overwrites" if self.existing_policy == "overwrite" else "accumulates into"
                 return f"{self.name} {verb} existing_out"
-        if (p.family in ("ragged_m", "ragged_n") and p.existing_out is None and self.tail == "undefined"
+        fam = p.family_facts
+        if (fam.ragged_out and not fam.serving and p.existing_out is None and self.tail == "undefined"
                 and p.tail == "zero" and has_tail(p)):
             return f"{self.name} never writes the rows/columns past sum(group_sizes) (needs tail='undefined')"
-        if p.family in ("masked", "padded_contiguous") and self.tail == "undefined" and p.tail == "zero" \
-                and has_tail(p):
+        if fam.serving and self.tail == "undefined" and p.tail == "zero" and has_tail(p):
             return f"{self.name} leaves the rows of no group undefined (needs tail='undefined')"
-        if p.family == "ragged_k" and p.empty not in (self.empty, "undefined"):
+        if fam.ragged_contraction and p.empty not in (self.empty, "undefined"):
             return f"{self.name} gives empty groups {self.empty!r} output blocks, not {p.empty!r}"
         if self.full_sums and has_tail(p):
             return f"{self.name} needs sum(group_sizes) equal to the ragged extent"
@@ -306,9 +302,10 @@ def has_tail(p: Problem) -> bool:
     output row belongs to no group)."""
     if p.group_sizes is None:
         return False
-    if p.family == "masked":
+    groups = p.family_facts.groups
+    if groups == _families.COUNTS:
         return bool(np.any(p.group_sizes < p.m))
-    if p.family == "padded_contiguous":
+    if groups == _families.ALIGNED:
         starts, ends = p.spans_at(())
         return int(np.sum(ends - starts)) < p.m
     return bool(np.any(p.group_sizes.sum(axis=-1) < p.ragged_extent))

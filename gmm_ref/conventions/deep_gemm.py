@@ -215,7 +215,7 @@ def _operands(p: Problem) -> tuple[Any, Any]:
         return np.array(p.lhs), np.array(p.rhs)
     kb = _k_blocks(p.k)
     g = p.num_groups
-    if p.family == "masked":
+    if p.family_facts.is_grouped("lhs"):  # masked: [G, M, K]
         sfa = np.ones((g, p.m, kb), np.float32)
         for i in range(g):
             sfa[i, :p.group_sizes[i]] = p.scales_of("lhs", i).astype(np.float32)

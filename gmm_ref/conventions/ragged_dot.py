@@ -157,13 +157,14 @@ def dimension_numbers(p: Problem) -> RaggedDotDimensionNumbers:
     """The ragged_dot_general dimension numbers that read ``p``'s operands as stored."""
     nb = p.batch_ndim
     lt, rt = p.lhs_transposed, p.rhs_transposed
-    if p.family == "ragged_m":
+    ragged = p.family_facts.ragged
+    if ragged == "m":
         lb = list(range(nb))
         m_ax, k_ax = (nb + 1, nb) if lt else (nb, nb + 1)
         rb = list(range(1, nb + 1))
         rk = nb + 2 if rt else nb + 1
         return RaggedDotDimensionNumbers((([k_ax], [rk]), (lb, rb)), [m_ax], [0])
-    if p.family == "ragged_k":
+    if ragged == "k":
         lb = list(range(nb))
         k_ax = nb if lt else nb + 1
         rk = nb + 1 if rt else nb

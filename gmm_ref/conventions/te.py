@@ -97,9 +97,10 @@ class _TeGroupedGemm(Convention):
     def _arguments(self, p: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
         gs32 = base.sizes32(p)
         kw: dict[str, Any] = {}
-        if p.family == "ragged_m":
+        ragged = p.family_facts.ragged
+        if ragged == "m":
             kw["lhs_last_dims" if p.lhs_transposed else "lhs_first_dims"] = gs32
-        elif p.family == "ragged_n":
+        elif ragged == "n":
             kw["rhs_first_dims" if p.rhs_transposed else "rhs_last_dims"] = gs32
         else:
             kw["lhs_first_dims" if p.lhs_transposed else "lhs_last_dims"] = gs32

@@ -55,7 +55,7 @@ class _GroupedMM(Convention):
             raise ValueError(f"offs: required when mat_a or mat_b is 2-D (got {a.ndim}d x {b.ndim}d)")
         sizes = _sizes_from_offsets(offs)
         family = {(2, 3): "ragged_m", (3, 2): "ragged_n", (2, 2): "ragged_k"}[(a.ndim, b.ndim)]
-        grouped = {"ragged_m": ("mat_b", b), "ragged_n": ("mat_a", a)}.get(family)
+        grouped = ("mat_b", b) if b.ndim == 3 else ("mat_a", a) if a.ndim == 3 else None  # the 3-D operand
         if grouped is not None and grouped[1].shape[0] != sizes.size:
             raise ValueError(
                 f"{grouped[0]}: expected {sizes.size} groups on axis 0 (len(offs)), got {grouped[1].shape[0]}")

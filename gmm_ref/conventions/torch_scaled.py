@@ -27,6 +27,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from gmm_ref import families
 from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import RAGGED_FAMILIES as FAMILIES
@@ -161,15 +162,16 @@ class _ScaledGroupedMM(Convention):
 
     def quantizations_for(self, family: str) -> tuple[tuple[Any, Any], ...]:
         """Rowwise in every form; MXFP8 in the 2d-3d and 2d-2d forms only (torch's MXFP8 grouped kernel)."""
-        return tuple(q for q in self.quantizations if q[0] != MXFP8 or family in ("ragged_m", "ragged_k"))
+        two_d = not families.get(family).is_grouped("lhs")  # ragged_m, ragged_k: a 2-D lhs
+        return tuple(q for q in self.quantizations if q[0] != MXFP8 or two_d)
 
     def _refusal(self, p: Problem) -> str | None:
-        if p.lhs_quant == MXFP8 and p.family not in ("ragged_m", "ragged_k"):
+        if p.lhs_quant == MXFP8 and p.family_facts.is_grouped("lhs"):
             return f"{self.name}: MXFP8 takes the 2d-3d and 2d-2d forms only, not {p.family}"
         return None
 
     def _mx_arguments(self, p: Problem) -> tuple[np.ndarray, np.ndarray]:
-        if p.family == "ragged_m":
+        if p.family_facts.ragged == "m":
             return blocked_2d_3d(p, E8M0)
         # 2d-2d: each group's [M, k_g / 32] (and [N, k_g / 32]) block, padded and swizzled, one after the other,
         # viewed as [round_up(M, 128), the groups' padded columns]
@@ -187,13 +189,14 @@ class _ScaledGroupedMM(Convention):
         g = p.num_groups
         lhs = [p.scales_of("lhs", i)[:, 0] for i in range(g)]
         rhs = [p.scales_of("rhs", i)[:, 0] for i in range(g)]
-        if p.family == "ragged_m":  # rows past the groups: NaN, which no correct kernel reads
+        ragged = p.family_facts.ragged
+        if ragged == "m":  # rows past the groups: NaN, which no correct kernel reads
             sa = np.concatenate([*lhs, np.full(p.m - int(gs.sum()), np.nan, np.float32)])
             sb = np.stack(rhs) if g else np.zeros((0, p.n), np.float32)
-        elif p.family == "ragged_n":
+        elif ragged == "n":
             sa = np.stack(lhs) if g else np.zeros((0, p.m), np.float32)
             sb = np.concatenate([*rhs, np.full(p.n - int(gs.sum()), np.nan, np.float32)])
-        elif p.family == "ragged_k":
+        elif ragged == "k":
             sa = np.concatenate(lhs) if g else np.zeros(0, np.float32)
             sb = np.concatenate(rhs) if g else np.zeros(0, np.float32)
         else:

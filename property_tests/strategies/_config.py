@@ -11,6 +11,7 @@ from hypothesis.errors import InvalidArgument
 
 from gmm_ref import FAMILIES, conventions
 from gmm_ref import dtypes as _dt
+from gmm_ref import families as family_records
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import TRANSPOSES, packed_layouts
 from gmm_ref.problem import RAGGED_FAMILIES
@@ -120,8 +121,8 @@ def _sharding(sh: bool | None, rules: Convention, convention: str | None, hi: in
         raise InvalidArgument(f"sharding=True, but convention={convention!r} has no group_offset (no sharded groups)")
     if sh and hi < 2:
         raise InvalidArgument(f"sharding=True, but max_groups={hi} leaves nothing to shard (needs >= 2)")
-    if sh and fams == ("batch",):
-        raise InvalidArgument("sharding=True, but families=('batch',) has no sharding")
+    if sh and fams and not any(family_records.get(f).takes_sizes for f in fams):
+        raise InvalidArgument(f"sharding=True, but families={fams!r} has no sharding")
 
 
 def _multiples(value: Any) -> tuple[tuple[str, int], ...]:
@@ -200,7 +201,7 @@ def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling
         raise InvalidArgument(f"sharding=True, but max_shards={ms} allows only one shard")
     if sh:
         counts = tuple(c for c in counts if any(c % s == 0 for s in range(2, ms + 1))) or counts
-        fams = tuple(f for f in fams if f != "batch")  # sharded always: the batch family has no shards
+        fams = tuple(f for f in fams if family_records.get(f).takes_sizes)  # sharded always: batch has no shards
     ex = check_bool("existing_out", resolve(draw, existing_out), allow_none=True)
     if ex and rules.existing_policy is None:
         raise InvalidArgument(f"existing_out=True, but convention={convention!r} takes no existing output")

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
+from gmm_ref import families
 from gmm_ref.conventions import Convention
-from gmm_ref.problem import SERVING_FAMILIES
 from property_tests.strategies._common import BOOLEANS, integers, sampled
 from property_tests.strategies.extents import Extents, cached_extents, extent_candidates
 
@@ -95,7 +95,7 @@ def _layouts(cfg: Config, family: str) -> tuple[tuple[bool, bool, bool], ...]:
 
 
 def _shard_options(cfg: Config, family: str, g: int) -> list[int]:
-    if not cfg.rules.sharding or family == "batch" or family in SERVING_FAMILIES or cfg.sharding is False:
+    if not cfg.rules.sharding or not families.get(family).shardable or cfg.sharding is False:
         return [1]
     divs = [s for s in range(1, min(g, cfg.max_shards) + 1) if g % s == 0]
     if cfg.sharding:
@@ -112,10 +112,8 @@ def _existing_options(cfg: Config) -> list[bool]:
 def fits(s: Static) -> bool:
     m, k, n = s.mkn
     b = math.prod(s.batch)
-    g = s.groups
-    per = {"ragged_m": (m * k, g * k * n, m * n), "ragged_n": (g * m * k, k * n, m * n),
-           "ragged_k": (m * k, k * n, g * m * n), "batch": (g * m * k, g * k * n, g * m * n),
-           "masked": (g * m * k, g * k * n, g * m * n), "padded_contiguous": (m * k, g * k * n, m * n)}[s.family]
+    fam = families.get(s.family)
+    per = [math.prod(fam.shape(op, m, k, n, s.groups)) for op in ("lhs", "rhs", "out")]
     return max(per) * b <= MAX_ELEMENTS
 
 
@@ -153,9 +151,10 @@ def buckets(cfg: Config) -> tuple[Static, ...]:
             mkn = pick(cfg.shapes)
         else:
             mkn = tuple(pick(c, salt) for salt, c in enumerate(_axis_candidates(cfg, fam, in_dt), 2))
-        nb = 0 if fam in SERVING_FAMILIES else pick(list(range(cfg.max_batch_dims + 1)), 5)
+        facts = families.get(fam)
+        nb = pick(list(range(cfg.max_batch_dims + 1)), 5) if facts.batch_dims else 0
         batch = (2,) * nb
-        s = Static(fam, layout, batch, bool(nb and fam in ("ragged_m", "ragged_k") and j % 2),
+        s = Static(fam, layout, batch, bool(nb and facts.batched_sizes and j % 2),
                     mkn, g, pick(shards, 6), in_dt, out_dt, pick(_existing_options(cfg), 7))
         if not fits(s):  # too big for this G: the smallest extents instead
             small = (min(cfg.shapes, key=sum) if cfg.shapes is not None
@@ -204,7 +203,8 @@ def draw_free_static(draw: Any, cfg: Config) -> Static:
     in_dt, out_dt = draw(sampled(cfg.dtype_pairs))
     layout = draw(sampled(_layouts(cfg, fam)))
     any_g, sharded_g = _free_groups(cfg)
-    g = draw(sharded_g if cfg.sharding and fam != "batch" else any_g)
+    facts = families.get(fam)
+    g = draw(sharded_g if cfg.sharding and facts.takes_sizes else any_g)
     shard_count = draw(sampled(tuple(_shard_options(cfg, fam, g))))
     if cfg.shapes is not None:
         mkn = draw(sampled(cfg.shapes))
@@ -213,9 +213,9 @@ def draw_free_static(draw: Any, cfg: Config) -> Static:
         if isinstance(axes, str):
             raise InvalidArgument(axes)
         mkn = (axes[0](draw), axes[1](draw), axes[2](draw))
-    nb = 0 if fam in SERVING_FAMILIES else draw(integers(0, cfg.max_batch_dims))
+    nb = draw(integers(0, cfg.max_batch_dims)) if facts.batch_dims else 0
     batch = tuple(draw(_batch_shapes(nb)))
-    batched = bool(nb) and fam in ("ragged_m", "ragged_k") and draw(BOOLEANS)
+    batched = bool(nb) and facts.batched_sizes and draw(BOOLEANS)
     existing = draw(sampled(tuple(_existing_options(cfg))))
     s = Static(fam, layout, batch, batched, mkn, g, shard_count, in_dt, out_dt, existing)
     if not fits(s):

@@ -47,8 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from gmm_ref import families
 from gmm_ref.conventions.base import has_tail
-from gmm_ref.problem import SERVING_FAMILIES, STORAGES, Problem
+from gmm_ref.problem import STORAGES, Problem
 from property_tests.strategies._static import Config, Static, axis_multiple, fits
 
 __all__ = ["EXTENT_LEVELS", "SPAN_LEVELS", "Cell", "Design", "Factor", "design", "observe", "pairs_of"]
@@ -59,8 +60,6 @@ SHARD_LEVELS = ("none", "first", "middle", "last")
 BATCH_LEVELS = ("none", "one", "batched_sizes")
 SPAN_LEVELS = ("full", "tail", "empty_first", "empty_middle", "empty_last", "one_tile", "two_tiles",
                "several_odd", "edge_off_by_one")
-_RAGGED_AXIS = {"ragged_m": "m", "ragged_n": "n", "ragged_k": "k", "batch": None, "masked": "m",
-                "padded_contiguous": "m"}
 _ATTEMPTS = 6
 
 
@@ -120,7 +119,8 @@ class _Space:
     def __init__(self, cfg: Config, family: str, tail_ok: bool, all_empty: bool) -> None:
         self.cfg, self.family, self.tail_ok, self.all_empty = cfg, family, tail_ok, all_empty
         self.rules = cfg.rules
-        self.ragged = _RAGGED_AXIS[family]
+        self.facts = families.get(family)
+        self.ragged = self.facts.ragged
         self.layouts = {layout_name(x): x for x in self.rules.layouts_of(family)}
         self.dtypes = {f"{i}->{o}": (i, o) for i, o in cfg.dtype_pairs}
         self.factors = self._factors()
@@ -131,22 +131,23 @@ class _Space:
         out = [Factor("dtype", tuple(self.dtypes), True), Factor("layout", tuple(self.layouts), True)]
         out += [Factor(axis, EXTENT_LEVELS, True) for axis in "mkn"]
         out.append(Factor("k_eq_n", ("yes", "no"), True))
-        if self.family != "batch":
+        fam = self.facts
+        if fam.takes_sizes:
             many = cfg.min_groups >= 9
             out.append(Factor("groups", ("many",) if many else GROUP_LEVELS[:3], True))
         else:
             out.append(Factor("groups", ("one", "few") if cfg.min_groups < 9 else ("many",), True))
-        if rules.sharding and self.family not in ("batch", *SERVING_FAMILIES) and cfg.sharding is not False:
+        if rules.sharding and fam.shardable and cfg.sharding is not False:
             out.append(Factor("sharded", ("yes",) if cfg.sharding else ("no", "yes"), True))
             out.append(Factor("shard", SHARD_LEVELS[1:] if cfg.sharding else SHARD_LEVELS, False))
         if rules.existing_policy is not None and cfg.existing is not False:
             out.append(Factor("existing", ("yes",) if cfg.existing or rules.existing_required else ("no", "yes"),
                               True))
-        nb = min(cfg.max_batch_dims, 1) if self.family not in SERVING_FAMILIES else 0
+        nb = min(cfg.max_batch_dims, 1) if fam.batch_dims else 0
         if nb:
-            levels = BATCH_LEVELS if self.family in ("ragged_m", "ragged_k") else BATCH_LEVELS[:2]
+            levels = BATCH_LEVELS if fam.batched_sizes else BATCH_LEVELS[:2]
             out.append(Factor("batch", levels, True))
-        if self.family != "batch" and not self.all_empty:
+        if fam.takes_sizes and not self.all_empty:
             out.append(Factor("span", SPAN_LEVELS, False))
         if rules.strided:
             out += [Factor("lhs_storage", STORAGES, False), Factor("rhs_storage", STORAGES, False)]
@@ -531,7 +532,7 @@ def _serving_span_levels(p: Problem, tile: int) -> set[str]:
 
 def observe(p: Problem, cfg: Config) -> dict[str, frozenset[str]]:
     """The relations a drawn problem exhibits, factor by factor (a factor may show several levels)."""
-    fam = p.family
+    fam = p.family_facts
     t = cfg.tiling
     out: dict[str, set[str]] = {
         "dtype": {f"{p.lhs.dtype}->{p.out_dtype}"},
@@ -547,12 +548,12 @@ def observe(p: Problem, cfg: Config) -> dict[str, frozenset[str]]:
     groups = {"one"} if g == 1 else {"few"} if g <= 4 else set()
     if g >= 9:
         groups.add("many")
-    axis = _RAGGED_AXIS[fam]
+    axis = fam.ragged
     if axis is not None:
         tile = t["mkn".index(axis)]
         if g > -(-p.ragged_extent // tile):
             groups.add("more_than_tiles")
-        out["span"] = (_serving_span_levels(p, tile) if fam in SERVING_FAMILIES else
+        out["span"] = (_serving_span_levels(p, tile) if fam.serving else
                        _span_levels(p.group_sizes, p.ragged_extent, tile))
         local = p.num_local_groups
         s = g // local if local else 1

@@ -14,8 +14,9 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 import gmm_ref
+from gmm_ref import families
 from gmm_ref.dtypes import standin_codes
-from gmm_ref.problem import SERVING_FAMILIES, STORAGES
+from gmm_ref.problem import STORAGES
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, integers, resolve, sampled
 from property_tests.strategies._config import config
 from property_tests.strategies._static import Config, Static, buckets, draw_free_static
@@ -249,13 +250,13 @@ def _policies(draw: Any, cfg: Config, family: str) -> dict[str, str]:
 
 def _sizes(draw: Any, cfg: Config, s: Static, kind: str, tail_ok: bool, all_empty: bool, offset: int,
            span: str | None = None) -> np.ndarray | None:
-    fam, (m, k, n), g, b = s.family, s.mkn, s.groups, s.batch
-    if fam == "batch":
+    fam, g, b = s.family, s.groups, s.batch
+    facts = families.get(fam)
+    if not facts.takes_sizes:
         return None
-    tm, tk, tn = cfg.tiling
-    extent, tile = {"ragged_m": (m, tm), "ragged_n": (n, tn), "ragged_k": (k, tk), "masked": (m, tm),
-                    "padded_contiguous": (m, tm)}[fam]
-    if fam in SERVING_FAMILIES:
+    axis = "mkn".index(facts.ragged)
+    extent, tile = s.mkn[axis], cfg.tiling[axis]
+    if facts.serving:
         if all_empty:
             return np.zeros(g, np.int32)
         if span is None:  # a relation of those this extent and group count can show
@@ -307,9 +308,10 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
     seed = draw(SEEDS)
     rng = np.random.default_rng(seed)
     value_kind = "normal" if kind == "poisoned" else kind
-    lead_l = (local,) if fam == "ragged_n" else (g,) if fam in ("batch", "masked") else ()
-    lead_r = (local,) if fam == "ragged_m" else (g,) if fam in ("batch", "masked", "padded_contiguous") else ()
-    k_eff = k if fam != "ragged_k" else max(int(np.max(sizes)) if sizes is not None and sizes.size else 0, 1)
+    facts = families.get(fam)  # unsharded families: local == g
+    lead_l, lead_r = ((local,) if facts.is_grouped(op) else () for op in ("lhs", "rhs"))
+    k_eff = k if not facts.ragged_contraction else max(int(np.max(sizes)) if sizes is not None and sizes.size else 0,
+                                                       1)
     quants = _quantizations(draw, cfg, s)
     # codes of each operand's own element dtype (int8 activations may meet int4 weights)
     lhs, rhs = ((fill if q is None else fill_codes)(rng, (*lead, *b, *shape), s.in_dtype if q is None else q.elem,
@@ -321,10 +323,9 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
         convention=cfg.convention, tiling=cfg.tiling if (cfg.tiling_given or cfg.rules.default_tiling) else None,
         **policies,
     )
-    if fam in SERVING_FAMILIES:
-        if fam == "padded_contiguous":
-            common.update(alignment=cfg.tiling[0])
-    elif fam != "batch":
+    if facts.groups == families.ALIGNED:
+        common.update(alignment=cfg.tiling[0])
+    elif facts.shardable:
         common.update(group_offset=offset, num_local_groups=local)
     # one Problem at the end (each construction validates): the output shape and the
     # unread elements come from the static parameters and a mask problem instead
@@ -354,11 +355,11 @@ def _existing(draw: Any, cfg: Config, s: Static, rng: np.random.Generator, value
     """An existing output (exact or normal values) and its policy: the convention's, or drawn."""
     fam, (m, _, n), b = s.family, s.mkn, s.batch
     ex_kind = "exact" if value_kind == "exact" else "normal"
-    out_shape = (*b, m, n) if fam in ("ragged_m", "ragged_n", "padded_contiguous") else (
-        s.groups if fam in ("batch", "masked") else s.groups // s.shards, *b, m, n)
+    facts = families.get(fam)
+    out_shape = facts.shape("out", m, 0, n, s.groups // s.shards, b)  # unsharded families: s.shards == 1
     policy = cfg.rules.existing_policy
     if cfg.convention is None:
-        policy = "overwrite" if fam in SERVING_FAMILIES else draw(sampled(("overwrite", "accumulate")))
+        policy = "overwrite" if facts.serving else draw(sampled(("overwrite", "accumulate")))
     return dict(existing_out=fill(rng, out_shape, s.out_dtype, ex_kind, k, s.out_dtype, seed), existing_policy=policy)
 
 

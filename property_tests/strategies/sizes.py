@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
+from gmm_ref import families
 from property_tests.strategies._common import (
     BOOLEANS,
     MAX_EXTENT,
@@ -319,8 +320,9 @@ def draw_serving_sizes(draw: Any, family: str, span: str, g: int, extent: int, t
     sizes are biased to 0, 1, and one row either side of the alignment."""
     if g == 0:
         return []
+    groups = families.get(family).groups  # COUNTS (masked) or ALIGNED (padded_contiguous)
     if span == "full" or not allow_tail:
-        if family == "masked":
+        if groups == families.COUNTS:
             return [extent] * g
         # every group but the last a multiple of the alignment, the last ending at the extent
         sizes = [0] * g
@@ -341,10 +343,10 @@ def draw_serving_sizes(draw: Any, family: str, span: str, g: int, extent: int, t
     sizes = [_serving_free(draw, extent, tile) for _ in range(g)]
     if where is not None:
         sizes[where] = special
-    if span == "tail" and family == "masked":  # some group with rows past its count
+    if span == "tail" and groups == families.COUNTS:  # some group with rows past its count
         j = draw(integers(0, g - 1))
         sizes[j] = min(sizes[j], extent - 1)
-    if family == "padded_contiguous":
+    if groups == families.ALIGNED:
         # drop rows from the other groups, last first, until the aligned layout fits
         for i in reversed(range(g)):
             if serving_end(sizes, tile) <= extent:
