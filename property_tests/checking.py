@@ -49,7 +49,9 @@ def _budgets(max_examples: int | None, profile: str | None, cap: int | None, cel
     return [n // run + (i < n % run) for i in range(run)]
 
 
-def _settings(profile: str | None, n: int, seeded: bool, database: ExampleDatabase | None) -> settings:
+def _settings(profile: str | None, n: int, seeded: bool, database: ExampleDatabase | None,
+              cell: str) -> settings:
+    """The settings of one cell's run; its example database (if any) keyed for the ``cell``."""
     base = profile_settings(profile)
     if database is None:  # none asked for: a seeded run (derandomized, or --seed) keeps none, others the profile's
         database = None if seeded else base.database
@@ -60,7 +62,9 @@ def _settings(profile: str | None, n: int, seeded: bool, database: ExampleDataba
         # each cell runs under a seed of its own (derived from the cell, or from the given seed), so that
         # a derandomized profile stays deterministic while the cells draw different values
         derandomize=False if seeded else base.derandomize,
-        database=database,
+        # the cell's own key: a saved example replays in the check that drew it (Hypothesis keys by the property's
+        # source, the same for every cell)
+        database=example_dbs.for_cell(database, cell),
         phases=[p for p in base.phases if p is not Phase.explain],  # it explains our property, not the kernel
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
     )
@@ -115,7 +119,7 @@ def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode)
     try:
         out = adapter.run(problem)
         gmm_ref.assert_matches_reference(out, ref, numerics=numerics, kernel=adapter.name)
-        if mode.name == "exact" and adapter.deterministic:
+        if mode.deterministic_repeat and adapter.deterministic:
             gmm_ref.assert_deterministic(out, adapter.run(problem), ref, kernel=adapter.name)
     except Exception as exc:
         failures.attach(exc, problem=problem, numerics=numerics,
@@ -155,7 +159,26 @@ class _Tally:
 
 def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally,
                    dry: bool = False) -> Callable[..., None]:
+    check = _cell_check(adapter, mode, cov, tally, dry)
+
+    # what Hypothesis runs: short, for Hypothesis digests its source for the example database's key
+    def cell(problem: gmm_ref.Problem) -> None:
+        check(problem)
+
+    return cell
+
+
+def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally,
+                dry: bool) -> Callable[[gmm_ref.Problem], None]:
     def prop(problem: gmm_ref.Problem) -> None:
+        __tracebackhide__ = True
+        try:
+            one(problem)
+        except Exception as exc:
+            failures.left_property(exc, problem)  # its notes so far are the checked code's, not Hypothesis'
+            raise
+
+    def one(problem: gmm_ref.Problem) -> None:
         reason = adapter.supports(problem)
         if reason is not None:
             tally.declined.append(reason)
@@ -168,12 +191,12 @@ def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Ta
             tally.count(problem, seen, relations)
             return
         try:
-            if mode.name == "grad":
+            if mode.gradient:
                 _check_gradients(adapter, problem)
             else:
                 _check_forward(adapter, problem, mode)
         except NotImplementedError as exc:
-            if mode.name != "grad":
+            if not mode.gradient:
                 raise
             tally.declined.append(str(exc))
             return
@@ -204,24 +227,14 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
     budgets = _budgets(max_examples, profile, adapter.max_examples, len(cov.cells))
     tally.cells = (len(budgets), len(cov.cells))
     for i, (cc, n) in enumerate(zip(cov.cells[:len(budgets)], budgets, strict=True)):
-        inner = _cell_property(adapter, mode, cov, tally, dry)
-        # the example database's key: this check's cell, so a saved example replays in the check that drew it
-        # (Hypothesis keys by the test function's source, the same for every cell, plus this digest)
-        inner._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
-            f"gmm-harness {adapter.name} {adapter.convention} {mode.name} {cc.family} {cc.cell.describe()}".encode())
-        prop = given(problem=cc.strategy)(inner)
+        prop = given(problem=cc.strategy)(_cell_property(adapter, mode, cov, tally, dry))
+        cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} {cc.family} {cc.cell.describe()}"
         if seed is not None or derandomized:
             cell_seed = zlib.crc32(f"{cc.family} {cc.cell.describe()}".encode()) ^ (seed or 0) ^ i
             # the settings go on after the seed: @seed drops any database the settings under it named
-            cell_settings = _settings(profile, n, seeded=True, database=database)
-            prop = cell_settings(hypothesis_seed(cell_seed)(prop))
+            prop = _settings(profile, n, True, database, cell)(hypothesis_seed(cell_seed)(prop))
         else:
-            cell_settings = _settings(profile, n, seeded=False, database=database)
-            prop = cell_settings(prop)
-        if cell_settings.database is None:
-            # no database: Hypothesis would still digest the property's source (tokenizing it) for a key
-            # it never uses, a few ms in every cell; None is the key it takes when there is nothing to key
-            prop._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
+            prop = _settings(profile, n, False, database, cell)(prop)
         try:
             prop()
         except InvalidArgument as exc:
@@ -258,8 +271,8 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     t0 = time.perf_counter()
     common = dict(kernel=adapter.name, check=mode.name, family=family,
                   setting=_run_setting(profile, seed, max_examples))
-    if mode.name == "large":
-        return _check_large(adapter, mode, t0, common)
+    if mode.fixed_problem is not None:
+        return _check_fixed(adapter, mode, t0, common)
     try:
         tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database)
     except Unsupported as exc:
@@ -274,21 +287,20 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         line += "".join(f"; matches a known upstream bug of {h} (-v says which)" for h in hints)
         known = adapter.known_issue(mode.name)
         status, detail = (Status.KNOWN_BUG, f"{known} (caught: {line})") if known else (Status.FAILED, line)
-        exc.add_note(f"Checked under the {common['setting']}.")
+        failures.note(exc, f"Checked under the {common['setting']}.")
         return Result(status=status, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
     return Result(status=Status.PASSED, seconds=time.perf_counter() - t0, **tally.reached_fields(), **common)
 
 
-def _check_large(adapter: KernelAdapter, mode: Mode, t0: float, common: dict[str, Any]) -> Result:
-    """The ``large`` mode: one deterministic problem past 2**31 elements (``property_tests.large``)."""
-    from property_tests import large
-
-    if common["family"] not in (None, "ragged_m"):
-        return Result(status=Status.UNSUPPORTED, detail="the large mode builds one ragged-M problem (the token axis)",
-                      **common)
+def _check_fixed(adapter: KernelAdapter, mode: Mode, t0: float, common: dict[str, Any]) -> Result:
+    """A mode of one fixed problem (``Mode.fixed_problem``: the ``large`` mode's, past 2**31 elements)."""
+    assert mode.fixed_problem is not None
+    why = mode.applicable(adapter, common["family"])
+    if why is not None:
+        return Result(status=Status.UNSUPPORTED, detail=why, **common)
     try:
-        problem = large.large_problem(adapter)
-    except large.TooLarge as exc:
+        problem = mode.fixed_problem(adapter)
+    except Unsupported as exc:
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
     try:
         _check_forward(adapter, problem, mode)
@@ -312,8 +324,8 @@ def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = N
     t0 = time.perf_counter()
     common = dict(kernel=adapter.name, check=mode.name, family=family,
                   setting=_run_setting(profile, seed, max_examples))
-    if mode.name == "large":  # one fixed problem, no drawn examples: nothing to cover
-        return Result(status=Status.UNSUPPORTED, detail="the large mode draws no examples (one fixed problem)",
+    if mode.fixed_problem is not None:  # one fixed problem, no drawn examples: nothing to cover
+        return Result(status=Status.UNSUPPORTED, detail=f"the {mode.name} mode draws no examples (one fixed problem)",
                       **common)
     try:
         tally = _run_property(adapter, mode, family, max_examples, profile, seed, dry=True)

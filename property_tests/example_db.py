@@ -22,13 +22,16 @@ the main job, ``--gmm-example-db`` of the pytest plugin), then
 
 Each check saves under a key of its own: the kernel's name and convention,
 the mode, the family and the covering design's cell, so an example replays
-only in the check that drew it.
+only in the check that drew it (:func:`for_cell`, a :class:`KeyedDatabase` over
+the database: Hypothesis' key of the property, prefixed by the cell's digest).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase, 
 
 from property_tests.paths import check_output_dir
 
-__all__ = ["ENV", "describe", "open_database", "resolve"]
+__all__ = ["ENV", "KeyedDatabase", "describe", "for_cell", "open_database", "resolve"]
 
 #: the harness's own variable: a spec (see the module's docstring)
 ENV = "GMM_HARNESS_EXAMPLE_DB"
@@ -127,6 +130,40 @@ class _Guarded(ExampleDatabase):
 
     def __repr__(self) -> str:
         return f"{self.where} ({self.inner!r})"
+
+
+class KeyedDatabase(ExampleDatabase):
+    """``inner`` seen through a prefix: every key Hypothesis reads or writes (its property's key and the
+    sub-keys it derives from it) is stored as ``prefix + key``, so that properties Hypothesis would key
+    alike (one property function run on many cells) keep their examples apart. Only Hypothesis' public
+    ``ExampleDatabase`` interface is used: ``save``, ``fetch``, ``delete`` and ``move`` delegate to ``inner``."""
+
+    def __init__(self, inner: ExampleDatabase, prefix: bytes) -> None:
+        super().__init__()
+        self.inner, self.prefix = inner, prefix
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(self.prefix + key, value)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        yield from self.inner.fetch(self.prefix + key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(self.prefix + key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(self.prefix + src, self.prefix + dest, value)
+
+    def __repr__(self) -> str:
+        return f"KeyedDatabase({self.inner!r}, {self.prefix!r})"
+
+
+def for_cell(database: ExampleDatabase | None, identity: str) -> ExampleDatabase | None:
+    """``database`` keyed for one check's cell (``identity`` names it: kernel, convention, mode, family, cell),
+    so that a saved example replays in the check that drew it; None stays None."""
+    if database is None:
+        return None
+    return KeyedDatabase(database, hashlib.sha256(identity.encode()).hexdigest()[:24].encode() + b":")
 
 
 def resolve(example_db: Any = None, *, option_name: str = "example_db") -> ExampleDatabase | None:

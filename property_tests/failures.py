@@ -4,8 +4,14 @@ exception reported once per kernel.
 
 ``check_mode`` attaches a *recipe* to each failure as it happens (:func:`attach`: the problem, the
 numerics, the gradient) and, once Hypothesis has shrunk it, :func:`finish` turns the recipe of the
-failure it reports into a script. Hypothesis' notes about its own test function (which a caller of
-``check_kernel`` does not have) are dropped; its one-line falsifying example stays.
+failure it reports into a script.
+
+The report's notes are the harness's own, composed from what it recorded, never read back out of
+Hypothesis' text: the notes the checked code gave the exception by the time it left the property
+(:func:`left_property`: gmm_ref's report, the kernel's own notes), the failing example in one line,
+then the notes the harness added (:func:`note`), the reproducer and the known upstream bugs it
+matches. What Hypothesis adds about its own test function (which a caller of ``check_kernel`` does
+not have: how to replay it, which lines ran) is not part of it, whatever its wording.
 """
 
 from __future__ import annotations
@@ -21,14 +27,13 @@ from gmm_kernels.repro import kernel_reproducer
 from gmm_ref.compare import REPRODUCE
 from gmm_ref.repro import fenced
 
-__all__ = ["Repeated", "attach", "finish", "forget", "one_line", "primary", "raise_failure", "record_raised",
-           "seen_before"]
+__all__ = ["Repeated", "attach", "finish", "forget", "left_property", "note", "one_line", "primary", "raise_failure",
+           "record_raised", "seen_before"]
 
 _RECIPE = "_gmm_recipe"
 _REPORTED = "_gmm_reported_errors"
-#: Hypothesis notes that speak of its own test function, not of the kernel
-_HYPOTHESIS_NOISE = ("Explanation:", "These lines were always", "You can reproduce this test case by",
-                     "You can add @seed")
+_LEFT = "_gmm_left_property"  # (the exception's notes as it left the property, the problem it failed on)
+_NOTES = "_gmm_notes"  # the notes the harness added since
 
 
 class Repeated(Exception):
@@ -42,6 +47,24 @@ def attach(exc: BaseException, **recipe: Any) -> None:
         # an exception type with __slots__ takes no recipe: its report stays without a script
         with contextlib.suppress(AttributeError):
             setattr(exc, _RECIPE, recipe)
+
+
+def left_property(exc: BaseException, problem: Any) -> None:
+    """``exc`` leaves the property on ``problem``: what notes it has now are the checked code's (Hypothesis adds
+    its own afterwards); the report keeps these and its own (:func:`finish`)."""
+    if getattr(exc, _LEFT, None) is None:
+        with contextlib.suppress(AttributeError):
+            setattr(exc, _LEFT, (tuple(getattr(exc, "__notes__", ())), problem))
+
+
+def note(exc: BaseException, text: str) -> None:
+    """Add the harness's note ``text`` to ``exc`` (and to its record, from which :func:`finish` composes the
+    report)."""
+    exc.add_note(text)
+    with contextlib.suppress(AttributeError):
+        if getattr(exc, _NOTES, None) is None:
+            setattr(exc, _NOTES, [])
+        getattr(exc, _NOTES).append(text)
 
 
 def forget(exc: BaseException) -> None:
@@ -65,8 +88,8 @@ def primary(exc: BaseException) -> tuple[BaseException, int]:
     if len(leaves) == 1:
         return leaves[0], 1
     first = next((e for e in leaves if isinstance(e, gmm_ref.Mismatch)), leaves[0])
-    first.add_note(f"Hypothesis found {len(leaves)} distinct failures; this is one of them. The others:\n"
-                   + "\n".join(f"  - {one_line(e)}" for e in leaves if e is not first))
+    note(first, f"Hypothesis found {len(leaves)} distinct failures; this is one of them. The others:\n"
+         + "\n".join(f"  - {one_line(e)}" for e in leaves if e is not first))
     return first, len(leaves)
 
 
@@ -106,11 +129,22 @@ def raise_failure(result: Any) -> None:
 
 
 # --------------------------------------------------------------- the report
+def _own_notes(exc: BaseException) -> list[str]:
+    """The notes of the checked code and the harness: those ``exc`` had when it left the property, its failing
+    example, and the harness's since. An exception that never left the property (Hypothesis' own error) keeps
+    its notes."""
+    left = getattr(exc, _LEFT, None)
+    if left is None:
+        return list(getattr(exc, "__notes__", ()))
+    notes, problem = left
+    return [*notes, f"Failing example: {problem!r}", *getattr(exc, _NOTES, ())]
+
+
 def finish(exc: BaseException, adapter: KernelAdapter, mode: str) -> list[str]:
-    """Give ``exc`` its reproducer and drop notes that do not apply; the known upstream bugs (one line
-    each) whose signature the failure matches, also added as notes."""
+    """Give ``exc`` the harness's report as its notes (:func:`_own_notes` and a reproducer); the known upstream
+    bugs (one line each) whose signature the failure matches, also added as notes."""
     recipe = getattr(exc, _RECIPE, None)
-    notes = [n for n in getattr(exc, "__notes__", []) if not n.lstrip().startswith(_HYPOTHESIS_NOISE)]
+    notes = _own_notes(exc)
     if recipe is not None:
         notes = [n for n in notes if not n.startswith(REPRODUCE)]
         try:

@@ -5,17 +5,26 @@ bit, normal values within the bound, poisoned padding, all groups empty,
 sharded groups with and without an existing output, other output dtypes,
 gradients). Each is a Hypothesis property over the problems of one family that
 the kernel's convention can express and the kernel declares it takes.
+
+A :class:`Mode` is one object that carries all it means: the options of its
+strategy, what it checks (the forward result, repeated for determinism, or the
+gradients; or one fixed problem instead of drawn ones) and when it applies to a
+kernel. Nothing outside this module branches on a mode's name: adding a mode is
+one ``Mode`` in :data:`MODES` (or :data:`OPT_IN_MODES`) plus its tests.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import strategies as st
 
+import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_ref.problem import SERVING_FAMILIES
+from property_tests import large
 from property_tests import strategies as gst
 from property_tests.strategies.problems import Covering
 
@@ -27,21 +36,83 @@ class Unsupported(Exception):
     """The kernel cannot take any problem of this mode/family; ``str()`` is the reason."""
 
 
+#: strategy options that change the values drawn, not the shapes: modes differing only in these share compiled shapes
+_VALUE_OPTIONS = ("values", "all_empty")
+
+
 @dataclass(frozen=True)
 class Mode:
-    """One kind of input; ``options`` go to :func:`property_tests.strategies.problems`."""
+    """One kind of input: its strategy, what it checks and where it applies.
+
+    - ``options`` go to :func:`property_tests.strategies.problems`;
+    - ``needs_sharding``: it draws sharded groups (``group_offset``), which not every convention has;
+    - ``deterministic_repeat``: a kernel declaring itself deterministic is run twice on each problem and must
+      return the same bits;
+    - ``gradient``: it checks ``adapter.vjp`` against ``gmm_ref.gradients`` instead of the forward result (a
+      kernel without a gradient declines its problems);
+    - ``fixed_problem``: it checks one problem built for the kernel (raising :class:`Unsupported` where it
+      cannot be built here) instead of drawing examples;
+    - ``refuse``: ``(adapter, family) -> reason or None``, why the mode does not apply to a kernel (beyond
+      what its strategy cannot draw).
+    """
 
     name: str
     doc: str
     options: dict[str, Any] = field(default_factory=dict)
     needs_sharding: bool = False
+    deterministic_repeat: bool = False
+    gradient: bool = False
+    fixed_problem: Callable[[KernelAdapter], gmm_ref.Problem] | None = None
+    refuse: Callable[[KernelAdapter, str | None], str | None] | None = None
+
+    def applicable(self, adapter: KernelAdapter, family: str | None = None) -> str | None:
+        """Why this mode does not apply to ``adapter`` (checked on ``family``, or all its families), or None."""
+        if self.needs_sharding and not adapter.spec.sharding:
+            return f"{adapter.convention} has no group_offset (no sharded groups)"
+        return None if self.refuse is None else self.refuse(adapter, family)
+
+    @property
+    def changes_shapes(self) -> bool:
+        """Whether its problems have shapes of their own (else the ``exact`` mode's: one compilation serves both)."""
+        return any(k not in _VALUE_OPTIONS for k in self.options)
+
+    @property
+    def draws_examples(self) -> bool:
+        """Whether it draws examples (else it checks one fixed problem)."""
+        return self.fixed_problem is None
+
+
+def _no_gradient(adapter: KernelAdapter, family: str | None) -> str | None:
+    """Why ``adapter`` has no gradient to check, or None."""
+    if all(f in SERVING_FAMILIES for f in adapter.families):
+        return (f"{adapter.convention}: the {' / '.join(adapter.families)} layout has no gradient model "
+                "(its kernels are inference kernels)")
+    if adapter.spec.quantizations:
+        return (f"{adapter.convention} takes quantized operands: codes have no gradient (a quantized "
+                "layer's backward is its own scaled GEMM)")
+    if not _has_gradient(adapter):
+        return f"{adapter.name}: no reverse-mode gradient in this adapter"
+    return None
+
+
+def _large_family(adapter: KernelAdapter, family: str | None) -> str | None:
+    if family not in (None, "ragged_m"):
+        return "the large mode builds one ragged-M problem (the token axis)"
+    return None
+
+
+def _large_problem(adapter: KernelAdapter) -> gmm_ref.Problem:
+    try:
+        return large.large_problem(adapter)
+    except large.TooLarge as exc:
+        raise Unsupported(str(exc)) from None
 
 
 MODES: dict[str, Mode] = {
     m.name: m
     for m in (
         Mode("exact", "small integers: the result is exact, so it must match bit for bit",
-             {"values": "exact"}),
+             {"values": "exact"}, deterministic_repeat=True),
         Mode("normal", "normal values within the per-element bound", {"values": "normal"}),
         Mode("wide", "subnormals up to values near the output's overflow, within the bound",
              {"values": "wide"}),
@@ -57,7 +128,7 @@ MODES: dict[str, Mode] = {
              {"values": "exact", "sharding": True, "existing_out": True},
              needs_sharding=True),
         Mode("grad", "reverse-mode gradients w.r.t. lhs, rhs and existing_out, against gmm_ref.gradients",
-             {"values": "normal", "dtypes": ("float32", "bfloat16", "float16")}),
+             {"values": "normal", "dtypes": ("float32", "bfloat16", "float16")}, gradient=True, refuse=_no_gradient),
         Mode("out_dtype", "every output dtype the convention takes, exact shape and dtype",
              {"values": "normal", "vary_out_dtype": True}),
     )
@@ -67,7 +138,7 @@ MODES: dict[str, Mode] = {
 #: modes a run leaves out unless asked for by name (``--modes large``, ``check_kernel(modes=[...])``)
 OPT_IN_MODES: dict[str, Mode] = {
     "large": Mode("large", "an operand past 2**31 elements, where int32 offsets overflow (opt-in; several GiB; "
-                  "property_tests.large)"),
+                  "property_tests.large)", fixed_problem=_large_problem, refuse=_large_family),
 }
 ALL_MODES: dict[str, Mode] = {**MODES, **OPT_IN_MODES}
 
@@ -129,16 +200,9 @@ def mode_covering(adapter: KernelAdapter, mode: Mode | str, family: str | None =
 def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None = None) -> dict[str, Any]:
     """The ``problems()`` arguments of ``mode`` for ``adapter`` (its declared options and scope applied)."""
     mode = mode_of(mode)
-    if mode.needs_sharding and not adapter.spec.sharding:
-        raise Unsupported(f"{adapter.convention} has no group_offset (no sharded groups)")
-    if mode.name == "grad" and all(f in SERVING_FAMILIES for f in adapter.families):
-        raise Unsupported(f"{adapter.convention}: the {' / '.join(adapter.families)} layout has no gradient model "
-                          "(its kernels are inference kernels)")
-    if mode.name == "grad" and adapter.spec.quantizations:
-        raise Unsupported(f"{adapter.convention} takes quantized operands: codes have no gradient (a quantized "
-                          "layer's backward is its own scaled GEMM)")
-    if mode.name == "grad" and not _has_gradient(adapter):
-        raise Unsupported(f"{adapter.name}: no reverse-mode gradient in this adapter")
+    why = mode.applicable(adapter, family)
+    if why is not None:
+        raise Unsupported(why)
     kwargs = dict(mode.options)
     declared = adapter.strategy_options()
     for option, what in (("sharding", "sharded groups (group_offset)"), ("existing_out", "an existing output")):

@@ -51,6 +51,13 @@ __all__: list[str] = []
 KERNEL_CHECK_MODULES = ("test_kernels.py", "test_goldens.py")
 _TESTS = Path(__file__).resolve().parent / "tests"  # the harness's own tests, installed or in a checkout
 
+# the run's state, in pytest's public per-config stash
+_KERNELS = pytest.StashKey[list[Any]]()  # the adapters this run checks
+_COMPILE_CACHE = pytest.StashKey[str]()  # the report header's line on the compilation cache
+_EXAMPLE_DB = pytest.StashKey[str]()  # the report header's line on the example database
+_NOT_COLLECTED = pytest.StashKey[int]()  # the harness's test modules not collected
+_LEFT_OUT = pytest.StashKey[tuple[int, int]]()  # (tests deselected, modules not collected), for the summary
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     # registered here, the earliest hook, so that Hypothesis' own plugin can load
@@ -108,7 +115,7 @@ def selected_kernels(config: pytest.Config) -> list[Any]:
     from property_tests.checking import check_known_issue_modes
     from property_tests.options import apply_scope, scope_fields
 
-    cached = getattr(config, "_gmm_kernels", None)
+    cached = config.stash.get(_KERNELS, None)
     if cached is not None:
         return cached
     try:
@@ -121,7 +128,7 @@ def selected_kernels(config: pytest.Config) -> list[Any]:
             check_known_issue_modes(k, option="--gmm-kernel")
     except (ValueError, TypeError, ImportError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    config._gmm_kernels = kernels  # type: ignore[attr-defined]
+    config.stash[_KERNELS] = kernels
     return kernels
 
 
@@ -161,7 +168,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     if spec is not None:  # the checks (and the processes this run starts) read it from the environment
         os.environ[example_db.ENV] = spec
-    config._gmm_example_db = example_db.describe(os.environ.get(example_db.ENV))  # type: ignore[attr-defined]
+    config.stash[_EXAMPLE_DB] = example_db.describe(os.environ.get(example_db.ENV))
     if not in_use(config):
         return
     if config.getoption("hypothesis_profile", None) is None:
@@ -171,7 +178,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from property_tests import compile_cache
 
     try:  # the cache the main job and check_kernel use, unless told otherwise
-        config._gmm_compile_cache = compile_cache.enable(  # type: ignore[attr-defined]
+        config.stash[_COMPILE_CACHE] = compile_cache.enable(
             config.getoption("--gmm-compile-cache"), option_name="--gmm-compile-cache")
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -189,8 +196,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     tiling = _tiling(config)
     if tiling:
         lines.append(f"gmm tiling: {tiling}")
-    lines.append(f"gmm {getattr(config, '_gmm_compile_cache', 'jax compilation cache: off')}")
-    lines.append(f"gmm {getattr(config, '_gmm_example_db', 'example database: off')}")
+    lines.append(f"gmm {config.stash.get(_COMPILE_CACHE, 'jax compilation cache: off')}")
+    lines.append(f"gmm {config.stash.get(_EXAMPLE_DB, 'example database: off')}")
     return lines
 
 
@@ -214,7 +221,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     # collected all the same (pytest asks this hook only about the paths it finds)
     if (config.getoption("--gmm-kernel") and _harness_test(collection_path)
             and collection_path.name not in KERNEL_CHECK_MODULES):
-        config._gmm_left_out = getattr(config, "_gmm_left_out", 0) + 1  # type: ignore[attr-defined]
+        config.stash[_NOT_COLLECTED] = config.stash.get(_NOT_COLLECTED, 0) + 1
         return True
     return None
 
@@ -249,8 +256,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    left_out = (len(drop), getattr(config, "_gmm_left_out", 0))
-    config._gmm_left_out_counts = left_out  # type: ignore[attr-defined]
+    left_out = (len(drop), config.stash.get(_NOT_COLLECTED, 0))
+    config.stash[_LEFT_OUT] = left_out
     if hasattr(config, "workeroutput"):  # an xdist worker: its controller prints the summary
         config.workeroutput["gmm_left_out"] = left_out
     if any("gmm_kernel" in getattr(item, "fixturenames", ()) for item in items):
@@ -269,13 +276,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def pytest_testnodedown(node: Any, error: Any) -> None:
     counts = getattr(node, "workeroutput", {}).get("gmm_left_out")
     if counts is not None:
-        node.config._gmm_left_out_counts = tuple(counts)
+        node.config.stash[_LEFT_OUT] = (counts[0], counts[1])
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     if not config.getoption("--gmm-kernel"):
         return
-    deselected, not_collected = getattr(config, "_gmm_left_out_counts", (0, 0))  # an xdist worker's, if one ran
+    deselected, not_collected = config.stash.get(_LEFT_OUT, (0, 0))  # an xdist worker's, if one ran
     if not deselected and not not_collected:  # none of the harness's tests were asked for: nothing to say
         return
     terminalreporter.write_line(
