@@ -31,16 +31,18 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gmm_kernels import KernelAdapter, Status, resolve_kernels
+from gmm_kernels import KernelAdapter, Status
 from gmm_ref import conventions
 from gmm_ref.names import did_you_mean
 from property_tests import compile_cache, coverage, example_db, paths, shards
-from property_tests.checking import check_known_issue_modes
 from property_tests.modes import ALL_MODES, MODES
-from property_tests.options import SCOPE_OPTIONS, add_scope_options, apply_scope, modes_option, scope_fields
+from property_tests.options import SCOPE_OPTIONS, add_scope_options, modes_option
+from property_tests.request import WorkRequest, resolve_request
+from property_tests.shards import Cell
 from property_tests.supervisor import Supervisor
 from property_tests.table import GOLDENS, CellOutcome, Table, cells_of, check_cells, render, run_cell
 
@@ -165,79 +167,42 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
     return modes, values
 
 
-class KernelExit(RuntimeError):
-    """A kernel raised ``SystemExit`` (it called ``sys.exit``): a failure of the problem it was given, shrunk and
-    reported like any error, never the end of the run or of its worker."""
-
-
-def _guard_exit(adapter: KernelAdapter) -> None:
-    call = adapter.call
-
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return call(*args, **kwargs)
-        except SystemExit as exc:
-            raise KernelExit(f"the kernel raised SystemExit({exc.code!r}) (sys.exit)") from exc
-
-    adapter.call = guarded  # type: ignore[method-assign]
-
-
-def resolve_request(request: dict[str, Any]) -> list[KernelAdapter]:
-    """The kernels of a request (here and in the worker): resolved, scoped, versioned, and a ``sys.exit`` in a
-    kernel turned into a :class:`KernelExit` failure."""
-    kernels = resolve_kernels(request["kernels"], convention=request.get("convention"), tiling=request.get("tiling"))
-    fields = scope_fields(request.get("scope") or {})
-    for k in kernels:
-        _guard_exit(k)
-        apply_scope(k, fields)
-        if request.get("kernel_version"):
-            k.version = request["kernel_version"]
-        if request.get("kernels"):
-            check_known_issue_modes(k, option="--kernel")
-    return kernels
-
-
-def _run(args: argparse.Namespace, request: dict[str, Any], kernels: dict[str, KernelAdapter],
-         plan: list[shards.Cell], cells: list[shards.Cell], table: Table) -> None:
+def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, KernelAdapter], plan: list[Cell],
+         cells: list[Cell], table: Table) -> None:
     """Check ``cells`` (all of the ``plan``, or a shard's part) into ``table``, which gets every row of the plan."""
     table.plan(plan)
     if args.in_process:
-        def run(cell: shards.Cell, seed: int | None) -> CellOutcome:
+        def run(cell: Cell, seed: int | None) -> CellOutcome:
             try:
-                return run_cell(kernels[cell[0]], cell[1], cell[2], max_examples=args.max_examples, seed=seed,
-                                golden_dir=request["golden_dir"], require_own=request["require_own"],
-                                example_db=request["example_db"])
+                return run_cell(kernels[cell.kernel], cell.family, cell.column, max_examples=args.max_examples,
+                                seed=seed, golden_dir=request.golden_dir, require_own=request.require_own,
+                                example_db=request.example_db)
             except (SystemExit, GeneratorExit) as exc:  # a kernel's sys.exit: never the run's exit status
                 what = f"{type(exc).__name__}({', '.join(map(repr, exc.args))}) was raised in the cell"
-                return CellOutcome(f"FAIL: {what}", [f"== {' / '.join(map(str, cell))}\nthe kernel {what}"], 0.0, "")
+                report = f"== {' / '.join(map(str, cell))}\nthe kernel {what}"
+                return CellOutcome(Status.FAILED, what, details=(report,))
 
-        def put(cell: shards.Cell, o: CellOutcome) -> None:
-            table.put(*cell, o.text)
-            table.seconds[cell] = o.seconds
-            table.details += o.details
-            table.coverage += [o.coverage] if o.coverage else []
-
-        for name in dict.fromkeys(c[0] for c in cells):  # kernel by kernel: the budget is each kernel's
+        for name in dict.fromkeys(c.kernel for c in cells):  # kernel by kernel: the budget is each kernel's
             deadline = time.time() + args.budget if args.budget else None
-            for cell, o, _ in check_cells([c for c in cells if c[0] == name], run, lambda c, extra: None,
+            for cell, o, _ in check_cells([c for c in cells if c.kernel == name], run, lambda c, extra: None,
                                           deadline=deadline, seed=args.seed):
-                put(cell, o)
+                table.add(cell, o)
         return
     # one lane per job; a lane takes the next kernel and checks all its cells in one worker, so the shapes a
     # kernel compiled for one mode serve its other modes; each kernel fills a table of its own, merged in
     # kernel order, so the report does not depend on which lane finished first
-    by_kernel: dict[str, list[tuple[str, str | None, str]]] = {}
+    by_kernel: dict[str, list[Cell]] = {}
     for cell in cells:
-        by_kernel.setdefault(cell[0], []).append(cell)
+        by_kernel.setdefault(cell.kernel, []).append(cell)
     if not by_kernel:  # a shard with no cells
         return
     tables = {name: Table() for name in by_kernel}
 
     def check(name: str) -> None:
-        tables[name].plan([c for c in plan if c[0] == name])  # every row, even for a shard with the goldens alone
+        tables[name].plan([c for c in plan if c.kernel == name])  # every row, even for a shard with the goldens alone
         # the worker loads this kernel alone (another's module failing to load there is not this kernel's failure)
-        lane = {**request, "kernels": [kernels[name].origin or name],
-                "deadline": time.time() + args.budget if args.budget else None}  # the kernel's budget
+        lane = replace(request, kernels=(kernels[name].origin or name,),
+                       deadline=time.time() + args.budget if args.budget else None)  # the kernel's budget
         Supervisor(lane, tables[name], args.timeout, verbose=True).run(by_kernel[name])
 
     jobs = min(args.jobs or os.cpu_count() or 1, len(by_kernel))
@@ -247,26 +212,25 @@ def _run(args: argparse.Namespace, request: dict[str, Any], kernels: dict[str, K
         table.merge(kernel_table)
 
 
-def _shape_unit(cell: shards.Cell) -> tuple[Any, ...]:
+def _shape_unit(cell: Cell) -> tuple[Any, ...]:
     """Cells that compile the same shapes: a kernel's family in the modes whose problems differ only in their
     values (exact, normal, wide, poisoned, all_empty), else the cell alone."""
     kernel, family, column = cell
     mode = ALL_MODES.get(column)
     if mode is None:  # the goldens
         return (kernel, column)
-    shaped = any(k not in ("values", "all_empty") for k in mode.options)
-    return (kernel, family, column if shaped else "the exact mode's shapes")
+    return (kernel, family, column if mode.changes_shapes else "the exact mode's shapes")
 
 
-def _header(kernels: list[KernelAdapter], request: dict[str, Any]) -> str:
+def _header(kernels: list[KernelAdapter], request: WorkRequest) -> str:
     lines = []
     for k in kernels:
         if k.scope is not None:
             lines.append(f"{k.name} ({k.convention}) declared scope: {k.scope.describe()}")
-        if getattr(k, "version", None) and request.get("kernel_version"):
+        if getattr(k, "version", None) and request.kernel_version:
             lines.append(f"{k.name} version {k.version}: its own goldens must match bit for bit")
-    if request["modes"] != list(MODES):
-        lines.append(f"modes: {', '.join(request['modes'])}")
+    if list(request.modes) != list(MODES):
+        lines.append(f"modes: {', '.join(request.modes)}")
     return "\n".join(lines)
 
 
@@ -276,22 +240,20 @@ def _run_text(seed: int | None, budget: float | None) -> str:
     return run + (f"; then rounds of new examples for {budget:g} s a kernel" if budget else "")
 
 
-def _status(text: str) -> str:
-    for status in Status:
-        if text.startswith(status.value):
-            return status.value
-    return "?"
-
-
-def _json_cells(table: Table, cells: list[shards.Cell]) -> list[dict[str, Any]]:
-    """The run's cells in plan order, each with its text, status and seconds (the goldens once per kernel)."""
+def _json_cells(table: Table, cells: list[Cell]) -> list[dict[str, Any]]:
+    """The run's cells in plan order (the goldens once per family row), each with its text, status, seconds and
+    the other fields of its :class:`CellOutcome` but its reports and coverage (the document's ``failures`` and
+    ``coverage``)."""
     out = []
     for kernel, family, column in cells:
         families = [family] if family is not None else [f for (k, f) in table.rows if k == kernel]
         for f in families:
-            text = table.rows.get((kernel, f), {}).get(column, "")
-            out.append({"kernel": kernel, "family": f, "check": column, "status": _status(text), "text": text,
-                        "seconds": round(table.seconds.get((kernel, family, column), 0.0), 2)})
+            o = table.get(Cell(kernel, f, column))
+            if o is None:  # never set: no result to write (the merge counts it as a cell nobody checked)
+                continue
+            fields = {k: v for k, v in o.to_json().items() if k not in ("status", "seconds", "details", "coverage")}
+            out.append({"kernel": kernel, "family": f, "check": column, "status": o.status.value, "text": o.text,
+                        "seconds": round(o.seconds, 2), **fields})
     return out
 
 
@@ -305,8 +267,7 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
             partial: bool = False) -> int:
     """Print the table and its summary, write the JSON; the exit status (1: a cell failed; 2: nothing checked).
     A shard with no cells prints and writes that it checked nothing, and exits 0: the merge judges the run."""
-    n_fail = sum(v.startswith("FAIL") for v in table.values())
-    n_pass = sum(v.startswith("pass") for v in table.values())
+    n_fail, n_pass = table.count(Status.FAILED), table.count(Status.PASSED)
     if partial and doc.get("checked") == 0:
         print(f"shard {doc['shard'][0]}/{doc['shard'][1]} checked nothing (0 of the {len(doc['plan'])} cells); its "
               "--json file says so, and gmm-harness merge joins it with the other shards")
@@ -333,10 +294,12 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
 def _merge(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     doc = shards.load_shards(args.files, parser.error)
     table = Table()
-    plan = [tuple(c) for c in doc["plan"]]
-    table.plan(plan)
-    for c in doc["cells"]:  # the goldens come once per family row
-        table.put(c["kernel"], c["family"], c["check"], c["text"])
+    table.plan(Cell(*c) for c in doc["plan"])
+    for c in doc["cells"]:  # the goldens come once per family row; the reports and coverage: the document's
+        try:
+            table.put(Cell(c["kernel"], c["family"], c["check"]), CellOutcome.from_json(c))
+        except (ValueError, KeyError, TypeError) as exc:
+            parser.error(f"a shard's cell is not a result: {type(exc).__name__}: {exc}: {c}")
     table.details, table.coverage = doc["failures"], doc["coverage"]
     columns = doc["modes"] + ([GOLDENS] if doc["goldens"] else [])
     n = len(doc["shards"])
@@ -366,17 +329,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache_line = compile_cache.enable(args.compile_cache, option_name="--compile-cache")  # before jax loads
     except ValueError as exc:
         parser.error(str(exc))
-    request = {"kernels": args.kernel, "convention": args.convention, "tiling": args.tiling, "modes": modes,
-               "scope": scope_values, "max_examples": args.max_examples, "seed": args.seed,
-               "golden_dir": None if args.golden_dir is None else str(Path(args.golden_dir).resolve()),
-               "kernel_version": args.kernel_version, "require_own": args.kernel_version is not None,
-               "example_db": args.example_db, "environ": _ENVIRON}
+    request = WorkRequest(kernels=tuple(args.kernel), convention=args.convention, tiling=args.tiling,
+                          modes=tuple(modes), scope=scope_values, max_examples=args.max_examples, seed=args.seed,
+                          golden_dir=None if args.golden_dir is None else str(Path(args.golden_dir).resolve()),
+                          kernel_version=args.kernel_version, require_own=args.kernel_version is not None,
+                          example_db=args.example_db, environ=_ENVIRON)
     try:
         kernels = resolve_request(request)
     except (ValueError, TypeError, ImportError) as exc:
         parser.error(str(exc))
-    request["kernels"] = args.kernel or [k.name for k in kernels]
-    plan = [c for k in kernels for c in cells_of(k, goldens=not args.no_goldens, modes=request["modes"])]
+    request = replace(request, kernels=tuple(args.kernel or [k.name for k in kernels]))
+    plan = [c for k in kernels for c in cells_of(k, goldens=not args.no_goldens, modes=request.modes)]
     cells = plan if args.shard is None else shards.assign(plan, args.shard[1], args.durations,
                                                            unit=_shape_unit)[args.shard[0] - 1]
     t0 = time.perf_counter()
@@ -388,18 +351,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(filter(None, [header, _shard_line(args.shard, plan, cells)])) + "\n")
     _run(args, request, {k.name: k for k in kernels}, plan, cells, table)
     columns = modes + ([] if args.no_goldens else [GOLDENS])
-    doc = {"kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
+    doc = {"format": shards.FORMAT, "kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
                         "scope": None if k.scope is None else k.scope.to_json()} for k in kernels],
-           "requested": bool(args.kernel), "modes": request["modes"], "goldens": not args.no_goldens,
-           "max_examples": request["max_examples"], "seed": request["seed"], "budget": args.budget,
-           "golden_dir": request["golden_dir"], "shard": list(args.shard) if args.shard else None,
+           "requested": bool(args.kernel), "modes": list(request.modes), "goldens": not args.no_goldens,
+           "max_examples": request.max_examples, "seed": request.seed, "budget": args.budget,
+           "golden_dir": request.golden_dir, "shard": list(args.shard) if args.shard else None,
            "plan": [list(c) for c in plan], "checked": len(cells), "cells": _json_cells(table, cells)}
     return _finish(parser, table, columns, requested=[k.name for k in kernels] if args.kernel else [],
                    seconds=time.perf_counter() - t0, run=_run_text(args.seed, args.budget), verbose=args.verbose,
                    json_path=args.json, doc=doc, partial=args.shard is not None)
 
 
-def _shard_line(shard: tuple[int, int] | None, plan: list[shards.Cell], cells: list[shards.Cell]) -> str:
+def _shard_line(shard: tuple[int, int] | None, plan: list[Cell], cells: list[Cell]) -> str:
     """The header line of a shard: its share of the cells, or why it has none (it still writes its --json)."""
     if shard is None:
         return ""

@@ -26,12 +26,22 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["Cell", "assign", "load_durations", "load_shards", "parse_shard", "plan_key"]
+__all__ = ["FORMAT", "Cell", "assign", "load_durations", "load_shards", "parse_shard", "plan_key"]
 
-#: a table cell: (kernel, family, column); the goldens' family is None
-Cell = tuple[str, "str | None", str]
+
+class Cell(NamedTuple):
+    """A table cell: a kernel's family in a column (a mode, or the goldens, whose family is None). A tuple: it
+    equals ``(kernel, family, column)`` and is written to JSON as a list."""
+
+    kernel: str
+    family: str | None
+    column: str
+
+
+#: the format of the main job's ``--json`` document: 2 since each cell carries its result's fields
+FORMAT = 2
 _GOLDENS = "goldens"  # the goldens column (property_tests.table.GOLDENS, not imported: this module stays light)
 _SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 
@@ -104,6 +114,9 @@ def load_shards(paths: Sequence[str], error: Callable[[str], Any]) -> dict[str, 
         if not isinstance(doc, dict) or not doc.get("shard") or not isinstance(doc.get("plan"), list) \
                 or not isinstance(doc.get("cells"), list):
             error(f"{p}: not a shard's result (run gmm-harness check with --shard I/N --json FILE)")
+        if doc.get("format") != FORMAT:
+            error(f"{p}: a shard's result written by another version of gmm-harness (format "
+                  f"{doc.get('format', 1)}, not {FORMAT}): run every shard again with this one")
     first_path, first = docs[0]
     n = first["shard"][1]
     seen: dict[int, str] = {}
@@ -136,6 +149,7 @@ def load_shards(paths: Sequence[str], error: Callable[[str], Any]) -> dict[str, 
         error(f"{_cells(len(unchecked), len(plan))} in no shard's result, e.g. {unchecked[0]}")
     docs.sort(key=lambda d: d[1]["shard"][0])
     return {
+        "format": FORMAT,
         "kernels": _unique(k for _, d in docs for k in d["kernels"]), "requested": bool(first.get("requested")),
         "modes": first["modes"], "max_examples": first["max_examples"], "seed": first["seed"],
         "budget": first.get("budget"),

@@ -21,10 +21,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from property_tests.table import Table
+from gmm_kernels import Status
+from property_tests.request import WorkRequest
+from property_tests.shards import Cell
+from property_tests.table import CellOutcome, Table
 
 __all__ = ["Supervisor", "ended"]
 
@@ -47,7 +52,7 @@ class Supervisor:
     worker takes the cells after it. Every worker makes progress (it reports a cell or loses one), so a run
     ends; a worker silent past the time limits is killed."""
 
-    def __init__(self, request: dict[str, Any], table: Table, timeout: float, verbose: bool) -> None:
+    def __init__(self, request: WorkRequest, table: Table, timeout: float, verbose: bool) -> None:
         self.request, self.table, self.timeout, self.verbose = request, table, timeout, verbose
         self.workdir = Path(tempfile.mkdtemp(prefix="gmm-harness-"))
 
@@ -61,36 +66,37 @@ class Supervisor:
     #: the worker's command line (a test may put a stand-in here)
     COMMAND = (sys.executable, "-m", "property_tests.worker")
 
-    def run(self, cells: list[tuple[str, str | None, str]]) -> None:
-        pending = list(cells)
+    def run(self, cells: Sequence[Sequence[Any]]) -> None:
+        pending = [Cell(*c) for c in cells]
         lost: dict[str, int] = {}
         try:
             while pending:
                 done = self._worker(pending)
                 if done >= len(pending):
                     return
-                kernel = pending[done][0]  # the cell it crashed or hung in: a failure already
+                kernel = pending[done].kernel  # the cell it crashed or hung in: a failure already
                 lost[kernel] = lost.get(kernel, 0) + 1
                 pending = pending[done + 1:]  # at least one cell fewer: no restart without progress
                 if lost[kernel] >= self.MAX_LOST:
-                    for k, family, column in [c for c in pending if c[0] == kernel]:
-                        self.table.put(k, family, column, f"n/a: not run: {kernel} crashed or hung in "
-                                                          f"{lost[kernel]} cells already (see their notes)")
-                    pending = [c for c in pending if c[0] != kernel]
+                    not_run = CellOutcome(Status.UNSUPPORTED, f"not run: {kernel} crashed or hung in {lost[kernel]} "
+                                                              "cells already (see their notes)")
+                    for cell in [c for c in pending if c.kernel == kernel]:
+                        self.table.put(cell, not_run)
+                    pending = [c for c in pending if c.kernel != kernel]
         finally:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def _worker(self, cells: list[tuple[str, str | None, str]]) -> int:
+    def _worker(self, cells: list[Cell]) -> int:
         """Run a worker on ``cells``; the cells it completed. Fewer than all: it died or hung in the next one,
         which is reported as a failure."""
         request_path, events_path = self.workdir / "request.json", self.workdir / "events.jsonl"
-        request_path.write_text(json.dumps({**self.request, "cells": cells}))
+        request_path.write_text(json.dumps(replace(self.request, cells=tuple(cells)).to_json()))
         events_path.write_text("")
         state = {"done": 0, "since": time.monotonic(), "started": time.monotonic(), "problem": "", "cell": None,
                  "error": None, "end": False}
         try:
             proc = subprocess.Popen([*self.COMMAND, str(request_path), str(events_path)],
-                                    env={**self.request.get("environ", {}), **os.environ}, stdin=subprocess.DEVNULL)
+                                    env={**self.request.environ, **os.environ}, stdin=subprocess.DEVNULL)
         except OSError as exc:
             why = f"crashed: its worker could not be started: {exc}"
         else:
@@ -136,7 +142,7 @@ class Supervisor:
         if state["cell"] is not None:
             return f"timed out after {self.timeout:g} s" if now - state["started"] > self.timeout else None
         silent = now - state["since"]
-        if state["done"] >= n and (state["end"] or self.request.get("deadline") is None):
+        if state["done"] >= n and (state["end"] or self.request.deadline is None):
             return "" if silent > self.EXIT_GRACE else None  # done: it only has to exit
         limit = max(self.timeout, self.MIN_IDLE)
         if silent <= limit:
@@ -150,7 +156,7 @@ class Supervisor:
             kind = event["event"]
             state["since"] = time.monotonic()
             if kind == "start":
-                state.update(cell=(event["kernel"], event["family"], event["column"]), problem="",
+                state.update(cell=Cell(event["kernel"], event["family"], event["column"]), problem="",
                              started=state["since"])
             elif kind == "problem":
                 state["problem"] = event["text"]
@@ -164,23 +170,19 @@ class Supervisor:
             return  # not one of the worker's events (a kernel wrote into its file): nothing to record
 
     def _cell(self, event: dict[str, Any], state: dict[str, Any]) -> None:
-        key = (event["kernel"], event["family"], event["column"])
-        self.table.put(*key, event["text"])
-        self.table.seconds[key] = event["seconds"]
-        self.table.details += event["details"]
-        if event.get("coverage"):
-            self.table.coverage.append(event["coverage"])
+        cell, outcome = Cell(event["kernel"], event["family"], event["column"]), CellOutcome.from_json(event["result"])
+        self.table.add(cell, outcome)
         # an extra round of the time budget revises a cell already counted
         state.update(done=state["done"] + (not event.get("extra")), cell=None, started=state["since"])
         if self.verbose:
-            print(f"  {event['kernel']:<34} {event['family'] or '':<9} {event['column']:<17} "
-                  f"{event['text'][:70]}  [{event['seconds']:.1f}s]", file=sys.stderr, flush=True)
+            print(f"  {cell.kernel:<34} {cell.family or '':<9} {cell.column:<17} "
+                  f"{outcome.text[:70]}  [{outcome.seconds:.1f}s]", file=sys.stderr, flush=True)
 
     def _lost(self, state: dict[str, Any], what: str) -> None:
-        kernel, family, column = state["cell"]
-        key = (kernel, family, column)
-        self.table.seconds[key] = self.table.seconds.get(key, 0.0) + time.monotonic() - state["started"]
+        cell = state["cell"]
+        before = self.table.get(cell)  # a round of the time budget: the seconds of the rounds before it count
+        seconds = (before.seconds if before is not None else 0.0) + time.monotonic() - state["started"]
         last = f"; the last problem it was given: {state['problem']}" if state["problem"] else ""
-        self.table.put(kernel, family, column, f"FAIL: {what}{last}")
         trace = f"\n{state['traceback'].rstrip()}" if state.get("traceback") else ""
-        self.table.details.append(f"== {kernel} / {family} / {column}\nthe kernel {what}{last}{trace}")
+        report = f"== {cell.kernel} / {cell.family} / {cell.column}\nthe kernel {what}{last}{trace}"
+        self.table.add(cell, CellOutcome(Status.FAILED, f"{what}{last}", seconds=seconds, details=(report,)))

@@ -1,27 +1,31 @@
 """The main job's table: one row per (kernel, family), a cell per mode and one for the goldens.
 
-A cell is computed by :func:`run_cell` (in the main job's worker process) and
+A cell is computed by :func:`run_cell` (in the main job's worker process) as a
+:class:`CellOutcome`, a record of fields sent to the main job as JSON, and
 added to a :class:`Table`, which also records cells a crashed or hung kernel
-never finished. :func:`render` prints the table with footnotes.
+never finished. :func:`render` prints the table with footnotes, each cell's
+text computed from its fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from gmm_kernels import KernelAdapter, Result, Status
+from gmm_kernels import KernelAdapter, Status
 from golden import GoldenStore, check_goldens
 from golden.cli import default_directory
-from golden.judge import out_of_scope
 from golden.staleness import contents
 from property_tests.checking import check_mode
-from property_tests.modes import MODES
+from property_tests.modes import ALL_MODES, MODES
 from property_tests.shards import Cell
 
-__all__ = ["GOLDENS", "Cell", "CellOutcome", "Table", "cells_of", "check_cells", "render", "run_cell", "spend_budget"]
+__all__ = ["GOLDENS", "Cell", "CellOutcome", "FailedRound", "GoldenTally", "Table", "cells_of", "check_cells", "render",
+           "run_cell", "spend_budget"]
 
 GOLDENS = "goldens"
 _WIDTH = 110
@@ -31,71 +35,149 @@ def _short(text: str) -> str:
     return text if len(text) <= _WIDTH else text[: _WIDTH - 3] + "..."
 
 
-def cells_of(kernel: KernelAdapter, *, goldens: bool, modes: Sequence[str] | None = None
-             ) -> list[tuple[str, str | None, str]]:
+def cells_of(kernel: KernelAdapter, *, goldens: bool, modes: Sequence[str] | None = None) -> list[Cell]:
     """Every ``(kernel, family, column)`` cell of a kernel, in table order (goldens: one per kernel)."""
-    cells: list[tuple[str, str | None, str]] = [(kernel.name, f, m) for f in kernel.families
-                                                 for m in (modes or MODES)]
-    return cells + ([(kernel.name, None, GOLDENS)] if goldens else [])
+    cells = [Cell(kernel.name, f, m) for f in kernel.families for m in (modes or MODES)]
+    return cells + ([Cell(kernel.name, None, GOLDENS)] if goldens else [])
 
 
-def _golden_cell(kernel: KernelAdapter, directory: str | None, require_own: bool) -> tuple[str, list[str]]:
+class FailedRound(NamedTuple):
+    """A round of the time budget that failed a passed cell: its number (the profile's run is round 1), its seed
+    and the examples that passed before it."""
+
+    round: int
+    seed: int
+    passed: int
+
+
+@dataclass(frozen=True)
+class GoldenTally:
+    """What the goldens cell found: its golden cases, how many passed, failed or met a known bug, and the reasons
+    of the cases out of the kernel's scope with their counts (most frequent first)."""
+
+    cases: int
+    passed: int = 0
+    failed: int = 0
+    known_bugs: int = 0
+    out_of_scope: tuple[tuple[str, int], ...] = ()
+
+    def text(self, status: Status, note: str, *, reasons: bool = True) -> str:
+        """The cell's text: every count says how many cases were out of scope; ``reasons``: each reason with its
+        count (the note and the JSON), else the count alone (the table)."""
+        n = sum(count for _, count in self.out_of_scope)
+        why = "; ".join(f"{count} x {reason}" for reason, count in self.out_of_scope)
+        scope = f"{n} out of scope" + (f": {why}" if reasons else "")
+        if status is Status.PASSED:
+            return (f"pass ({self.passed}/{self.cases}" + (f"; {self.known_bugs} known bug" if self.known_bugs else "")
+                    + (f"; {scope})" if n else ")"))
+        if status is Status.UNSUPPORTED:
+            return f"n/a: all {self.cases} golden cases out of scope: {why}"
+        count = self.failed if status is Status.FAILED else self.known_bugs
+        return (f"{status.value}: {count}/{self.cases} cases" + (f" ({n} out of scope)" if n else "") + f"; {note}"
+                + (f"; out of scope: {why}" if n else ""))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "out_of_scope": [list(r) for r in self.out_of_scope]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> GoldenTally:
+        return cls(**{**doc, "out_of_scope": tuple((str(r), int(n)) for r, n in doc.get("out_of_scope", ()))})
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    """One computed cell, as data: its verdict and what the table, the JSON output, the merge of shards and the
+    exit status read. Its text (:attr:`text`) is computed from these fields, never read back.
+
+    ``note`` is the reason (n/a), the cause (FAIL) or the upstream bug (known bug); ``examples`` the examples
+    checked (over every round of the time budget), ``cells`` the covering design's cells run and in all,
+    ``rounds`` the rounds run (1: the profile's run alone), ``extendable`` whether the time budget may add rounds
+    of examples (a passed cell of a mode that draws them), ``failed_round`` the budget's round that failed it;
+    ``goldens`` the goldens cell's tally (None for a mode's cell); ``details`` the full failure reports and
+    ``coverage`` what the examples reached (``Result.coverage_report``)."""
+
+    status: Status
+    note: str = ""
+    examples: int = 0
+    seconds: float = 0.0
+    details: tuple[str, ...] = ()
+    coverage: str = ""
+    cells: tuple[int, int] = (0, 0)
+    rounds: int = 1
+    extendable: bool = False
+    failed_round: FailedRound | None = None
+    goldens: GoldenTally | None = None
+
+    @property
+    def text(self) -> str:
+        """The cell's text: ``pass (n)``, ``FAIL: cause``, ``n/a: reason``, ``known bug: ...`` (the note of a
+        table cell, the JSON's ``text``)."""
+        if self.goldens is not None:
+            text = self.goldens.text(self.status, self.note)
+        elif self.status is not Status.PASSED:
+            text = f"{self.status.value}: {self.note}"
+        elif self.rounds > 1:
+            text = f"pass ({self.examples}; {self.rounds} rounds)"
+        else:
+            partial = f"; {self.cells[0]}/{self.cells[1]} cells" if self.cells[0] < self.cells[1] else ""
+            text = f"pass ({self.examples}{partial})"
+        if self.failed_round is not None:
+            r = self.failed_round
+            text += f" (round {r.round}, seed {r.seed}, after {r.passed} examples passed)"
+        return text
+
+    def shown(self) -> tuple[str, bool]:
+        """How the cell shows in the table, and whether it gets a note: a FAIL, n/a or known-bug cell as its
+        status and a note; a goldens pass with cases out of scope with the count only (its reasons: the note)."""
+        if self.status is not Status.PASSED:
+            return self.status.value, True
+        if self.goldens is not None and self.goldens.out_of_scope:
+            return self.goldens.text(self.status, self.note, reasons=False), True
+        return self.text, False
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict of the fields (:meth:`from_json` reads it back); ``status`` is the status's value."""
+        return {"status": self.status.value, "note": self.note, "examples": self.examples, "seconds": self.seconds,
+                "details": list(self.details), "coverage": self.coverage, "cells": list(self.cells),
+                "rounds": self.rounds, "extendable": self.extendable,
+                "failed_round": None if self.failed_round is None else list(self.failed_round),
+                "goldens": None if self.goldens is None else self.goldens.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CellOutcome:
+        """The outcome of :meth:`to_json`'s dict (other keys ignored; a missing field takes its default);
+        ``ValueError``, ``KeyError`` or ``TypeError`` for anything else."""
+        failed, goldens = doc.get("failed_round"), doc.get("goldens")
+        return cls(Status(doc["status"]), note=str(doc.get("note", "")), examples=int(doc.get("examples", 0)),
+                   seconds=float(doc.get("seconds", 0.0)), details=tuple(doc.get("details", ())),
+                   coverage=str(doc.get("coverage", "")), cells=tuple(doc.get("cells", (0, 0))),
+                   rounds=int(doc.get("rounds", 1)), extendable=bool(doc.get("extendable", False)),
+                   failed_round=None if failed is None else FailedRound(*failed),
+                   goldens=None if goldens is None else GoldenTally.from_json(goldens))
+
+
+def _golden_cell(kernel: KernelAdapter, directory: str | None, require_own: bool) -> CellOutcome:
     """The goldens cell: every count says how many cases were out of the kernel's scope, and the text (the
     note, the JSON) lists each reason with its count."""
     where = directory or default_directory()
     results = check_goldens(kernel, where, require_own=require_own)
     if not results:
         held = contents(GoldenStore(where).manifest()["cases"])
-        return f"n/a: no golden case of the {kernel.convention} convention in {where} (it holds {held})", []
-    fails = [r for r in results if r.status is Status.FAILED]
-    passes = [r for r in results if r.status is Status.PASSED]
-    bugs = [r for r in results if r.status is Status.KNOWN_BUG]
-    scope = out_of_scope(results)  # "7 out of scope: 4 x WHY; 3 x WHY"
-    count, _, reasons = scope.partition(": ")
-    if fails:
-        details = [f"== {kernel.name} / goldens / {r.check}\n{r.full_report()}" for r in fails]
-        return (f"FAIL: {len(fails)}/{len(results)} cases" + (f" ({count})" if scope else "")
-                + f"; {_short(fails[0].detail)}" + (f"; out of scope: {reasons}" if scope else "")), details
-    if not passes and not bugs:
-        return f"n/a: all {len(results)} golden cases out of scope: {reasons}", []
-    if not passes:
-        return (f"known bug: {len(bugs)}/{len(results)} cases" + (f" ({count})" if scope else "")
-                + f"; {_short(bugs[0].detail)}" + (f"; out of scope: {reasons}" if scope else "")), []
-    return f"pass ({len(passes)}/{len(results)}" + (f"; {len(bugs)} known bug" if bugs else "") \
-        + (f"; {scope})" if scope else ")"), []
-
-
-def _shown(text: str) -> tuple[str, bool]:
-    """How a cell shows in the table, and whether it gets a note: a FAIL, n/a or known-bug cell as its prefix
-    and a note; a pass cell whose cases were partly out of scope with the count only (its reasons: the note)."""
-    for prefix in ("FAIL", "n/a", "known bug"):
-        if text.startswith(prefix):
-            return prefix, True
-    head, sep, _ = text.partition(" out of scope: ")
-    if text.startswith("pass") and sep:
-        return f"{head} out of scope)", True
-    return text, False
-
-
-def _mode_cell(result: Result) -> str:
-    if result.status is Status.FAILED:
-        return f"FAIL: {_short(result.detail)}"
-    return result.cell()
-
-
-class CellOutcome(NamedTuple):
-    """One computed cell: its text, full failure reports, seconds, coverage report and examples checked."""
-
-    text: str
-    details: list[str]
-    seconds: float
-    coverage: str
-    examples: int = 0
-
-    @property
-    def extendable(self) -> bool:
-        """Whether more examples can be spent on it: a passed cell of a mode that draws examples."""
-        return self.text.startswith("pass") and self.examples > 0
+        return CellOutcome(Status.UNSUPPORTED, f"no golden case of the {kernel.convention} convention in {where} "
+                                               f"(it holds {held})")
+    by = {s: [r for r in results if r.status is s] for s in Status}
+    # each reason with its count, most frequent first (as golden.judge.out_of_scope words it)
+    scope = Counter(r.detail or "unsupported" for r in by[Status.UNSUPPORTED]).most_common()
+    tally = GoldenTally(len(results), len(by[Status.PASSED]), len(by[Status.FAILED]), len(by[Status.KNOWN_BUG]),
+                        tuple(scope))
+    if tally.failed:
+        details = tuple(f"== {kernel.name} / goldens / {r.check}\n{r.full_report()}" for r in by[Status.FAILED])
+        return CellOutcome(Status.FAILED, _short(by[Status.FAILED][0].detail), details=details, goldens=tally)
+    if not tally.passed and not tally.known_bugs:
+        return CellOutcome(Status.UNSUPPORTED, goldens=tally)
+    if not tally.passed:
+        return CellOutcome(Status.KNOWN_BUG, _short(by[Status.KNOWN_BUG][0].detail), goldens=tally)
+    return CellOutcome(Status.PASSED, goldens=tally)
 
 
 def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_examples: int | None,
@@ -107,18 +189,19 @@ def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_exam
     t0 = time.perf_counter()
     why = kernel.available()
     if why:
-        return CellOutcome(f"n/a: {why}", [], 0.0, "")
+        return CellOutcome(Status.UNSUPPORTED, why)
     if column == GOLDENS:
-        text, details = _golden_cell(kernel, golden_dir, require_own)
-        return CellOutcome(text, details, time.perf_counter() - t0, "")
+        return dataclasses.replace(_golden_cell(kernel, golden_dir, require_own), seconds=time.perf_counter() - t0)
     result = check_mode(kernel, column, family=family, max_examples=max_examples,
                         profile="gmm-ci" if seed is None else None, seed=seed, example_db=example_db)
-    details = [f"== {kernel.name} / {family} / {column}\n{result.full_report()}"] \
-        if result.status is Status.FAILED else []
+    failed = result.status is Status.FAILED
+    details = (f"== {kernel.name} / {family} / {column}\n{result.full_report()}",) if failed else ()
     covered = result.coverage_report()
     covered = f"== {kernel.name} / {family} / {column}: {covered}" if covered else ""
-    examples = result.examples if column != "large" else 0  # the large mode's one fixed problem: nothing to add
-    return CellOutcome(_mode_cell(result), details, time.perf_counter() - t0, covered, examples)
+    # a mode checking one fixed problem (large): no more examples to draw
+    extendable = result.status is Status.PASSED and result.examples > 0 and ALL_MODES[column].draws_examples
+    return CellOutcome(result.status, _short(result.detail) if failed else result.detail, result.examples,
+                       time.perf_counter() - t0, details, covered, result.cells, extendable=extendable)
 
 
 #: a round's seeds: round r of a run under seed S checks its cells under seed S + r * ROUND_SEED_STEP
@@ -128,11 +211,11 @@ ROUND_SEED_STEP = 1_000_003
 def spend_budget(done: dict[Cell, CellOutcome], deadline: float, run: Callable[[Cell, int], CellOutcome],
                  started: Callable[[Cell], None], seed: int | None = None
                  ) -> Iterator[tuple[Cell, CellOutcome]]:
-    """Spend what is left until ``deadline`` (``time.time()``) on more examples: round after round, each passed
-    cell of ``done`` runs again under the next round's seed (``run(cell, seed)``, after ``started(cell)``), until
-    the time is up or it fails. Yields each cell's new outcome: ``pass (N; R rounds)`` with every round's
-    examples, or the round's failure naming its seed. The first round (the profile's) already ran: it alone
-    reaches every pair of relations; the rounds only add examples."""
+    """Spend what is left until ``deadline`` (``time.time()``) on more examples: round after round, each
+    extendable cell of ``done`` runs again under the next round's seed (``run(cell, seed)``, after
+    ``started(cell)``), until the time is up or it fails. Yields each cell's new outcome: passed with every
+    round's examples and the rounds run, or the round's failure naming its round and seed. The first round (the
+    profile's) already ran: it alone reaches every pair of relations; the rounds only add examples."""
     totals = {cell: o.examples for cell, o in done.items() if o.extendable}
     seconds = {cell: o.seconds for cell, o in done.items()}
     r = 1
@@ -146,13 +229,13 @@ def spend_budget(done: dict[Cell, CellOutcome], deadline: float, run: Callable[[
             seconds[cell] += o.seconds
             if o.extendable:
                 totals[cell] += o.examples
-                yield cell, o._replace(text=f"pass ({totals[cell]}; {r + 1} rounds)", seconds=seconds[cell],
-                                       coverage="", details=[])
+                yield cell, dataclasses.replace(o, examples=totals[cell], rounds=r + 1, seconds=seconds[cell],
+                                                coverage="", details=())
                 continue
             passed = totals.pop(cell)
-            if o.text.startswith("FAIL"):
-                yield cell, o._replace(text=f"{o.text} (round {r + 1}, seed {round_seed}, after {passed} examples "
-                                            "passed)", seconds=seconds[cell], coverage="")
+            if o.status is Status.FAILED:
+                yield cell, dataclasses.replace(o, failed_round=FailedRound(r + 1, round_seed, passed),
+                                                seconds=seconds[cell], coverage="")
         r += 1
 
 
@@ -174,24 +257,36 @@ def check_cells(cells: Iterable[Cell], run: Callable[[Cell, int | None], CellOut
 
 @dataclass
 class Table:
-    """Rows being filled, cell by cell, and the full failure reports."""
+    """Rows being filled, cell by cell, with each cell's :class:`CellOutcome`, and the full failure reports."""
 
-    rows: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    rows: dict[tuple[str, str], dict[str, CellOutcome]] = field(default_factory=dict)
     details: list[str] = field(default_factory=list)
     #: per cell, what its examples reached of the covering design (``Result.coverage_report``)
     coverage: list[str] = field(default_factory=list)
-    #: seconds each cell took, by ``(kernel, family, column)`` (the goldens' family: None)
-    seconds: dict[tuple[str, str | None, str], float] = field(default_factory=dict)
 
-    def plan(self, cells: list[tuple[str, str | None, str]]) -> None:
+    def plan(self, cells: Iterable[Cell]) -> None:
         for kernel, family, _ in cells:
             if family is not None:
                 self.rows.setdefault((kernel, family), {})
 
-    def put(self, kernel: str, family: str | None, column: str, text: str) -> None:
+    def put(self, cell: Cell, outcome: CellOutcome) -> None:
+        """Set a cell (the goldens, whose family is None: in every row of the kernel)."""
+        kernel, family, column = cell
         for (k, f), row in self.rows.items():
             if k == kernel and (family is None or f == family):
-                row[column] = text
+                row[column] = outcome
+
+    def add(self, cell: Cell, outcome: CellOutcome) -> None:
+        """Set a cell and append its failure reports and coverage."""
+        self.put(cell, outcome)
+        self.details += outcome.details
+        self.coverage += [outcome.coverage] if outcome.coverage else []
+
+    def get(self, cell: Cell) -> CellOutcome | None:
+        """A cell's outcome (the goldens' family: None), or None before it is set."""
+        kernel, family, column = cell
+        return next((row[column] for (k, f), row in self.rows.items()
+                     if k == kernel and (family is None or f == family) and column in row), None)
 
     def merge(self, other: Table) -> None:
         """Append another table's rows, reports and coverage (a kernel checked in a lane of its own)."""
@@ -199,33 +294,35 @@ class Table:
             self.rows.setdefault(key, {}).update(row)
         self.details += other.details
         self.coverage += other.coverage
-        self.seconds.update(other.seconds)
 
-    def values(self) -> list[str]:
+    def values(self) -> list[CellOutcome]:
         return [v for row in self.rows.values() for v in row.values()]
 
+    def count(self, status: Status) -> int:
+        return sum(v.status is status for v in self.values())
+
     def checked_nothing(self, kernel: str) -> bool:
-        cells = [v for (k, _), row in self.rows.items() if k == kernel for v in row.values()]
-        return all(c.startswith("n/a") for c in cells)
+        return all(o.status is Status.UNSUPPORTED for (k, _), row in self.rows.items() if k == kernel
+                   for o in row.values())
 
     def as_rows(self) -> list[dict[str, Any]]:
         return [{"kernel": k, "family": f, **row} for (k, f), row in self.rows.items()]
 
 
 def render(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """The table; a FAIL, n/a or known-bug cell (and a goldens pass with cases out of scope) shows a footnote
-    number, the footnotes follow."""
+    """The table of ``rows`` (``kernel``, ``family`` and a :class:`CellOutcome` per column); a FAIL, n/a or
+    known-bug cell (and a goldens pass with cases out of scope) shows a footnote number, the footnotes (the
+    cells' texts) follow."""
     notes: dict[str, int] = {}
 
-    def cell(v: Any) -> str:
-        v = str(v)
-        shown, noted = _shown(v)
-        if noted:
-            return f"{shown} [{notes.setdefault(v, len(notes) + 1)}]"
-        return v
+    def cell(o: CellOutcome | None) -> str:
+        if o is None:
+            return ""
+        shown, noted = o.shown()
+        return f"{shown} [{notes.setdefault(o.text, len(notes) + 1)}]" if noted else shown
 
     table = [["kernel", "family", *columns]]
-    table += [[r["kernel"], r["family"], *[cell(r.get(c, "")) for c in columns]] for r in rows]
+    table += [[r["kernel"], r["family"], *[cell(r.get(c)) for c in columns]] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     out = [" | ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) for line in table]
     out.insert(1, "-+-".join("-" * w for w in widths))

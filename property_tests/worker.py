@@ -1,10 +1,11 @@
 """The main job's worker: computes table cells in a process of its own, so that a kernel which
 hangs or crashes the process cannot take the run with it.
 
-``python -m property_tests.worker REQUEST EVENTS`` reads a JSON request (the
-kernel specs, the cells to compute, the options) and appends one JSON line per
-event to EVENTS: ``start`` (a cell begins), ``problem`` (the problem a kernel is
-about to be called on), ``cell`` (a cell's text and failure reports), ``error``
+``python -m property_tests.worker REQUEST EVENTS`` reads a JSON request (a
+``property_tests.request.WorkRequest``: the kernel specs, the cells to compute,
+the options) and appends one JSON line per event to EVENTS: ``start`` (a cell
+begins), ``problem`` (the problem a kernel is about to be called on), ``cell``
+(a cell's result: a ``property_tests.table.CellOutcome`` as JSON), ``error``
 (an exception that ended the worker: one its setup raised, or one a cell let
 through, such as the ``SystemExit`` of a kernel that calls ``sys.exit``) and
 ``end`` (every cell was reported). The main job reads them as they come, and
@@ -26,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from property_tests.request import WorkRequest
+
 __all__ = ["describe_exception", "main"]
 
 _exit = os._exit  # the worker's own, whatever a kernel does to os._exit
@@ -40,34 +43,31 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:500]}" if text else type(exc).__name__
 
 
-def _work(request: dict[str, Any], emit: Callable[..., None]) -> None:
-    for name, value in request.get("environ", {}).items():
+def _work(request: WorkRequest, emit: Callable[..., None]) -> None:
+    for name, value in request.environ.items():
         os.environ.setdefault(name, value)  # before anything imports jax
     from gmm_kernels.base import observe_calls
-    from property_tests.main import resolve_request
     from property_tests.profiles import register_profiles
+    from property_tests.request import resolve_request
     from property_tests.table import Cell, CellOutcome, check_cells, run_cell
 
     register_profiles()
     kernels = {k.name: k for k in resolve_request(request)}
 
     def run(cell: Cell, seed: int | None) -> CellOutcome:
-        kernel, family, column = cell
-        return run_cell(kernels[kernel], family, column, max_examples=request["max_examples"], seed=seed,
-                        golden_dir=request.get("golden_dir"), require_own=request.get("require_own", False),
-                        example_db=request.get("example_db"))
+        return run_cell(kernels[cell.kernel], cell.family, cell.column, max_examples=request.max_examples,
+                        seed=seed, golden_dir=request.golden_dir, require_own=request.require_own,
+                        example_db=request.example_db)
 
     def started(cell: Cell, extra: bool) -> None:
-        emit(event="start", kernel=cell[0], family=cell[1], column=cell[2], extra=extra)
+        emit(event="start", kernel=cell.kernel, family=cell.family, column=cell.column, extra=extra)
 
     forget = observe_calls(lambda adapter, problem: emit(event="problem", kernel=adapter.name,
                                                          text=problem.describe()))
     try:  # the deadline is the kernel's time budget: rounds of more examples for its passed cells
-        for (kernel, family, column), o, extra in check_cells(map(tuple, request["cells"]), run, started,
-                                                             deadline=request.get("deadline"),
-                                                             seed=request.get("seed")):
-            emit(event="cell", kernel=kernel, family=family, column=column, text=o.text, details=o.details,
-                 seconds=o.seconds, coverage=o.coverage, extra=extra)
+        for cell, o, extra in check_cells(request.cells, run, started, deadline=request.deadline, seed=request.seed):
+            emit(event="cell", kernel=cell.kernel, family=cell.family, column=cell.column, result=o.to_json(),
+                 extra=extra)
     finally:
         forget()
 
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             events.flush()
 
         try:
-            _work(json.loads(Path(request_path).read_text()), emit)
+            _work(WorkRequest.from_json(json.loads(Path(request_path).read_text())), emit)
         except BaseException as exc:  # noqa: BLE001 - whatever ends the worker is reported, SystemExit too
             emit(event="error", text=describe_exception(exc), traceback=traceback.format_exc()[-3000:])
             return 1

@@ -222,3 +222,237 @@ def test_strategies_and_check_kernel_import_without_pytest_or_jax():
     done = subprocess.run([sys.executable, "-c", BLOCKER], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           check=False)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+# ------------------------------------------------ family names: compared only inside their registry (issue 27)
+#: modules (owned by others) that still compare a family's name to a literal; shrink it as they move to the
+#: records of gmm_ref.families (a stale entry fails below)
+FAMILY_NAME_COMPARISONS_ALLOWED = frozenset({"property_tests/large.py", "property_tests/modes.py"})
+
+
+def _family_name_comparisons(path: Path, names: frozenset[str]) -> list[str]:
+    """Each comparison (``==``, ``!=``, ``in``, ...) of ``path`` with a family name literal among its operands
+    (a string, or one inside a tuple, list or set literal)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        for operand in (node.left, *node.comparators):
+            consts = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+            hit = sorted({c.value for c in consts if isinstance(c, ast.Constant) and c.value in names})
+            if hit:
+                found.append(f"{path.relative_to(ROOT).as_posix()}:{node.lineno} compares {', '.join(hit)}")
+                break
+    return found
+
+
+def _family_names() -> frozenset[str]:
+    from gmm_ref import FAMILIES
+
+    return frozenset(FAMILIES)
+
+
+def test_no_family_name_is_compared_outside_its_registry():
+    """A family's facts live in its gmm_ref.families record; code reads them, it does not test the name."""
+    names = _family_names()
+    found = [hit for name, path in sorted(MODULES.items()) if name != "gmm_ref.families"
+             and path.relative_to(ROOT).as_posix() not in FAMILY_NAME_COMPARISONS_ALLOWED
+             for hit in _family_name_comparisons(path, names)]
+    assert not found, ("family names compared outside gmm_ref/families.py (read the Family record's facts "
+                       "instead):\n" + "\n".join(found))
+
+
+def test_the_family_name_allow_list_only_shrinks():
+    names = _family_names()
+    stale = sorted(f for f in FAMILY_NAME_COMPARISONS_ALLOWED if not _family_name_comparisons(ROOT / f, names))
+    assert not stale, f"no family name is compared in {stale} any more: drop them from FAMILY_NAME_COMPARISONS_ALLOWED"
+
+
+def test_the_family_name_check_catches_what_it_is_for(tmp_path, monkeypatch):
+    src = tmp_path / "m.py"
+    src.write_text('a = fam == "ragged_m"\nb = fam in ("batch", "x")\nc = "ragged_k" not in fams\n'
+                   'd = Problem("ragged_m", x)\ne = {"masked": 1}[fam]\nf = kind == "padded"\n')
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _family_name_comparisons(src, _family_names()) == [
+        "m.py:1 compares ragged_m", "m.py:2 compares batch", "m.py:3 compares ragged_k"]
+
+
+# ------------------------------------------- results as data: a cell's status is a field, never read from its text
+
+#: how a cell's status reads in its text (``gmm_kernels.Status``'s values)
+STATUS_TEXTS = ("pass", "FAIL", "n/a", "known bug")
+
+
+def _status_read_from_text(path: Path) -> list[str]:
+    """Where a module reads a status back from a text: ``.startswith("FAIL")`` (or a tuple of such), a literal
+    list of status texts (prefixes tested in a loop), a call of a ``_status`` helper."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Tuple, ast.List)):
+            texts = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in STATUS_TEXTS]
+            if len(texts) >= 2:
+                out.append(f"{path.name}:{node.lineno} lists the status texts {texts}")
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "attr", None) or getattr(node.func, "id", "")
+        args = [e for a in node.args for e in (a.elts if isinstance(a, ast.Tuple) else [a])]
+        if name == "startswith" and any(isinstance(a, ast.Constant) and isinstance(a.value, str)
+                                        and a.value.startswith(STATUS_TEXTS) for a in args):
+            out.append(f"{path.name}:{node.lineno} tests a text's prefix for a status")
+        elif name == "_status":
+            out.append(f"{path.name}:{node.lineno} calls _status")
+    return out
+
+
+def test_no_module_reads_a_cells_status_from_its_text():
+    """The worker sends result records, and the table, the JSON output, the merge and the exit status read their
+    fields; the text is rendered from them, never parsed back."""
+    bad = [f for name, path in MODULES.items() if name.startswith("property_tests.")
+           for f in _status_read_from_text(path)]
+    assert not bad, "a cell's status read from its text:\n" + "\n".join(bad)
+
+
+def test_the_worker_does_not_import_the_command_line():
+    reached, todo = set(), ["property_tests.worker"]
+    while todo:
+        for dep in GRAPH[todo.pop()] - reached:
+            reached.add(dep)
+            todo.append(dep)
+    assert "property_tests.main" not in reached, "property_tests.worker imports property_tests.main"
+
+
+def test_the_status_text_scan_catches_what_it_is_for(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('a = v.startswith("FAIL")\nb = v.startswith(("n/a", "x"))\nfor p in ("pass", "known bug"):\n'
+                   '    pass\nc = _status(v)\nd = v.startswith("--")\n')
+    assert _status_read_from_text(src) == ["m.py:1 tests a text's prefix for a status",
+                                           "m.py:2 tests a text's prefix for a status",
+                                           "m.py:3 lists the status texts ['pass', 'known bug']",
+                                           "m.py:5 calls _status"]
+
+
+# ------------------------------------------------ public Hypothesis and pytest only (issue 27)
+#: modules of Hypothesis' and pytest's that are theirs, not an API: importing them breaks with any release
+PRIVATE_MODULES = ("_pytest", "hypothesis.internal")
+#: names of pytest's objects (config, items, ...) whose private attributes (``config._x``) are pytest's or ours to stash
+PYTEST_OBJECTS = frozenset({"config", "session", "item", "node", "metafunc", "parser", "request", "pluginmanager"})
+_ATTRIBUTE_CALLS = frozenset({"getattr", "setattr", "hasattr", "delattr"})
+
+
+def _last_name(node: ast.AST) -> str | None:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _private_name_uses(path: Path) -> list[str]:
+    """Each use in ``path`` of a private Hypothesis or pytest name: an import of their internal modules or of a
+    ``_`` name of theirs, a ``_hypothesis...`` attribute, a private attribute of a pytest object (``config._x``)."""
+    where = path.relative_to(ROOT).as_posix()
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        what = None
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            bad = [m for m in mods if any(m == p or m.startswith(p + ".") for p in PRIVATE_MODULES)]
+            if mods[0].split(".")[0] in ("hypothesis", "pytest"):
+                bad += [f"{mods[0]}.{n}" for n in names if n.startswith("_")]
+            what = f"imports {', '.join(bad)}" if bad else None
+        elif isinstance(node, ast.Attribute):
+            owner = _last_name(node.value)
+            if node.attr.startswith("_hypothesis") or (owner in PYTEST_OBJECTS and node.attr.startswith("_")
+                                                       and not node.attr.startswith("__")):
+                what = f"uses the attribute {owner}.{node.attr}"
+        elif (isinstance(node, ast.Call) and _last_name(node.func) in _ATTRIBUTE_CALLS and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            owner, attr = _last_name(node.args[0]), node.args[1].value
+            if attr.startswith("_hypothesis") or (owner in PYTEST_OBJECTS and attr.startswith("_")):
+                what = f"uses the attribute {owner}.{attr} through {_last_name(node.func)}"
+        if what:
+            found.append(f"{where}:{node.lineno} {what}")
+    return found
+
+
+def test_no_private_hypothesis_or_pytest_name_is_used():
+    """One Hypothesis or pytest release must not break the harness: their public APIs only (an ExampleDatabase
+    wrapper for per-cell keys, notes the harness composes, config.stash for plugin state)."""
+    mine = Path(__file__).resolve()
+    found = [hit for path in sorted(_sources(include_tests=True).values()) if path.resolve() != mine
+             for hit in _private_name_uses(path)]
+    assert not found, "private Hypothesis/pytest names used:\n" + "\n".join(found)
+
+
+def test_the_private_name_check_catches_what_it_is_for(tmp_path, monkeypatch):
+    src = tmp_path / "m.py"
+    src.write_text("from hypothesis.internal.reflection import function_digest\nimport _pytest.config\n"
+                   "from hypothesis.core import _x\nf._hypothesis_internal_add_digest = b''\n"
+                   "config._gmm_kernels = 1\nn = getattr(config, '_gmm_left_out', 0)\n"
+                   "node.config._gmm_counts = 2\nsetattr(p, '_hypothesis_internal_database_key', None)\n"
+                   "config.stash[KEY] = 1\nself._state = 1\nfrom hypothesis.database import ExampleDatabase\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _private_name_uses(src) == [
+        "m.py:1 imports hypothesis.internal.reflection", "m.py:2 imports _pytest.config",
+        "m.py:3 imports hypothesis.core._x", "m.py:4 uses the attribute f._hypothesis_internal_add_digest",
+        "m.py:5 uses the attribute config._gmm_kernels",
+        "m.py:6 uses the attribute config._gmm_left_out through getattr",
+        "m.py:7 uses the attribute config._gmm_counts",
+        "m.py:8 uses the attribute p._hypothesis_internal_database_key through setattr"]
+
+
+# ------------------------------------------------ mode names: compared only inside their registry (issue 27)
+#: modules (owned by others) that still compare a mode's name to a literal; shrink it as they read the Mode's
+#: fields instead (a stale entry fails below)
+MODE_NAME_COMPARISONS_ALLOWED: frozenset[str] = frozenset()
+#: what holds a mode's name: ``mode.name``, ``result.check``, a variable ``mode``/``column``/``check``
+MODE_HOLDERS = frozenset({"name", "mode", "mode_name", "column", "check"})
+
+
+def _mode_names() -> frozenset[str]:
+    from property_tests.modes import ALL_MODES
+
+    return frozenset(ALL_MODES)
+
+
+def _mode_name_comparisons(path: Path, names: frozenset[str]) -> list[str]:
+    """Each comparison in ``path`` of what holds a mode's name (:data:`MODE_HOLDERS`) with a mode name literal
+    (a string, or one inside a tuple, list or set literal)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = (node.left, *node.comparators)
+        if not any(_last_name(o) in MODE_HOLDERS for o in operands):
+            continue
+        for operand in operands:
+            consts = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+            hit = sorted({c.value for c in consts if isinstance(c, ast.Constant) and c.value in names})
+            if hit:
+                found.append(f"{path.relative_to(ROOT).as_posix()}:{node.lineno} compares {', '.join(hit)}")
+                break
+    return found
+
+
+def test_no_mode_name_is_compared_outside_its_registry():
+    """A mode carries its own options, checks and applicability (property_tests.modes.Mode): code reads them."""
+    names = _mode_names()
+    found = [hit for name, path in sorted(MODULES.items()) if name != "property_tests.modes"
+             and path.relative_to(ROOT).as_posix() not in MODE_NAME_COMPARISONS_ALLOWED
+             for hit in _mode_name_comparisons(path, names)]
+    assert not found, ("mode names compared outside property_tests/modes.py (give the Mode a field instead):\n"
+                       + "\n".join(found))
+
+
+def test_the_mode_name_allow_list_only_shrinks():
+    names = _mode_names()
+    stale = sorted(f for f in MODE_NAME_COMPARISONS_ALLOWED if not _mode_name_comparisons(ROOT / f, names))
+    assert not stale, f"no mode name is compared in {stale} any more: drop them from MODE_NAME_COMPARISONS_ALLOWED"
+
+
+def test_the_mode_name_check_catches_what_it_is_for(tmp_path, monkeypatch):
+    src = tmp_path / "m.py"
+    src.write_text('a = mode.name == "grad"\nb = mode.name != "grad"\nc = column in ("large", "x")\n'
+                   'd = kind == "exact"\ne = result.check == "exact"\nf = dict(values="exact")\n'
+                   'g = mode == "poisoned"\n')
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _mode_name_comparisons(src, _mode_names()) == [
+        "m.py:1 compares grad", "m.py:2 compares grad", "m.py:3 compares large", "m.py:5 compares exact",
+        "m.py:7 compares poisoned"]

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gmm_kernels import resolve_kernel
+from gmm_kernels import Status, resolve_kernel
 from property_tests import table
-from property_tests.table import ROUND_SEED_STEP, CellOutcome, run_cell, spend_budget
+from property_tests.table import ROUND_SEED_STEP, CellOutcome, GoldenTally, run_cell, spend_budget
 from property_tests.tests import broken_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,20 +55,23 @@ def test_rounds_add_examples_to_passed_cells_only_and_stop_at_the_deadline(monke
     # 20 runs however busy the machine is (no assertion here depends on real time)
     clock = [1000]
     monkeypatch.setattr(table, "time", types.SimpleNamespace(time=lambda: clock[0]))
-    done = {("k", "ragged_m", "exact"): CellOutcome("pass (10)", [], 1.0, "cov", 10),
-            ("k", "ragged_m", "wide"): CellOutcome("FAIL: group 0", ["report"], 1.0, "", 3),
-            ("k", "ragged_m", "sharded"): CellOutcome("n/a: no group_offset", [], 0.0, ""),
-            ("k", None, "goldens"): CellOutcome("pass (9/9)", [], 1.0, ""),
-            ("k", "ragged_m", "grad"): CellOutcome("pass (4)", [], 1.0, "", 4)}
+    def passed(examples, seconds, coverage=""):
+        return CellOutcome(Status.PASSED, examples=examples, seconds=seconds, coverage=coverage, extendable=True)
+
+    done = {("k", "ragged_m", "exact"): passed(10, 1.0, "cov"),
+            ("k", "ragged_m", "wide"): CellOutcome(Status.FAILED, "group 0", 3, 1.0, ("report",)),
+            ("k", "ragged_m", "sharded"): CellOutcome(Status.UNSUPPORTED, "no group_offset"),
+            ("k", None, "goldens"): CellOutcome(Status.PASSED, seconds=1.0, goldens=GoldenTally(9, passed=9)),
+            ("k", "ragged_m", "grad"): passed(4, 1.0)}
+    assert done[("k", None, "goldens")].text == "pass (9/9)" and done[("k", "ragged_m", "exact")].text == "pass (10)"
     calls = []
 
     def run(cell, seed):
         calls.append((cell[2], seed))
         if cell[2] == "grad" and len([c for c in calls if c[0] == "grad"]) == 2:
-            return CellOutcome("FAIL: group 1 (rows [3, 5)): 2 wrong", ["grad report"], 0.5, "", 4)
+            return CellOutcome(Status.FAILED, "group 1 (rows [3, 5)): 2 wrong", 4, 0.5, ("grad report",))
         clock[0] += 1
-        return CellOutcome("pass (4)", [], 0.5, "", 4) if cell[2] == "grad" else CellOutcome("pass (10)", [], 0.5,
-                                                                                             "cov", 10)
+        return passed(4, 0.5) if cell[2] == "grad" else passed(10, 0.5, "cov")
 
     out = list(spend_budget(done, 1020, run, lambda c: None, seed=7))
     assert {c for c, _ in calls} == {"exact", "grad"}  # failed, n/a and golden cells get no rounds
@@ -76,7 +79,7 @@ def test_rounds_add_examples_to_passed_cells_only_and_stop_at_the_deadline(monke
     grad = [o for c, o in out if c[2] == "grad"]
     assert grad[0].text == "pass (8; 2 rounds)"
     assert grad[-1].text == (f"FAIL: group 1 (rows [3, 5)): 2 wrong (round 3, seed {7 + 2 * ROUND_SEED_STEP}, "
-                             "after 8 examples passed)") and grad[-1].details == ["grad report"]
+                             "after 8 examples passed)") and grad[-1].details == ("grad report",)
     exact = [o for c, o in out if c[2] == "exact"]
     assert len(exact) > 2 and exact[-1].text == f"pass ({10 * (len(exact) + 1)}; {len(exact) + 1} rounds)"
     assert exact[-1].seconds == 1.0 + 0.5 * len(exact)

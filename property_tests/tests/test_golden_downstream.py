@@ -275,11 +275,12 @@ def test_every_goldens_count_says_what_was_out_of_scope(repo):
     from property_tests.table import render, run_cell
 
     kernel = resolve_kernel("mk_gold.gmm:f32_only")
-    text = run_cell(kernel, None, "goldens", max_examples=None, golden_dir=GOLDENS).text
+    outcome = run_cell(kernel, None, "goldens", max_examples=None, golden_dir=GOLDENS)
+    text = outcome.text
     dtype_why = "the declared scope takes dtypes ('float32',) / out_dtypes None, not bfloat16 x bfloat16 -> bfloat16"
     assert text == (f"pass (1/4; 3 out of scope: 2 x {dtype_why}; 1 x the declared scope has no rows past the last "
                     "group (no tail))"), text  # was: "pass (1/4)"
-    table = render([{"kernel": kernel.name, "family": "ragged_m", "goldens": text}], ["goldens"])
+    table = render([{"kernel": kernel.name, "family": "ragged_m", "goldens": outcome}], ["goldens"])
     assert "| pass (1/4; 3 out of scope) [1]" in table and f"[1] {text}" in table, table
     none = run_cell(resolve_kernel("mk_gold.gmm:f16_only"), None, "goldens", max_examples=None,
                     golden_dir=GOLDENS).text

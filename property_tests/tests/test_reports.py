@@ -149,6 +149,22 @@ def test_the_same_exception_is_reported_once_and_the_run_moves_on():
     assert "always_raises: unsupported" in rest[0].detail
 
 
+def test_the_report_s_notes_are_the_harness_s_own_whatever_hypothesis_adds():
+    class P:
+        def __repr__(self) -> str:
+            return "Problem(ragged_m group_sizes=[1])"
+
+    exc = gmm_ref.Mismatch("kernel k vs gmm_ref\nWrong groups:\n  group 0 (rows [0, 1), size 1): 1 wrong")
+    exc.add_note("the checked code's note")
+    failures.left_property(exc, P())  # the exception leaves the property; what comes next is not the kernel's
+    exc.add_note("Falsifying example in any wording Hypothesis chooses")
+    exc.add_note("You can reproduce this test case by adding @reproduce_failure(...)")
+    failures.note(exc, "the harness's note")
+    assert failures.finish(exc, None, "exact") == []
+    assert exc.__notes__ == ["the checked code's note", "Failing example: Problem(ragged_m group_sizes=[1])",
+                             "the harness's note"]
+
+
 def test_distinct_failures_are_one_failure_and_a_count():
     a = gmm_ref.Mismatch("kernel k vs gmm_ref\nWrong groups:\n  group 2 (rows [4, 6), size 2): 3 wrong")
     b = IndexError("index 9 is out of bounds")

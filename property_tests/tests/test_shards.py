@@ -91,6 +91,7 @@ def test_two_shards_merged_give_the_unsharded_table_and_verdict(runs):
     ("cell lost", "1 of the plan's 8 cells is in no shard's result, e.g. "),
     ("cell twice", "was also checked by"),
     ("unsharded", "not a shard's result"),
+    ("older version", "two.json: a shard's result written by another version of gmm-harness (format 1, not 2)"),
 ])
 def test_merge_refuses_anything_but_every_shard_of_one_run(runs, edit, text):
     d = runs[0]
@@ -101,6 +102,8 @@ def test_merge_refuses_anything_but_every_shard_of_one_run(runs, edit, text):
         two["cells"] = two["cells"][1:]
     elif edit == "cell twice":
         two["cells"].append(one["cells"][0])
+    elif edit == "older version":  # its cells' texts, not their results' fields
+        del two["format"]
     case = Path(tempfile.mkdtemp(dir=d))
     (case / "one.json").write_text(json.dumps(one))
     (case / "two.json").write_text(json.dumps(two))
@@ -244,6 +247,26 @@ def test_a_failure_saved_by_one_run_is_the_first_failing_example_of_the_next(whe
     # without the database the next run searches as the first did (the test above is not vacuous)
     control, calls3 = _recording_run("off")
     assert control.status is Status.FAILED and _same(next(args for args, failed in calls3 if failed), first_failing)
+
+
+def test_each_cell_keeps_its_examples_under_a_key_of_its_own():
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from property_tests import example_db
+
+    inner = InMemoryExampleDatabase()
+    a, b = (example_db.for_cell(inner, f"k conv exact ragged_m cell {i}") for i in (1, 2))
+    assert example_db.for_cell(None, "any") is None
+    a.save(b"key", b"x")
+    a.save(b"key.secondary", b"y")
+    assert list(a.fetch(b"key")) == [b"x"] and list(b.fetch(b"key")) == []  # Hypothesis' key is the same for both
+    a.move(b"key", b"key.pareto", b"x")
+    assert list(a.fetch(b"key")) == [] and list(a.fetch(b"key.pareto")) == [b"x"]
+    a.delete(b"key.secondary", b"y")
+    assert list(a.fetch(b"key.secondary")) == []
+    again = example_db.for_cell(inner, "k conv exact ragged_m cell 1")  # the next run's wrapper: the same key
+    assert list(again.fetch(b"key.pareto")) == [b"x"]
+    assert all(k.endswith(b":key.pareto") for k in inner.data if inner.data[k])
 
 
 def test_cells_of_one_unit_stay_on_one_shard():

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from property_tests import worker
+from property_tests.request import WorkRequest
 from property_tests.supervisor import Supervisor
 from property_tests.table import Table
 
@@ -219,7 +220,7 @@ def test_the_timeout_fires_for_a_hung_kernel(tmp_path):
 STAND_IN = textwrap.dedent('''
     import json, signal, sys, time
     request, events = json.load(open(sys.argv[1])), open(sys.argv[2], "a")
-    how = request["how"]
+    how = request["kernels"][0]
 
     def emit(**event):
         events.write(json.dumps(event) + "\\n")
@@ -231,8 +232,7 @@ STAND_IN = textwrap.dedent('''
     if how in ("done_then_linger", "done_without_end"):
         for k, f, c in request["cells"]:
             emit(event="start", kernel=k, family=f, column=c, extra=False)
-            emit(event="cell", kernel=k, family=f, column=c, text="pass (1)", details=[], seconds=0.0,
-                 coverage="", extra=False)
+            emit(event="cell", kernel=k, family=f, column=c, result={"status": "pass", "examples": 1}, extra=False)
         if how == "done_then_linger":
             emit(event="end")
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -255,12 +255,12 @@ def _supervise(tmp_path, monkeypatch, how: str, command: tuple[str, ...] | None 
     monkeypatch.setattr(Supervisor, "EXIT_GRACE", grace)
     table = Table()
     table.plan(CELLS)
-    Supervisor({"how": how}, table, timeout=min(idle, 600), verbose=False).run(list(CELLS))
+    Supervisor(WorkRequest(kernels=(how,)), table, timeout=min(idle, 600), verbose=False).run(list(CELLS))
     return table
 
 
 def _texts(table: Table) -> list[str]:
-    return [table.rows[("k", "ragged_m")].get(c, "") for _, _, c in CELLS]
+    return [o.text if (o := table.rows[("k", "ragged_m")].get(c)) else "" for _, _, c in CELLS]
 
 
 @pytest.mark.parametrize("how", ["exit_0", "garbage"])
@@ -296,3 +296,21 @@ def test_the_worker_reports_an_error_in_its_own_setup(tmp_path):
     assert event["event"] == "error" and event["text"].startswith("ValueError: --kernel: 'no_such_kernel' is "
                                                                   "neither a built-in adapter"), event
     assert worker.describe_exception(SystemExit(0)) == "SystemExit(0)"
+
+
+def test_the_protocols_records_come_back_from_json_equal():
+    from gmm_kernels import Status
+    from property_tests.table import Cell, CellOutcome, FailedRound, GoldenTally
+
+    request = WorkRequest(kernels=("mod:fn",), modes=("exact", "grad"), scope={"families": "ragged_m"},
+                          environ={"X": "1"}, deadline=12.5, cells=(Cell("mod:fn", "ragged_m", "exact"),
+                                                                    Cell("mod:fn", None, "goldens")))
+    back = WorkRequest.from_json(json.loads(json.dumps(request.to_json())))
+    assert back == request and back.cells[1] == ("mod:fn", None, "goldens") and back.cells[1].column == "goldens"
+    outcomes = [CellOutcome(Status.FAILED, "group 0", 3, 1.5, ("report",), "cov", (2, 4), 2, False,
+                            FailedRound(2, 7, 10)),
+                CellOutcome(Status.PASSED, seconds=0.5, goldens=GoldenTally(4, 1, 0, 0, (("why", 3),)))]
+    for o in outcomes:
+        assert CellOutcome.from_json(json.loads(json.dumps(o.to_json()))) == o
+    assert [o.text for o in outcomes] == ["FAIL: group 0 (round 2, seed 7, after 10 examples passed)",
+                                          "pass (1/4; 3 out of scope: 3 x why)"]

@@ -1,0 +1,104 @@
+"""What the main job asks of a worker: a typed request, written to JSON for the worker and read back there.
+
+A :class:`WorkRequest` holds the kernel specs and every option a cell needs;
+the main job builds it from its command line, a lane narrows it to one kernel
+(``dataclasses.replace``) and the supervisor adds the cells a worker computes.
+:func:`resolve_request` turns it into kernels, in the main job and in the
+worker alike; this module imports nothing heavy (the worker sets its
+environment from the request before any framework loads) and nothing of the
+command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from property_tests.shards import Cell
+
+if TYPE_CHECKING:
+    from gmm_kernels import KernelAdapter
+
+__all__ = ["KernelExit", "WorkRequest", "resolve_request"]
+
+
+@dataclass(frozen=True)
+class WorkRequest:
+    """The kernels and options of a run, and the cells a worker is to compute (none in the main job)."""
+
+    #: kernel specs (built-in adapter names or ``pkg.module:fn``); none: every built-in adapter
+    kernels: tuple[str, ...] = ()
+    convention: str | None = None
+    tiling: str | None = None
+    modes: tuple[str, ...] = ()
+    #: the declared scope's option values, by option name without ``--`` (``property_tests.options``)
+    scope: Mapping[str, Any] = field(default_factory=dict)
+    max_examples: int | None = None
+    seed: int | None = None
+    golden_dir: str | None = None
+    kernel_version: str | None = None
+    #: a missing golden of the kernel's own version fails (with ``kernel_version``)
+    require_own: bool = False
+    example_db: str | None = None
+    #: environment variables the worker sets before anything imports a framework
+    environ: Mapping[str, str] = field(default_factory=dict)
+    #: ``time.time()`` until which the kernel's time budget adds rounds of examples; None: no budget
+    deadline: float | None = None
+    cells: tuple[Cell, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (:meth:`from_json` reads it back)."""
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**doc, "kernels": list(self.kernels), "modes": list(self.modes), "scope": dict(self.scope),
+                "environ": dict(self.environ), "cells": [list(c) for c in self.cells]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> WorkRequest:
+        """The request of :meth:`to_json`'s dict; a field it lacks takes its default."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in doc.items() if k in names}
+        for name in ("kernels", "modes"):
+            if name in values:
+                values[name] = tuple(values[name])
+        if "cells" in values:
+            values["cells"] = tuple(Cell(*c) for c in values["cells"])
+        return cls(**values)
+
+
+class KernelExit(RuntimeError):
+    """A kernel raised ``SystemExit`` (it called ``sys.exit``): a failure of the problem it was given, shrunk and
+    reported like any error, never the end of the run or of its worker."""
+
+
+def _guard_exit(adapter: KernelAdapter) -> None:
+    call = adapter.call
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except SystemExit as exc:
+            raise KernelExit(f"the kernel raised SystemExit({exc.code!r}) (sys.exit)") from exc
+
+    adapter.call = guarded  # type: ignore[method-assign]
+
+
+def resolve_request(request: WorkRequest) -> list[KernelAdapter]:
+    """The kernels of a request (in the main job and in the worker): resolved, scoped, versioned, and a
+    ``sys.exit`` in a kernel turned into a :class:`KernelExit` failure."""
+    # imported here: the worker reads its request, and sets its environment from it, before these load
+    from gmm_kernels import resolve_kernels
+    from property_tests.checking import check_known_issue_modes
+    from property_tests.options import apply_scope, scope_fields
+
+    kernels = resolve_kernels(list(request.kernels), convention=request.convention, tiling=request.tiling)
+    fields = scope_fields(request.scope or {})
+    for k in kernels:
+        _guard_exit(k)
+        apply_scope(k, fields)
+        if request.kernel_version:
+            k.version = request.kernel_version
+        if request.kernels:
+            check_known_issue_modes(k, option="--kernel")
+    return kernels
