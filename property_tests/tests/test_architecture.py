@@ -8,6 +8,8 @@ draws the layers these tests hold the code to.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import inspect
 import sys
 from pathlib import Path
 
@@ -456,3 +458,62 @@ def test_the_mode_name_check_catches_what_it_is_for(tmp_path, monkeypatch):
     assert _mode_name_comparisons(src, _mode_names()) == [
         "m.py:1 compares grad", "m.py:2 compares grad", "m.py:3 compares large", "m.py:5 compares exact",
         "m.py:7 compares poisoned"]
+
+
+# ------------------------------------------------ strategy keywords: known only above gmm_kernels (issue 27)
+def _strategy_only_keywords() -> frozenset[str]:
+    """The keywords of ``property_tests.strategies.problems`` that name no fact of the problem model (a field of
+    ``gmm_ref.Problem`` or ``Convention``, or a feature a kernel may refuse): the strategies' own words."""
+    from gmm_kernels.scope import FEATURES
+    from gmm_ref import Problem
+    from gmm_ref.conventions import Convention
+    from property_tests.strategies import problems
+
+    facts = {f.name for cls in (Problem, Convention) for f in dataclasses.fields(cls)} | set(FEATURES)
+    return frozenset(inspect.signature(problems).parameters) - facts
+
+
+def _strategy_knowledge(path: Path, strategy_only: frozenset[str]) -> list[str]:
+    """Where ``path`` speaks the strategies' language: a function named for strategy options, or a mapping keyed
+    by ``problems()`` keywords (a dict literal or ``dict(...)`` whose keys all are, one of them strategy-only, or
+    a strategy-only key stored into one)."""
+    from property_tests.strategies import problems
+
+    keywords = frozenset(inspect.signature(problems).parameters)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        keys: list[str] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "strategy" in node.name:
+            found.append(f"{path.name}:{node.lineno} defines {node.name}")
+            continue
+        if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
+            keys = [k.value for k in node.keys]
+        elif isinstance(node, ast.Call) and _last_name(node.func) == "dict" and not node.args:
+            keys = [k.arg for k in node.keywords]
+        elif (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.slice, ast.Constant)):
+            keys = [node.slice.value]
+        if keys and all(k in keywords for k in keys) and strategy_only & set(keys):
+            found.append(f"{path.name}:{node.lineno} keys {', '.join(sorted(strategy_only & set(keys)))}")
+    return found
+
+
+def test_gmm_kernels_states_facts_not_strategy_options():
+    """An adapter states what it takes as facts (``gmm_kernels.scope.Limits``); ``property_tests.declared`` turns
+    them into ``problems()`` keywords. Nothing in gmm_kernels builds those keywords."""
+    strategy_only = _strategy_only_keywords()
+    found = [hit for name, path in sorted(MODULES.items()) if name.split(".")[0] == "gmm_kernels"
+             for hit in _strategy_knowledge(path, strategy_only)]
+    assert not found, ("strategy keywords built in gmm_kernels (state a fact in gmm_kernels.scope.Limits and "
+                       "translate it in property_tests/declared.py):\n" + "\n".join(found))
+
+
+def test_the_strategy_keyword_check_catches_what_it_is_for(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('def _strategy_options(self):\n    return 1\nb = {"min_groups": 2, "allow_tail": False}\n'
+                   'opts["max_extent"] = 64\nd = dict(dtypes=pairs)\ne = {"existing_out": False, "sharding": False}\n'
+                   'f = {"families": fs, "out_dtypes": o}\ng = Limits(min_groups=2, tail=False)\nkw["tiling"] = t\n')
+    assert {"allow_tail", "min_groups", "max_extent", "dtypes"} <= _strategy_only_keywords()
+    assert _strategy_knowledge(src, _strategy_only_keywords()) == [
+        "m.py:1 defines _strategy_options", "m.py:3 keys allow_tail, min_groups", "m.py:4 keys max_extent",
+        "m.py:5 keys dtypes"]

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 
 import gmm_ref
 from gmm_kernels import KnownIssue, Scope, Status, declare, resolve_kernel
-from gmm_kernels.scope import parse_multiples, parse_numerics
 from gmm_ref.conventions.base import has_tail
 from property_tests import strategies as gst
 from property_tests.checking import check_kernel
+from property_tests.options import parse_multiples, parse_numerics
 from property_tests.tests.broken_kernels import _ends, _mm32
 
 MODES = ["exact", "normal", "poisoned", "all_empty", "many_groups"]
