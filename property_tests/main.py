@@ -227,7 +227,7 @@ def _header(kernels: list[KernelAdapter], request: WorkRequest) -> str:
     for k in kernels:
         if k.scope is not None:
             lines.append(f"{k.name} ({k.convention}) declared scope: {k.scope.describe()}")
-        if getattr(k, "version", None) and request.kernel_version:
+        if k.version and request.kernel_version:
             lines.append(f"{k.name} version {k.version}: its own goldens must match bit for bit")
     if list(request.modes) != list(MODES):
         lines.append(f"modes: {', '.join(request.modes)}")

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gmm_kernels import KernelAdapter, Scope
+from gmm_kernels import KernelAdapter, Scope, configure
 from gmm_kernels.scope import parse_multiples, parse_numerics, parse_quantizes
 from gmm_ref import FAMILIES
 from gmm_ref.names import did_you_mean
@@ -87,14 +87,15 @@ def scope_fields(values: Mapping[str, Any], prefix: str = "--") -> dict[str, Any
 
 
 def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str = "--") -> KernelAdapter:
-    """Narrow ``adapter``'s declared scope by ``fields``; ValueError naming the option if nothing is left."""
-    if fields:
-        scope = dataclasses.replace(adapter.scope or Scope(), **fields)
-        try:
-            adapter.scope = scope.bind(adapter.spec)
-        except ValueError as exc:
-            raise ValueError(f"{prefix}{exc} (kernel {adapter.name})") from None
-    return adapter
+    """``adapter`` with its declared scope narrowed by ``fields`` (a configured copy,
+    ``gmm_kernels.resolve.configure``; ``adapter`` itself when there are none); ValueError naming the option if
+    nothing is left."""
+    if not fields:
+        return adapter
+    try:
+        return configure(adapter, scope=dataclasses.replace(adapter.scope or Scope(), **fields))
+    except ValueError as exc:
+        raise ValueError(f"{prefix}{exc} (kernel {adapter.name})") from None
 
 
 def modes_option(text: str | None, known: Any, error: Callable[[str], Any], default: Any = None) -> list[str]:

@@ -123,8 +123,8 @@ def selected_kernels(config: pytest.Config) -> list[Any]:
                                   tiling=_tiling(config), option="--gmm-kernel",
                                   convention_option="--gmm-convention")
         fields = scope_fields(_scope_values(config), prefix="--gmm-")
+        kernels = [apply_scope(k, fields, prefix="--gmm-") for k in kernels]
         for k in kernels:
-            apply_scope(k, fields, prefix="--gmm-")
             check_known_issue_modes(k, option="--gmm-kernel")
     except (ValueError, TypeError, ImportError) as exc:
         raise pytest.UsageError(str(exc)) from None
