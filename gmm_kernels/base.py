@@ -153,11 +153,16 @@ class KernelAdapter:
     #: ``(lhs, rhs)`` ``gmm_ref.MXQuantizer`` (or None) of a kernel that quantizes its high-precision inputs
     #: itself: it is held to the reference of its inputs quantized so (:meth:`reference_problem`)
     quantizes: ClassVar[tuple[Any, Any] | None] = None
+    # the run state: set once, when the kernel is resolved, by gmm_kernels.resolve.configure (which returns a
+    # configured copy), never assigned anywhere else
+    #: the tiling ``(TM, TK, TN)`` it is run with (None: its convention's default)
     tiling: tuple[int, int, int] | None = None
     #: what the kernel declares it supports within its convention (None: all of it)
     scope: Scope | None = None
     #: the spec it was resolved from (a built-in name or pkg.module:obj), for reproducers
     origin: str | None = None
+    #: the kernel's version recorded with its goldens (``--kernel-version``; None: its installed package's)
+    version: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

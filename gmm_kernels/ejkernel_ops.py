@@ -27,6 +27,7 @@ from gmm_kernels.base import VariantAdapter
 from gmm_kernels.convert import device_array, jax_group_offset, jax_x64, uses_64bit
 from gmm_kernels.scope import Limits
 from gmm_ref import Problem
+from gmm_ref.conventions.megablox import DEFAULT_TILING
 
 __all__ = ["EjkernelGroupedMatmul"]
 
@@ -108,7 +109,7 @@ class EjkernelGroupedMatmul(VariantAdapter):
         return Limits(refuses=tuple(_OPTIONS_REFUSED.get(self.implementation, {})))
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
-             tiling: Any = (128, 128, 128), group_offset: Any = None, existing_out: Any = None,
+             tiling: Any = DEFAULT_TILING, group_offset: Any = None, existing_out: Any = None,
              transpose_rhs: bool = False) -> np.ndarray:
         ped = np.dtype(preferred_element_type)
         with jax_x64(uses_64bit(lhs, rhs, ped)):

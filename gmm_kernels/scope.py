@@ -30,10 +30,9 @@ from gmm_ref import FAMILIES, Numerics, Problem
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import has_tail
 from gmm_ref.dtypes import as_dtype
-from gmm_ref.numerics import parse_numerics  # golden.cli imports it from here; it lives with Numerics
 from gmm_ref.quantizers import quantizer_from_json, quantizer_to_json
 
-__all__ = ["FEATURES", "KnownIssue", "Limits", "Scope", "declare", "parse_numerics"]
+__all__ = ["FEATURES", "KnownIssue", "Limits", "Scope", "declare"]
 
 _AXES = ("m", "k", "n")
 #: the problem features a kernel may take none of (:attr:`Limits.refuses`): sharded groups (``group_offset``,

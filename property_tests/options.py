@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gmm_kernels import KernelAdapter, Scope
+from gmm_kernels import KernelAdapter, Scope, configure
 from gmm_ref import FAMILIES, MXQuantizer
 from gmm_ref.names import did_you_mean
 from gmm_ref.numerics import parse_numerics
@@ -142,14 +142,15 @@ def parse_quantizes(text: str | None, *, option: str = "--quantizes") -> tuple[A
 
 
 def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str = "--") -> KernelAdapter:
-    """Narrow ``adapter``'s declared scope by ``fields``; ValueError naming the option if nothing is left."""
-    if fields:
-        scope = dataclasses.replace(adapter.scope or Scope(), **fields)
-        try:
-            adapter.scope = scope.bind(adapter.spec)
-        except ValueError as exc:
-            raise ValueError(f"{prefix}{exc} (kernel {adapter.name})") from None
-    return adapter
+    """``adapter`` with its declared scope narrowed by ``fields`` (a configured copy,
+    ``gmm_kernels.resolve.configure``; ``adapter`` itself when there are none); ValueError naming the option if
+    nothing is left."""
+    if not fields:
+        return adapter
+    try:
+        return configure(adapter, scope=dataclasses.replace(adapter.scope or Scope(), **fields))
+    except ValueError as exc:
+        raise ValueError(f"{prefix}{exc} (kernel {adapter.name})") from None
 
 
 def modes_option(text: str | None, known: Any, error: Callable[[str], Any], default: Any = None) -> list[str]:

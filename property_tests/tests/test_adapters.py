@@ -355,3 +355,17 @@ def test_a_refusal_of_one_option_does_not_hide_another():
     assert v2.supports(sharded) is None
     why = v2.supports(sharded.replace(existing_out=np.zeros((8, 8), np.float32)))
     assert why is not None and "NotImplementedError for existing_out" in why, why
+
+
+def test_the_megablox_default_tiling_has_one_owner():
+    """The convention's default_tiling is what a megablox-convention kernel is called with when no tiling is given:
+    the one value gmm_ref.conventions.megablox defines, not a copy that could drift."""
+    import inspect
+
+    from gmm_kernels.ejkernel_ops import EjkernelGroupedMatmul
+    from gmm_kernels.megablox import MegabloxGmm, MegabloxTgmm, gmm_grads
+
+    owner = gmm_ref.conventions.get("megablox.gmm").default_tiling
+    assert owner is not None and gmm_ref.conventions.get("megablox.tgmm").default_tiling is owner
+    for adapter_call in (MegabloxGmm.call, MegabloxTgmm.call, EjkernelGroupedMatmul.call, gmm_grads):
+        assert inspect.signature(adapter_call).parameters["tiling"].default is owner, adapter_call

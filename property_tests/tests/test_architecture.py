@@ -517,3 +517,80 @@ def test_the_strategy_keyword_check_catches_what_it_is_for(tmp_path):
     assert _strategy_knowledge(src, _strategy_only_keywords()) == [
         "m.py:1 defines _strategy_options", "m.py:3 keys allow_tail, min_groups", "m.py:4 keys max_extent",
         "m.py:5 keys dtypes"]
+
+
+# ------------------------------------------------ a resolved target: its run state set in one place (issue 27)
+#: an adapter's run state (gmm_kernels.resolve.RUN_STATE): set after construction by configure alone
+RUN_STATE = frozenset({"origin", "tiling", "scope", "version"})
+#: the one function that sets it
+CONFIGURE = ("gmm_kernels/resolve.py", "configure")
+
+
+def _run_state_assignments(path: Path) -> list[str]:
+    """Each assignment in ``path`` of an adapter's run state (``k.version = ...``, ``k.scope += ...``,
+    ``setattr(k, "tiling", ...)``, the name a literal or a module's string constant) outside :data:`CONFIGURE`
+    and outside an ``__init__`` setting its own (``self.scope = ...``: construction, not a resolved kernel
+    changed). A ``setattr`` whose name is computed is not seen."""
+    where = path.relative_to(ROOT).as_posix()
+    tree = ast.parse(path.read_text())
+    constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                 and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                 for t in n.targets if isinstance(t, ast.Name)}
+    found = []
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        if (where, function) != CONFIGURE:
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                    if isinstance(e, ast.Attribute) and e.attr in RUN_STATE and not (
+                            function == "__init__" and _last_name(e.value) == "self"):
+                        found.append(f"{where}:{node.lineno} assigns {_last_name(e.value)}.{e.attr}")
+            if isinstance(node, ast.Call) and _last_name(node.func) == "setattr" and len(node.args) >= 2:
+                name = node.args[1]
+                attr = name.value if isinstance(name, ast.Constant) else constants.get(_last_name(name) or "")
+                if attr in RUN_STATE:
+                    found.append(f"{where}:{node.lineno} sets {_last_name(node.args[0])}.{attr} through setattr")
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, None)
+    return found
+
+
+def test_an_adapters_run_state_is_set_only_by_configure():
+    """origin, tiling, scope and version are set when the kernel is resolved, by gmm_kernels.resolve.configure
+    (which validates them and returns a configured copy); nothing else changes a resolved kernel."""
+    from gmm_kernels.resolve import RUN_STATE as declared
+
+    assert set(declared) == RUN_STATE
+    mine = Path(__file__).resolve()
+    found = [hit for path in sorted(_sources(include_tests=True).values()) if path.resolve() != mine
+             for hit in _run_state_assignments(path)]
+    assert not found, "an adapter's run state set outside gmm_kernels.resolve.configure:\n" + "\n".join(found)
+
+
+def test_the_run_state_check_catches_what_it_is_for(tmp_path, monkeypatch):
+    pkg = tmp_path / "gmm_kernels"
+    pkg.mkdir()
+    src = pkg / "resolve.py"
+    src.write_text("F = 'version'\nk.version = '1'\nadapter.scope = s.bind(c)\nk.origin, x = 'a', 1\n"
+                   "setattr(k, 'tiling', t)\nsetattr(k, F, v)\nk.name = 'x'\nsetattr(k, 'call', f)\n"
+                   "monkeypatch.setattr(k, 'scope', None)\n"
+                   "class A:\n    def __init__(self):\n        self.scope = None\n        other.scope = None\n"
+                   "def configure(a):\n    a.scope = 1\n    setattr(a, 'tiling', value)\n"
+                   "def other(a):\n    self.tiling = 1\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _run_state_assignments(src) == [
+        "gmm_kernels/resolve.py:2 assigns k.version", "gmm_kernels/resolve.py:3 assigns adapter.scope",
+        "gmm_kernels/resolve.py:4 assigns k.origin", "gmm_kernels/resolve.py:5 sets k.tiling through setattr",
+        "gmm_kernels/resolve.py:6 sets k.version through setattr",
+        "gmm_kernels/resolve.py:9 sets k.scope through setattr", "gmm_kernels/resolve.py:13 assigns other.scope",
+        "gmm_kernels/resolve.py:18 assigns self.tiling"]
+    elsewhere = tmp_path / "golden"
+    elsewhere.mkdir()
+    (elsewhere / "cli.py").write_text("def configure(a):\n    a.scope = 1\n")
+    assert _run_state_assignments(elsewhere / "cli.py") == ["golden/cli.py:2 assigns a.scope"]
