@@ -16,19 +16,21 @@ from __future__ import annotations
 
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.registry import get, names, registry
-from gmm_kernels.resolve import load_object, resolve_kernel, resolve_kernels
+from gmm_kernels.resolve import configure, load_object, resolve_kernel, resolve_kernels
 from gmm_kernels.results import Report, Result, Status
-from gmm_kernels.scope import KnownIssue, Scope, declare
+from gmm_kernels.scope import KnownIssue, Limits, Scope, declare
 from gmm_kernels.user import FunctionAdapter, wrap
 
 __all__ = [
     "FunctionAdapter",
     "KernelAdapter",
     "KnownIssue",
+    "Limits",
     "Report",
     "Result",
     "Scope",
     "Status",
+    "configure",
     "declare",
     "get",
     "load_object",

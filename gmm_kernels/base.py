@@ -33,7 +33,7 @@ import numpy as np
 
 from gmm_kernels import autodiff, inputs
 from gmm_kernels.known_issues import xla_nan_leak_issues
-from gmm_kernels.scope import KnownIssue, Scope
+from gmm_kernels.scope import KnownIssue, Limits, Scope
 from gmm_ref import Numerics, Problem, Reference, conventions, reference
 from gmm_ref.dtypes import as_numpy
 from gmm_ref.numerics import default_numerics
@@ -153,11 +153,22 @@ class KernelAdapter:
     #: ``(lhs, rhs)`` ``gmm_ref.MXQuantizer`` (or None) of a kernel that quantizes its high-precision inputs
     #: itself: it is held to the reference of its inputs quantized so (:meth:`reference_problem`)
     quantizes: ClassVar[tuple[Any, Any] | None] = None
+    # the run state: set once, when the kernel is resolved, by gmm_kernels.resolve.configure (which returns a
+    # configured copy), never assigned anywhere else
+    #: the tiling ``(TM, TK, TN)`` it is run with (None: its convention's default)
     tiling: tuple[int, int, int] | None = None
     #: what the kernel declares it supports within its convention (None: all of it)
     scope: Scope | None = None
     #: the spec it was resolved from (a built-in name or pkg.module:obj), for reproducers
     origin: str | None = None
+    #: the kernel's version recorded with its goldens (``--kernel-version``; None: its installed package's)
+    version: str | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_strategy_options" in cls.__dict__:  # the hook before issue 27: loud, rather than silently unread
+            raise TypeError(f"{cls.__name__}: _strategy_options() is gone; state what the kernel takes as facts "
+                            f"in _limits(), returning a gmm_kernels.scope.Limits")
 
     # ------------------------------------------------------------- capability
     @property
@@ -167,8 +178,10 @@ class KernelAdapter:
 
     @property
     def families(self) -> tuple[str, ...]:
-        """The families the kernel is checked in: its convention's, narrowed by its scope."""
-        return self.spec.families if self.scope is None else self.scope.families_in(self.spec)
+        """The families the kernel is checked in: its convention's, narrowed by its :meth:`_limits` and scope."""
+        mine = self.spec.families if self.scope is None else self.scope.families_in(self.spec)
+        own = self._limits().families
+        return mine if own is None else tuple(f for f in mine if f in own)
 
     def known_issue(self, mode: str) -> str | None:
         """The upstream bug that makes the kernel fail ``mode`` here, if one is declared and applies."""
@@ -260,19 +273,18 @@ class KernelAdapter:
             reached = ~np.isfinite(reference(problem).exact)
         return Reference(scaled, ref.exact, ref.mask & ~reached)
 
-    def strategy_options(self) -> dict[str, Any]:
-        """Options for ``property_tests.strategies.problems`` so that strategies draw only
-        problems the kernel takes: its dtype pairs among the convention's, plus
-        :meth:`_strategy_options` (shapes, group counts, ...)."""
-        opts = dict(self._strategy_options())
-        declared = self.scope.strategy_options(self.spec) if self.scope is not None else {}
-        pairs = declared.pop("dtypes", self.spec.dtype_pairs)
-        mine = tuple(pr for pr in pairs if self.dtype_refusal(pr[0], pr[0], pr[1]) is None)
-        if len(mine) < len(self.spec.dtype_pairs):
-            opts.setdefault("dtypes", mine)
-        if self.families != self.spec.families:
-            opts.setdefault("families", self.families)
-        return {**opts, **declared}
+    def limits(self) -> Limits:
+        """What the kernel takes within its convention, as facts (:class:`gmm_kernels.scope.Limits`): its own
+        (:meth:`_limits`) narrowed by its scope, with the dtype pairs (those its dtype declarations and scope
+        take) and the families it is checked in, each where fewer than its convention's (else None)."""
+        own = self._limits().narrowed(self.scope)
+        spec = self.spec
+        pairs = self.scope.dtype_pairs(spec) if self.scope is not None else spec.dtype_pairs
+        mine = tuple(pr for pr in pairs if self.dtype_refusal(pr[0], pr[0], pr[1]) is None
+                     and (own.dtypes is None or any(tuple(map(str, pr)) == tuple(map(str, d)) for d in own.dtypes)))
+        families = self.families
+        return dataclasses.replace(own, dtypes=mine if len(mine) < len(spec.dtype_pairs) else None,
+                                   families=families if families != spec.families else None)
 
     # ------------------------------------------------------------------ hooks
     def _unavailable(self) -> str | None:
@@ -281,12 +293,16 @@ class KernelAdapter:
     def _refusal(self, problem: Problem) -> str | None:
         return None
 
-    def _strategy_options(self) -> dict[str, Any]:
-        return {}
+    def _limits(self) -> Limits:
+        """What the kernel itself takes within its convention (group counts, multiples, the features it
+        refuses, ...), where less than the convention's: whatever :meth:`_refusal` declines for every
+        problem of a kind, so that no problem of that kind is drawn for it."""
+        return Limits()
 
     def option_refusal(self, option: str) -> str | None:
-        """Why the kernel takes none of what the strategy option ``option`` (``"sharding"``,
-        ``"existing_out"``) draws, where its strategy options turn it off; else None."""
+        """Why the kernel takes none of the problems with the feature ``option`` (one of
+        ``gmm_kernels.scope.FEATURES``: ``"sharding"``, ``"existing_out"``), where its :meth:`_limits`
+        refuse it; else None."""
         return None
 
     # ---------------------------------------------------------------- running

@@ -25,11 +25,14 @@ import numpy as np
 
 from gmm_kernels.base import VariantAdapter
 from gmm_kernels.convert import device_array, jax_group_offset, jax_x64, uses_64bit
+from gmm_kernels.scope import Limits
 from gmm_ref import Problem
+from gmm_ref.conventions.megablox import DEFAULT_TILING
 
 __all__ = ["EjkernelGroupedMatmul"]
 
-# implementation -> strategy option -> why that implementation takes none of what the option draws
+# implementation -> problem feature (gmm_kernels.scope.FEATURES) -> why that implementation takes none of the
+# problems that have it
 _OPTIONS_REFUSED = {
     "xla": {"sharding": "ejkernel XLA grouped_matmul fails with group_offset (TypeError: unhashable jax array)",
             "existing_out": ("ejkernel XLA grouped_matmul adds existing_out (out = result + existing_out); "
@@ -100,13 +103,13 @@ class EjkernelGroupedMatmul(VariantAdapter):
     def option_refusal(self, option: str) -> str | None:
         return _OPTIONS_REFUSED.get(self.implementation, {}).get(option)
 
-    def _strategy_options(self) -> dict[str, Any]:
+    def _limits(self) -> Limits:
         """What :meth:`_refusal` declines, left out of the designs (so no draw is spent on it, and the
         modes that need it say why they do not apply)."""
-        return dict.fromkeys(_OPTIONS_REFUSED.get(self.implementation, {}), False)
+        return Limits(refuses=tuple(_OPTIONS_REFUSED.get(self.implementation, {})))
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
-             tiling: Any = (128, 128, 128), group_offset: Any = None, existing_out: Any = None,
+             tiling: Any = DEFAULT_TILING, group_offset: Any = None, existing_out: Any = None,
              transpose_rhs: bool = False) -> np.ndarray:
         ped = np.dtype(preferred_element_type)
         with jax_x64(uses_64bit(lhs, rhs, ped)):

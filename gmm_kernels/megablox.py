@@ -22,10 +22,9 @@ from gmm_kernels.convert import device_array, jax_group_offset
 from gmm_kernels.known_issues import MEGABLOX_EXISTING_OUT_GRAD
 from gmm_kernels.scope import KnownIssue
 from gmm_ref import Problem
+from gmm_ref.conventions.megablox import DEFAULT_TILING
 
 __all__ = ["MegabloxGmm", "MegabloxTgmm", "backend_module", "gmm_grads", "ops_module"]
-
-_DEFAULT_TILING = (128, 128, 128)
 
 
 def backend_module() -> Any:
@@ -76,7 +75,7 @@ class MegabloxGmm(_Megablox):
     known_gradient_issues: ClassVar[dict[str, KnownIssue]] = {"existing_out": MEGABLOX_EXISTING_OUT_GRAD}
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
-             tiling: Any = _DEFAULT_TILING, group_offset: Any = None, existing_out: Any = None,
+             tiling: Any = DEFAULT_TILING, group_offset: Any = None, existing_out: Any = None,
              transpose_rhs: bool = False) -> np.ndarray:
         lead = _static_args(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset)
         out = backend_module().gmm(*lead, _jax_or_none(existing_out), transpose_rhs=bool(transpose_rhs),
@@ -102,7 +101,7 @@ class MegabloxTgmm(_Megablox):
     convention = "megablox.tgmm"
 
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
-             tiling: Any = _DEFAULT_TILING, group_offset: Any = None, num_actual_groups: Any = None,
+             tiling: Any = DEFAULT_TILING, group_offset: Any = None, num_actual_groups: Any = None,
              existing_out: Any = None) -> np.ndarray:
         lead = _static_args(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset)
         nag = None if num_actual_groups is None else int(num_actual_groups)
@@ -111,7 +110,7 @@ class MegabloxTgmm(_Megablox):
 
 
 def gmm_grads(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any, *,
-              preferred_element_type: Any = np.float32, tiling: Any = _DEFAULT_TILING,
+              preferred_element_type: Any = np.float32, tiling: Any = DEFAULT_TILING,
               group_offset: Any = None, existing_out: Any = None, transpose_rhs: bool = False
               ) -> dict[str, np.ndarray]:
     """Output and gradients of megablox ``ops.gmm`` (its custom VJP) for ``cotangent``.

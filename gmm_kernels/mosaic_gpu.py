@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from gmm_kernels.base import KernelAdapter
+from gmm_kernels.scope import Limits
 from gmm_ref import Problem
 
 __all__ = ["MosaicGpuRaggedDot", "pick_block"]
@@ -70,12 +71,12 @@ class MosaicGpuRaggedDot(KernelAdapter):
     def max_examples(self) -> int | None:  # type: ignore[override]
         return None if _native() else 3  # interpreted: 0.1-2 s per call, 1-2 s per compile
 
-    def _strategy_options(self) -> dict[str, Any]:
+    def _limits(self) -> Limits:
         """M/K/N multiples of 8 (no partial blocks), G >= 2 (G = 1 kills the interpreted
         process), no tail: rows past sum(group_sizes) are never written, where the
         ragged_dot convention zeroes them, and no zero extent (an empty grid raises)."""
-        return {"multiple_of": {"m": 8, "k": 8, "n": 8}, "max_extent": 64, "min_groups": 2, "max_groups": 4,
-                "allow_tail": False, "zero_extents": ()}
+        return Limits(multiples={"m": 8, "k": 8, "n": 8}, max_extent=64, min_groups=2, max_groups=4, tail=False,
+                      zero_extents=())
 
     def large_refusal(self) -> str | None:
         if _native():

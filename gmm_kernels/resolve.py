@@ -4,11 +4,16 @@ Used by the pytest plugin (``--gmm-kernel``), the main job (``--kernel``), the
 goldens (``--kernel``) and ``check_kernel``. A function is wrapped for its
 convention (:func:`gmm_kernels.user.wrap`); an import path may also name an
 adapter instance or class.
+
+A resolved kernel's run state (:data:`RUN_STATE`: where it was resolved from, its tiling, its declared
+scope, its version) is set in one place, :func:`configure`, which validates it and returns a configured
+copy: the adapter it was given (a registry's, a user's instance) is never changed.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,7 +25,10 @@ from gmm_kernels.user import wrap
 from gmm_ref import Numerics, as_tiling, conventions
 from gmm_ref.names import did_you_mean
 
-__all__ = ["load_object", "resolve_kernel", "resolve_kernels"]
+__all__ = ["RUN_STATE", "configure", "load_object", "resolve_kernel", "resolve_kernels"]
+
+#: the adapter fields a run sets after construction, only through :func:`configure`
+RUN_STATE = ("origin", "tiling", "scope", "version")
 
 
 def load_object(spec: str, *, option: str = "--kernel") -> Any:
@@ -38,6 +46,36 @@ def load_object(spec: str, *, option: str = "--kernel") -> Any:
         except AttributeError:
             raise ValueError(f"{option} {spec!r}: {module_name!r} has no attribute {attr!r}") from None
     return obj
+
+
+def configure(adapter: KernelAdapter, *, origin: str | None = None, tiling: Any = None, scope: Scope | None = None,
+              version: str | None = None, numerics: Numerics | None = None, option: str = "--kernel"
+              ) -> KernelAdapter:
+    """A copy of ``adapter`` with the run state given (None: left as it is): ``origin`` (the spec it was
+    resolved from), ``tiling`` (three ints or ``"TM,TK,TN"``), ``scope`` (a ``gmm_kernels.Scope``, checked
+    against the adapter's convention), ``version`` (recorded with its goldens) and ``numerics`` (the declared
+    scope's arithmetic). ``adapter`` itself is not changed; nothing given: ``adapter`` itself. Errors are
+    ValueError / TypeError naming ``option``'s tiling option or the scope's field."""
+    changes: dict[str, Any] = {}
+    if origin is not None:
+        changes["origin"] = str(origin)
+    if tiling is not None:
+        changes["tiling"] = as_tiling(tiling, name=option.replace("kernel", "tiling"))
+    if scope is not None and not isinstance(scope, Scope):
+        raise TypeError(f"scope: expected a gmm_kernels.Scope, got {type(scope).__name__}")
+    if scope is not None or numerics is not None:
+        declared = scope if scope is not None else adapter.scope or Scope()
+        if numerics is not None:
+            declared = dataclasses.replace(declared, numerics=numerics)
+        changes["scope"] = declared.bind(adapter.spec)
+    if version is not None:
+        changes["version"] = str(version)
+    if not changes:
+        return adapter
+    configured = copy.copy(adapter)
+    for field, value in changes.items():  # the one place run state is set on an adapter
+        setattr(configured, field, value)
+    return configured
 
 
 def _adapter(obj: Any) -> KernelAdapter | None:
@@ -70,7 +108,8 @@ def _from_callable(fn: Callable[..., Any], convention: str | None, name: str | N
 def resolve_kernel(spec: Any, *, convention: str | None = None, tiling: Any = None, numerics: Numerics | None = None,
                    name: str | None = None, scope: Scope | None = None, option: str = "--kernel",
                    convention_option: str = "--convention") -> KernelAdapter:
-    """The adapter ``spec`` names; ``tiling`` (three ints or ``"TM,TK,TN"``) and ``scope`` are set on it.
+    """The adapter ``spec`` names, configured (:func:`configure`) with ``tiling`` (three ints or ``"TM,TK,TN"``),
+    ``scope`` and, for a string spec, its origin.
 
     ``convention``, ``numerics`` and ``name`` apply to plain functions. Errors are
     ValueError / TypeError / ImportError naming ``option`` / ``convention_option``.
@@ -89,15 +128,8 @@ def resolve_kernel(spec: Any, *, convention: str | None = None, tiling: Any = No
             adapter = builtin[spec]
     elif adapter is None:
         adapter = _from_callable(spec, convention, name, numerics, option, convention_option, repr(spec))
-    if isinstance(spec, str):
-        adapter.origin = spec
-    if tiling is not None:
-        adapter.tiling = as_tiling(tiling, name=option.replace("kernel", "tiling"))
-    if scope is not None:
-        if not isinstance(scope, Scope):
-            raise TypeError(f"scope: expected a gmm_kernels.Scope, got {type(scope).__name__}")
-        adapter.scope = scope.bind(adapter.spec)
-    return adapter
+    return configure(adapter, origin=spec if isinstance(spec, str) else None, tiling=tiling, scope=scope,
+                     option=option)
 
 
 def resolve_kernels(specs: Sequence[Any], *, convention: str | None = None, tiling: Any = None,

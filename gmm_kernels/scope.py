@@ -7,15 +7,20 @@ known to carry (:class:`KnownIssue`, with the package versions they are known
 on). The same declaration comes from Python (``Scope(...)``, or the
 :func:`declare` decorator on a kernel function), from the main job's options
 (``--families --dtypes --multiple k=32 --no-tail --numerics ...``) and from the
-plugin's (``--gmm-families`` ...). A declaration that leaves nothing to check
-is a ``ValueError``.
+plugin's (``--gmm-families`` ...), which ``property_tests.options`` turns into
+these fields. A declaration that leaves nothing to check is a ``ValueError``.
+
+:class:`Limits` holds what a kernel takes as facts (its dtype pairs, families,
+multiples, group counts, the features it refuses): the adapter's own, narrowed
+by its scope. How the harness draws problems within them is the harness's
+(``property_tests.declared``); nothing here knows its strategies' keywords.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Any
 
@@ -27,9 +32,12 @@ from gmm_ref.conventions.base import has_tail
 from gmm_ref.dtypes import as_dtype
 from gmm_ref.quantizers import quantizer_from_json, quantizer_to_json
 
-__all__ = ["KnownIssue", "Scope", "declare", "parse_multiples", "parse_numerics", "parse_quantizes"]
+__all__ = ["FEATURES", "KnownIssue", "Limits", "Scope", "declare"]
 
 _AXES = ("m", "k", "n")
+#: the problem features a kernel may take none of (:attr:`Limits.refuses`): sharded groups (``group_offset``,
+#: ``num_local_groups``) and an existing output
+FEATURES = ("sharding", "existing_out")
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,24 @@ def _names(name: str, values: Any, allowed: tuple[str, ...] | None = None) -> tu
     return values
 
 
+def _multiples(value: Mapping[str, int]) -> dict[str, int]:
+    multiples = dict(value)
+    for axis, mult in multiples.items():
+        if axis not in _AXES or isinstance(mult, bool) or not isinstance(mult, int) or mult < 1:
+            raise ValueError(f"multiples: expected {{axis: positive int}} with axes {_AXES}, got {multiples}")
+    return multiples
+
+
+def _axes(name: str, value: Any) -> tuple[str, ...] | None:
+    """Some of the axes ("m", "k", "n"), in that order (None stays None)."""
+    if value is None:
+        return None
+    axes = (value,) if isinstance(value, str) else tuple(value)
+    if any(a not in _AXES for a in axes):
+        raise ValueError(f"{name}: expected some of the axes {_AXES}, got {value!r}")
+    return tuple(a for a in _AXES if a in axes)
+
+
 @dataclass(frozen=True)
 class Scope:
     """What a kernel supports (None: whatever its convention takes)."""
@@ -148,16 +174,8 @@ class Scope:
         set_(self, "dtypes", None if dtypes is None else tuple(_dtype_entry(v) for v in dtypes))
         outs = _names("out_dtypes", self.out_dtypes)
         set_(self, "out_dtypes", None if outs is None else tuple(str(as_dtype(v, name="out_dtypes")) for v in outs))
-        multiples = dict(self.multiples)
-        for axis, value in multiples.items():
-            if axis not in _AXES or isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"multiples: expected {{axis: positive int}} with axes {_AXES}, got {dict(multiples)}")
-        set_(self, "multiples", multiples)
-        if self.zero_extents is not None:
-            axes = (self.zero_extents,) if isinstance(self.zero_extents, str) else tuple(self.zero_extents)
-            if any(a not in _AXES for a in axes):
-                raise ValueError(f"zero_extents: expected some of the axes {_AXES}, got {self.zero_extents!r}")
-            set_(self, "zero_extents", tuple(a for a in _AXES if a in axes))
+        set_(self, "multiples", _multiples(self.multiples))
+        set_(self, "zero_extents", _axes("zero_extents", self.zero_extents))
         if not isinstance(self.tail, bool):
             raise TypeError(f"tail: expected a bool, got {self.tail!r}")
         if self.numerics is not None and not isinstance(self.numerics, Numerics):
@@ -207,18 +225,6 @@ class Scope:
                     return f"the declared scope takes no {axis.upper()} = 0"
         return None
 
-    def strategy_options(self, convention: Convention) -> dict[str, Any]:
-        opts: dict[str, Any] = {}
-        if self.dtypes is not None or self.out_dtypes is not None:
-            opts["dtypes"] = self.dtype_pairs(convention)
-        if self.multiples:
-            opts["multiple_of"] = dict(self.multiples)
-        if not self.tail:
-            opts["allow_tail"] = False
-        if self.zero_extents is not None:
-            opts["zero_extents"] = self.zero_extents
-        return opts
-
     def to_json(self) -> dict[str, Any]:
         """The declaration as JSON (its known issues stay with the kernel that declares them)."""
         n = self.numerics
@@ -254,6 +260,64 @@ class Scope:
         return "; ".join(p for p in parts if p) or "the whole convention"
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What a kernel takes within its convention, as facts about problems (none says how they are drawn).
+
+    An adapter states its own in ``KernelAdapter._limits()`` (a Mosaic kernel's multiples of 8 and 2 to 4 groups,
+    torch's no K = 0 or N = 0, ejkernel XLA's no sharding); ``KernelAdapter.limits()`` narrows them by the
+    kernel's dtype declarations and :class:`Scope`. Whatever the kernel's ``_refusal`` declines for every problem
+    of a kind belongs here too: the harness draws only problems within these (``property_tests.declared``)."""
+
+    #: the (input, output) dtype pairs the kernel takes (None: all its convention's)
+    dtypes: tuple[tuple[Any, Any], ...] | None = None
+    #: the families it is checked in (None: all its convention's)
+    families: tuple[str, ...] | None = None
+    #: axis ("m", "k", "n") -> a multiple its extent must be of (on top of the convention's)
+    multiples: Mapping[str, int] = field(default_factory=dict)
+    #: the largest extent of any axis it takes (None: no limit of its own)
+    max_extent: int | None = None
+    #: the fewest and most groups it takes (None: no most of its own)
+    min_groups: int = 1
+    max_groups: int | None = None
+    #: False: every row is in a group (no rows past the last group)
+    tail: bool = True
+    #: the axes whose extent may be 0 (None: every one the convention takes)
+    zero_extents: tuple[str, ...] | None = None
+    #: the ``(lhs, rhs)`` ``gmm_ref.Quantization`` pairs of a scaled convention it takes (None: all)
+    quantizations: tuple[tuple[Any, Any], ...] | None = None
+    #: the :data:`FEATURES` it takes none of (``KernelAdapter.option_refusal`` says why)
+    refuses: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "multiples", _multiples(self.multiples))
+        set_(self, "zero_extents", _axes("zero_extents", self.zero_extents))
+        set_(self, "families", _names("families", self.families, FAMILIES))
+        set_(self, "refuses", _names("refuses", self.refuses, FEATURES) if self.refuses else ())
+        for name in ("max_extent", "min_groups", "max_groups"):
+            value = getattr(self, name)
+            if (value is not None or name == "min_groups") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        if self.max_groups is not None and self.max_groups < self.min_groups:
+            raise ValueError(f"max_groups: expected at least min_groups={self.min_groups}, got {self.max_groups}")
+        if not isinstance(self.tail, bool):
+            raise TypeError(f"tail: expected a bool, got {self.tail!r}")
+
+    def narrowed(self, scope: Scope | None) -> Limits:
+        """These limits and ``scope``'s (its multiples, tail and zero extents) together: a problem within the
+        result is within both."""
+        if scope is None:
+            return self
+        multiples = dict(self.multiples)
+        for axis, mult in scope.multiples.items():
+            multiples[axis] = math.lcm(multiples.get(axis, 1), mult)
+        zero = self.zero_extents if scope.zero_extents is None else tuple(
+            a for a in scope.zero_extents if self.zero_extents is None or a in self.zero_extents)
+        return replace(self, multiples=multiples, tail=self.tail and scope.tail, zero_extents=zero)
+
+
 def declare(convention: str, **scope: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a kernel function with its convention and :class:`Scope`; ``check_kernel``, the plugin and
     ``--kernel pkg.module:fn`` then check exactly that scope."""
@@ -265,93 +329,3 @@ def declare(convention: str, **scope: Any) -> Callable[[Callable[..., Any]], Cal
         return fn
 
     return mark
-
-
-def parse_multiples(items: list[str] | None, *, option: str = "--multiple") -> dict[str, int]:
-    """``["k=32", "n=16"]`` -> ``{"k": 32, "n": 16}``; ValueError naming ``option``."""
-    out: dict[str, int] = {}
-    for item in items or []:
-        axis, _, value = item.partition("=")
-        try:
-            number = int(value)
-        except ValueError:
-            number = 0
-        if axis not in _AXES or number < 1:
-            raise ValueError(f"{option}: expected AXIS=N with AXIS one of {_AXES} and N a positive int, got {item!r}")
-        out[axis] = math.lcm(out.get(axis, 1), number)
-    return out
-
-
-def parse_numerics(text: str | None, *, option: str = "--numerics") -> Numerics | None:
-    """``"accumulate=float32,multiply=bfloat16,flush"`` -> ``Numerics``; ValueError naming ``option``."""
-    if text is None:
-        return None
-    fields: dict[str, Any] = {"multiply": None, "accumulate": "float32", "flush_subnormals": False}
-    for item in (t.strip() for t in text.split(",") if t.strip()):
-        key, eq, value = item.partition("=")
-        if key in ("flush", "flush_subnormals") and (not eq or value in ("true", "1", "yes")):
-            fields["flush_subnormals"] = True
-        elif key in ("flush", "flush_subnormals") and value in ("false", "0", "no"):
-            fields["flush_subnormals"] = False
-        elif key in ("multiply", "accumulate") and eq:
-            fields[key] = None if value in ("exact", "none") else value
-        elif key == "promote_every" and eq and value.isdigit():
-            fields[key] = int(value)
-        elif key == "partial" and eq:
-            fields["partial_accumulate"] = _roundoff(value)
-        else:
-            raise ValueError(f"{option}: expected accumulate=DTYPE, multiply=DTYPE|exact, flush[=true|false], "
-                             f"promote_every=N and partial=DTYPE|2**-BITS separated by commas, got {item!r}")
-    try:
-        return Numerics(**fields)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{option}: {exc}") from None
-
-
-def _roundoff(value: str) -> Any:
-    """``partial=``'s value: ``2**-13`` (a unit roundoff), a float, or a dtype name."""
-    text = value.replace("^", "**")
-    if text.startswith("2**"):
-        try:
-            return 2.0 ** int(text[3:])
-        except ValueError:
-            return value
-    try:
-        return float(text)
-    except ValueError:
-        return value
-
-
-
-def parse_quantizes(text: str | None, *, option: str = "--quantizes") -> tuple[Any, Any] | None:
-    """``"mx:float8_e4m3fn:32:rceil"`` (both operands) or ``"lhs=mx:...,rhs=mx:..."`` -> ``(lhs, rhs)``
-    ``gmm_ref.MXQuantizer`` (None for an operand not named); each part after ``mx`` is optional (defaults:
-    float8_e4m3fn, 32, rceil). ValueError naming ``option``."""
-    if text is None:
-        return None
-    from gmm_ref import MXQuantizer
-
-    def one(spec: str) -> Any:
-        kind, *parts = spec.split(":")
-        if kind != "mx" or len(parts) > 3:
-            raise ValueError(f"{option}: expected mx[:ELEM[:BLOCK[:MODE]]] (e.g. mx:float8_e4m3fn:32:rceil), "
-                             f"got {spec!r}")
-        elem, block, mode = (parts + [None] * 3)[:3]
-        try:
-            return MXQuantizer(elem or "float8_e4m3fn", int(block) if block else 32, mode or "rceil")
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{option}: {exc}") from None
-
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if len(items) == 1 and "=" not in items[0]:
-        q = one(items[0])
-        return (q, q)
-    out: dict[str, Any] = {}
-    for item in items:
-        side, eq, spec = item.partition("=")
-        if side not in ("lhs", "rhs") or not eq or side in out:
-            raise ValueError(f"{option}: expected SPEC for both operands or lhs=SPEC and/or rhs=SPEC, got {text!r}")
-        out[side] = one(spec)
-    if not out:
-        raise ValueError(f"{option}: expected a quantizer, got {text!r}")
-    return (out.get("lhs"), out.get("rhs"))

@@ -24,6 +24,7 @@ from typing import Any
 from gmm_kernels.base import KernelAdapter, dtype_name
 from gmm_kernels.convert import to_framework
 from gmm_kernels.known_issues import TORCH_CPU_RAGGED_K_LEAK
+from gmm_kernels.scope import Limits
 from gmm_ref import Problem
 
 __all__ = ["TorchGroupedMM"]
@@ -71,10 +72,10 @@ class TorchGroupedMM(KernelAdapter):
                         "its CUDA path takes float32 from bfloat16")
         return reason
 
-    def _strategy_options(self) -> dict[str, Any]:
+    def _limits(self) -> Limits:
         """No K = 0 or N = 0 (:meth:`_refusal`): the design leaves those relations out and names them,
         instead of drawing problems the kernel would decline (about half of every mode's draws)."""
-        return {"zero_extents": ("m",)}
+        return Limits(zero_extents=("m",))
 
     def numerics_for(self, problem: Problem) -> Any:
         """As the base class says, but on CPU with bfloat16/float16 inputs subnormal inputs may count as

@@ -25,7 +25,7 @@ import numpy as np
 
 from gmm_kernels.base import KernelAdapter, import_failure
 from gmm_kernels.convert import to_framework
-from gmm_kernels.scope import Scope
+from gmm_kernels.scope import Limits, Scope
 from gmm_ref import Numerics, Problem
 from gmm_ref.conventions.torch_scaled import MX_BLOCK, MXFP8, ROWWISE
 from gmm_ref.scale_layouts import group_blocks
@@ -91,8 +91,8 @@ class TorchScaledMMLoop(KernelAdapter):
             return "torch._scaled_mm on CPU takes tensorwise and rowwise scales, not MXFP8 blocks"
         return None
 
-    def _strategy_options(self) -> dict[str, Any]:
-        return {"quantizations": ((ROWWISE, ROWWISE),)}
+    def _limits(self) -> Limits:
+        return Limits(quantizations=((ROWWISE, ROWWISE),))
 
     def numerics_for(self, problem: Problem) -> Numerics:
         """Codes times scales rounded to float32 first (torch's CPU path dequantizes), then a float32 matmul."""
@@ -180,8 +180,8 @@ class TorchaoMXFP8ScaledGroupedMM(KernelAdapter):
             return f"{self.name} takes MXFP8 operands (e8m0 scales per 32 along K), not rowwise ones"
         return None
 
-    def _strategy_options(self) -> dict[str, Any]:
-        return {"quantizations": ((MXFP8, MXFP8),)}
+    def _limits(self) -> Limits:
+        return Limits(quantizations=((MXFP8, MXFP8),))
 
     def call(self, mat_a: Any, mat_b: Any, scale_a: Any, scale_b: Any, offs: Any = None, out_dtype: Any = None
              ) -> Any:

@@ -33,7 +33,7 @@ from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
 from gmm_ref.problem import Problem
 
-__all__ = ["Numerics", "default_numerics", "error_bound", "gamma", "min_normal"]
+__all__ = ["Numerics", "default_numerics", "error_bound", "gamma", "min_normal", "parse_numerics"]
 
 U_REF = 2.0 ** -53
 
@@ -294,3 +294,46 @@ def _integer_valued(x: np.ndarray, limit: float) -> bool:
         return True
     with np.errstate(invalid="ignore"):
         return bool(np.all(np.isfinite(x)) and np.all(x == np.rint(x)) and np.max(x) <= limit)
+
+
+def parse_numerics(text: str | None, *, option: str = "--numerics") -> Numerics | None:
+    """``"accumulate=float32,multiply=bfloat16,flush"`` -> ``Numerics``; ValueError naming ``option``.
+
+    The text form of :class:`Numerics` that the command lines' ``--numerics`` take (the main job's, the plugin's
+    ``--gmm-numerics``, ``python -m golden``'s); it lives with the record it spells, below every command line."""
+    if text is None:
+        return None
+    fields: dict[str, Any] = {"multiply": None, "accumulate": "float32", "flush_subnormals": False}
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        key, eq, value = item.partition("=")
+        if key in ("flush", "flush_subnormals") and (not eq or value in ("true", "1", "yes")):
+            fields["flush_subnormals"] = True
+        elif key in ("flush", "flush_subnormals") and value in ("false", "0", "no"):
+            fields["flush_subnormals"] = False
+        elif key in ("multiply", "accumulate") and eq:
+            fields[key] = None if value in ("exact", "none") else value
+        elif key == "promote_every" and eq and value.isdigit():
+            fields[key] = int(value)
+        elif key == "partial" and eq:
+            fields["partial_accumulate"] = _roundoff(value)
+        else:
+            raise ValueError(f"{option}: expected accumulate=DTYPE, multiply=DTYPE|exact, flush[=true|false], "
+                             f"promote_every=N and partial=DTYPE|2**-BITS separated by commas, got {item!r}")
+    try:
+        return Numerics(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
+def _roundoff(value: str) -> Any:
+    """``partial=``'s value: ``2**-13`` (a unit roundoff), a float, or a dtype name."""
+    text = value.replace("^", "**")
+    if text.startswith("2**"):
+        try:
+            return 2.0 ** int(text[3:])
+        except ValueError:
+            return value
+    try:
+        return float(text)
+    except ValueError:
+        return value

@@ -10,7 +10,6 @@ directory's manifest. docs/goldens.md documents the case format.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections import Counter
@@ -19,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import gmm_ref
-from gmm_kernels import Scope, load_object, resolve_kernel
-from gmm_kernels.scope import parse_numerics
+from gmm_kernels import configure, load_object, resolve_kernel
+from gmm_ref.numerics import parse_numerics
 from golden.case import Case, GoldenError, select
 from golden.cases import CASES
 from golden.judge import check_goldens, out_of_scope
@@ -101,12 +100,7 @@ def _kernel(args: argparse.Namespace) -> Any:
     if not args.kernel:
         return None
     kernel = resolve_kernel(args.kernel, convention=args.convention)
-    numerics = parse_numerics(args.numerics)
-    if numerics is not None:
-        kernel.scope = dataclasses.replace(kernel.scope or Scope(), numerics=numerics)
-    if args.kernel_version:
-        kernel.version = args.kernel_version
-    return kernel
+    return configure(kernel, numerics=parse_numerics(args.numerics), version=args.kernel_version or None)
 
 
 def _nothing_checked(kernel: Any, directory: Path, cases: str | None, results: list[Any]) -> str:

@@ -60,9 +60,9 @@ def _device(framework: str) -> str:
 
 
 def kernel_producer(kernel: KernelAdapter, *, version: str | None = None) -> dict[str, str]:
-    """A kernel's producer record: ``version`` (default: the kernel's ``version`` attribute, else
+    """A kernel's producer record: ``version`` (default: the kernel's declared ``version``, else
     the versions of gmm-harness and its packages) and OS-machine[/device]."""
-    version = version or getattr(kernel, "version", None)
+    version = version or kernel.version
     if not version:
         version = "; ".join(f"{d} {_package_version(d)}" for d in ("gmm-harness", *_packages(kernel)))
     plat = getattr(kernel, "platform", None)

@@ -443,5 +443,5 @@ def _hint(plan: _Plan, stale: list[str], patterns: list[str] | None, kernel: Any
     if k is not None:
         kern = f" --kernel {shlex.quote(kernel if isinstance(kernel, str) else locate(k) or str(k.name))}"
         conv = f" --convention {convention}" if convention else ""
-        version = f" --kernel-version {shlex.quote(str(k.version))}" if getattr(k, "version", None) else ""
+        version = f" --kernel-version {shlex.quote(k.version)}" if k.version else ""
     return f"{command} regenerate{kern}{conv}{version}{sel} --update{where}"

@@ -157,9 +157,9 @@ class _Tally:
         return (len(wanted & self.reached), len(wanted)), tuple(missing)
 
 
-def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally,
+def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally, run: failures.CheckRun,
                    dry: bool = False) -> Callable[..., None]:
-    check = _cell_check(adapter, mode, cov, tally, dry)
+    check = _cell_check(adapter, mode, cov, tally, run, dry)
 
     # what Hypothesis runs: short, for Hypothesis digests its source for the example database's key
     def cell(problem: gmm_ref.Problem) -> None:
@@ -168,7 +168,7 @@ def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Ta
     return cell
 
 
-def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally,
+def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally, run: failures.CheckRun,
                 dry: bool) -> Callable[[gmm_ref.Problem], None]:
     def prop(problem: gmm_ref.Problem) -> None:
         __tracebackhide__ = True
@@ -201,7 +201,7 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
             tally.declined.append(str(exc))
             return
         except Exception as exc:
-            where = failures.seen_before(adapter, exc)
+            where = run.seen_before(adapter, exc)
             if where is None:
                 raise
             tally.repeated.append((where, exc))  # reported once already: not shrunk again
@@ -213,9 +213,9 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
 
 def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_examples: int | None,
                   profile: str | None, seed: int | None = None, dry: bool = False,
-                  database: ExampleDatabase | None = None) -> _Tally:
+                  database: ExampleDatabase | None = None, run: failures.CheckRun | None = None) -> _Tally:
     """Run the mode's property over every cell of its covering design. Raises the (shrunk) failure of the
-    first failing cell, or :class:`failures.Repeated` when examples raised only an exception already
+    first failing cell, or :class:`failures.Repeated` when examples raised only an exception ``run`` already
     reported for the kernel, or :class:`Unsupported`."""
     __tracebackhide__ = True
     try:
@@ -223,11 +223,12 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
     except InvalidArgument as exc:  # the strategies cannot draw this mode for this convention
         raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
     tally = _Tally()
+    run = run if run is not None else failures.CheckRun()
     derandomized = profile_settings(profile).derandomize
     budgets = _budgets(max_examples, profile, adapter.max_examples, len(cov.cells))
     tally.cells = (len(budgets), len(cov.cells))
     for i, (cc, n) in enumerate(zip(cov.cells[:len(budgets)], budgets, strict=True)):
-        prop = given(problem=cc.strategy)(_cell_property(adapter, mode, cov, tally, dry))
+        prop = given(problem=cc.strategy)(_cell_property(adapter, mode, cov, tally, run, dry))
         cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} {cc.family} {cc.cell.describe()}"
         if seed is not None or derandomized:
             cell_seed = zlib.crc32(f"{cc.family} {cc.cell.describe()}".encode()) ^ (seed or 0) ^ i
@@ -253,7 +254,7 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
 
 def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
                max_examples: int | None = None, profile: str | None = None, seed: int | None = None,
-               example_db: Any = None) -> Result:
+               example_db: Any = None, run: failures.CheckRun | None = None) -> Result:
     """Run one mode's property on ``adapter`` (one family, or all its convention's) and say what it found.
 
     ``profile`` names a registered Hypothesis profile to run under (default: the
@@ -264,9 +265,12 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     an upstream bug for this mode. The result's ``setting`` names the profile or seed.
     ``example_db`` (an ``ExampleDatabase``, a directory, ``redis://HOST:PORT``; default
     ``$GMM_HARNESS_EXAMPLE_DB``, else none) saves failing examples and replays them first
-    (``property_tests.example_db``).
+    (``property_tests.example_db``). ``run`` (a :class:`failures.CheckRun`) is the run this check is part of:
+    an exception the kernel raised in a check it already reported is reported once, its examples not shrunk
+    again; default: a run of this check alone.
     """
     mode = mode_of(mode)
+    run = run if run is not None else failures.CheckRun()
     database = example_dbs.resolve(example_db)
     t0 = time.perf_counter()
     common = dict(kernel=adapter.name, check=mode.name, family=family,
@@ -274,14 +278,14 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     if mode.fixed_problem is not None:
         return _check_fixed(adapter, mode, t0, common)
     try:
-        tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database)
+        tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run)
     except Unsupported as exc:
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
     except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
         exc, distinct = failures.primary(caught)
         hints = failures.finish(exc, adapter, mode.name)
         where = mode.name + (f" [{family}]" if family else "")
-        failures.record_raised(adapter, exc, where)
+        run.record_raised(adapter, exc, where)
         line = str(exc) if isinstance(exc, failures.Repeated) else failures.one_line(exc)
         line += f" (+{distinct - 1} other distinct failure{'s' * (distinct > 2)})" if distinct > 1 else ""
         line += "".join(f"; matches a known upstream bug of {h} (-v says which)" for h in hints)
@@ -389,8 +393,10 @@ def check_kernel(
     if why:
         raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")
     results = []
+    run = failures.CheckRun()  # an exception the kernel raises is reported in the first mode that finds it
     for m in chosen:
-        result = check_mode(adapter, m, max_examples=max_examples, profile=profile, seed=seed, example_db=database)
+        result = check_mode(adapter, m, max_examples=max_examples, profile=profile, seed=seed, example_db=database,
+                            run=run)
         if raise_on_failure and result.status is Status.FAILED:
             failures.raise_failure(result)
         results.append(result)

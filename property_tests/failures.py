@@ -1,6 +1,6 @@
 """What a failing check reports: one failure (a count of the others), its one line, a reproducer that
 calls the kernel, a pointer to a known upstream bug whose signature it matches, and the same
-exception reported once per kernel.
+exception reported once per kernel in a run (:class:`CheckRun`).
 
 ``check_mode`` attaches a *recipe* to each failure as it happens (:func:`attach`: the problem, the
 numerics, the gradient) and, once Hypothesis has shrunk it, :func:`finish` turns the recipe of the
@@ -27,11 +27,10 @@ from gmm_kernels.repro import kernel_reproducer
 from gmm_ref.compare import REPRODUCE
 from gmm_ref.repro import fenced
 
-__all__ = ["Repeated", "attach", "finish", "forget", "left_property", "note", "one_line", "primary", "raise_failure",
-           "record_raised", "seen_before"]
+__all__ = ["CheckRun", "Repeated", "attach", "finish", "forget", "left_property", "note", "one_line", "primary",
+           "raise_failure"]
 
 _RECIPE = "_gmm_recipe"
-_REPORTED = "_gmm_reported_errors"
 _LEFT = "_gmm_left_property"  # (the exception's notes as it left the property, the problem it failed on)
 _NOTES = "_gmm_notes"  # the notes the harness added since
 
@@ -171,16 +170,25 @@ def _signature(exc: BaseException) -> str:
     return f"{type(exc).__qualname__}: {re.sub(r'[0-9]+', '#', first)}"
 
 
-def record_raised(adapter: KernelAdapter, exc: BaseException, where: str) -> None:
-    """The kernel raised ``exc`` (not a mismatch) in the check ``where``: later checks of the same kernel
-    skip the examples that raise it again (still checking the others) and say so in one line."""
-    if not isinstance(exc, (AssertionError, Repeated)):
-        vars(adapter).setdefault(_REPORTED, {}).setdefault(_signature(exc), (where, one_line(exc)))
+class CheckRun:
+    """What one run remembers across its checks (``check_kernel``'s modes, a worker's cells, a pytest session's
+    tests): the exceptions each kernel, by name, raised in a check already reported. The run holds it; the
+    kernels it checks are not changed."""
 
+    def __init__(self) -> None:
+        #: (kernel name, the exception's signature) -> (the check that reported it, its one line)
+        self._reported: dict[tuple[str, str], tuple[str, str]] = {}
 
-def seen_before(adapter: KernelAdapter, exc: BaseException) -> str | None:
-    """If ``exc`` is an exception the kernel already raised in a reported check, that check's name."""
-    if isinstance(exc, AssertionError):
-        return None
-    found = vars(adapter).get(_REPORTED, {}).get(_signature(exc))
-    return None if found is None else found[0]
+    def record_raised(self, adapter: KernelAdapter, exc: BaseException, where: str) -> None:
+        """The kernel raised ``exc`` (not a mismatch) in the check ``where``: later checks of the same kernel in
+        this run skip the examples that raise it again (still checking the others) and say so in one line."""
+        if not isinstance(exc, (AssertionError, Repeated)):
+            self._reported.setdefault((adapter.name, _signature(exc)), (where, one_line(exc)))
+
+    def seen_before(self, adapter: KernelAdapter, exc: BaseException) -> str | None:
+        """If ``exc`` is an exception the kernel already raised in a check this run reported, that check's
+        name."""
+        if isinstance(exc, AssertionError):
+            return None
+        found = self._reported.get((adapter.name, _signature(exc)))
+        return None if found is None else found[0]

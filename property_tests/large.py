@@ -77,7 +77,7 @@ def _pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype]:
     """The (input, output) dtype pair with the smallest floating input the kernel takes (an output equal
     to it first)."""
     # the pairs the kernel declares it takes (as the normal mode draws them), else its convention's
-    declared = adapter.strategy_options().get("dtypes") or adapter.spec.dtype_pairs
+    declared = adapter.limits().dtypes or adapter.spec.dtype_pairs
     pairs = [(np.dtype(i), np.dtype(o)) for i, o in
              ((p, p) if isinstance(p, str) else p for p in declared)]
     # floating inputs: the reference of integer inputs multiplies in int64, which NumPy does without BLAS

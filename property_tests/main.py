@@ -39,6 +39,7 @@ from gmm_kernels import KernelAdapter, Status
 from gmm_ref import conventions
 from gmm_ref.names import did_you_mean
 from property_tests import compile_cache, coverage, example_db, paths, shards
+from property_tests.failures import CheckRun
 from property_tests.modes import ALL_MODES, MODES
 from property_tests.options import SCOPE_OPTIONS, add_scope_options, modes_option
 from property_tests.request import WorkRequest, resolve_request
@@ -172,11 +173,13 @@ def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, Kern
     """Check ``cells`` (all of the ``plan``, or a shard's part) into ``table``, which gets every row of the plan."""
     table.plan(plan)
     if args.in_process:
+        checks = CheckRun()  # the run's cells: an exception a kernel raises is reported in its first cell
+
         def run(cell: Cell, seed: int | None) -> CellOutcome:
             try:
                 return run_cell(kernels[cell.kernel], cell.family, cell.column, max_examples=args.max_examples,
                                 seed=seed, golden_dir=request.golden_dir, require_own=request.require_own,
-                                example_db=request.example_db)
+                                example_db=request.example_db, run=checks)
             except (SystemExit, GeneratorExit) as exc:  # a kernel's sys.exit: never the run's exit status
                 what = f"{type(exc).__name__}({', '.join(map(repr, exc.args))}) was raised in the cell"
                 report = f"== {' / '.join(map(str, cell))}\nthe kernel {what}"
@@ -227,7 +230,7 @@ def _header(kernels: list[KernelAdapter], request: WorkRequest) -> str:
     for k in kernels:
         if k.scope is not None:
             lines.append(f"{k.name} ({k.convention}) declared scope: {k.scope.describe()}")
-        if getattr(k, "version", None) and request.kernel_version:
+        if k.version and request.kernel_version:
             lines.append(f"{k.name} version {k.version}: its own goldens must match bit for bit")
     if list(request.modes) != list(MODES):
         lines.append(f"modes: {', '.join(request.modes)}")

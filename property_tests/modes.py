@@ -26,6 +26,7 @@ from gmm_kernels import KernelAdapter
 from gmm_ref.problem import SERVING_FAMILIES
 from property_tests import large
 from property_tests import strategies as gst
+from property_tests.declared import problem_options
 from property_tests.strategies.problems import Covering
 
 __all__ = ["ALL_MODES", "MODES", "OPT_IN_MODES", "Mode", "Unsupported", "mode_arguments", "mode_covering",
@@ -154,7 +155,7 @@ def mode_of(mode: Mode | str) -> Mode:
 def _dtypes(mode_dtypes: Any, adapter: KernelAdapter) -> Any:
     """The dtype pairs to draw: the kernel's (its declared ones, else its convention's), narrowed
     to the mode's dtypes (each ``x`` meaning the pair ``(x, x)``) when the mode names some."""
-    declared = adapter.strategy_options().get("dtypes")
+    declared = adapter.limits().dtypes
     if mode_dtypes is None:
         return declared
     mine = declared if declared is not None else adapter.spec.dtype_pairs
@@ -204,7 +205,7 @@ def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None 
     if why is not None:
         raise Unsupported(why)
     kwargs = dict(mode.options)
-    declared = adapter.strategy_options()
+    declared = problem_options(adapter)
     for option, what in (("sharding", "sharded groups (group_offset)"), ("existing_out", "an existing output")):
         if kwargs.get(option) and declared.get(option) is False:
             why = adapter.option_refusal(option)

@@ -5,22 +5,29 @@
 kernel supports
 (``gmm_kernels.Scope``): they narrow the scope the kernel already declares
 (``gmm_kernels.declare``) field by field, and one that leaves nothing to check
-is a usage error naming the option.
+is a usage error naming the option. The command-line forms are parsed here
+(:func:`scope_fields`, :func:`parse_multiples`, :func:`parse_quantizes`; the text
+form of ``Numerics`` is ``gmm_ref.numerics.parse_numerics``, which ``python -m
+golden`` takes too); ``gmm_kernels.Scope`` holds only the fields.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gmm_kernels import KernelAdapter, Scope
-from gmm_kernels.scope import parse_multiples, parse_numerics, parse_quantizes
-from gmm_ref import FAMILIES
+from gmm_kernels import KernelAdapter, Scope, configure
+from gmm_ref import FAMILIES, MXQuantizer
 from gmm_ref.names import did_you_mean
+from gmm_ref.numerics import parse_numerics
 
-__all__ = ["SCOPE_OPTIONS", "add_scope_options", "apply_scope", "modes_option", "scope_fields", "split_list",
-           "suggestions"]
+__all__ = ["SCOPE_OPTIONS", "add_scope_options", "apply_scope", "modes_option", "parse_multiples", "parse_numerics",
+           "parse_quantizes", "scope_fields", "split_list", "suggestions"]
+
+#: the axes an extent option names
+AXES = ("m", "k", "n")
 
 #: (option name without prefix, argparse keyword arguments)
 SCOPE_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -74,7 +81,7 @@ def scope_fields(values: Mapping[str, Any], prefix: str = "--") -> dict[str, Any
     zero = values.get("zero-extents")
     if zero is not None:
         axes = [] if zero.strip() == "none" else split_list(zero, prefix + "zero-extents")
-        if any(a not in ("m", "k", "n") for a in axes):
+        if any(a not in AXES for a in axes):
             raise ValueError(f"{prefix}zero-extents: expected some of m,k,n or none, got {zero!r}")
         fields["zero_extents"] = tuple(axes)
     numerics = parse_numerics(values.get("numerics"), option=prefix + "numerics")
@@ -86,15 +93,64 @@ def scope_fields(values: Mapping[str, Any], prefix: str = "--") -> dict[str, Any
     return fields
 
 
-def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str = "--") -> KernelAdapter:
-    """Narrow ``adapter``'s declared scope by ``fields``; ValueError naming the option if nothing is left."""
-    if fields:
-        scope = dataclasses.replace(adapter.scope or Scope(), **fields)
+def parse_multiples(items: list[str] | None, *, option: str = "--multiple") -> dict[str, int]:
+    """``["k=32", "n=16"]`` -> ``{"k": 32, "n": 16}``; ValueError naming ``option``."""
+    out: dict[str, int] = {}
+    for item in items or []:
+        axis, _, value = item.partition("=")
         try:
-            adapter.scope = scope.bind(adapter.spec)
-        except ValueError as exc:
-            raise ValueError(f"{prefix}{exc} (kernel {adapter.name})") from None
-    return adapter
+            number = int(value)
+        except ValueError:
+            number = 0
+        if axis not in AXES or number < 1:
+            raise ValueError(f"{option}: expected AXIS=N with AXIS one of {AXES} and N a positive int, got {item!r}")
+        out[axis] = math.lcm(out.get(axis, 1), number)
+    return out
+
+
+def parse_quantizes(text: str | None, *, option: str = "--quantizes") -> tuple[Any, Any] | None:
+    """``"mx:float8_e4m3fn:32:rceil"`` (both operands) or ``"lhs=mx:...,rhs=mx:..."`` -> ``(lhs, rhs)``
+    ``gmm_ref.MXQuantizer`` (None for an operand not named); each part after ``mx`` is optional (defaults:
+    float8_e4m3fn, 32, rceil). ValueError naming ``option``."""
+    if text is None:
+        return None
+
+    def one(spec: str) -> Any:
+        kind, *parts = spec.split(":")
+        if kind != "mx" or len(parts) > 3:
+            raise ValueError(f"{option}: expected mx[:ELEM[:BLOCK[:MODE]]] (e.g. mx:float8_e4m3fn:32:rceil), "
+                             f"got {spec!r}")
+        elem, block, mode = (parts + [None] * 3)[:3]
+        try:
+            return MXQuantizer(elem or "float8_e4m3fn", int(block) if block else 32, mode or "rceil")
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{option}: {exc}") from None
+
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if len(items) == 1 and "=" not in items[0]:
+        q = one(items[0])
+        return (q, q)
+    out: dict[str, Any] = {}
+    for item in items:
+        side, eq, spec = item.partition("=")
+        if side not in ("lhs", "rhs") or not eq or side in out:
+            raise ValueError(f"{option}: expected SPEC for both operands or lhs=SPEC and/or rhs=SPEC, got {text!r}")
+        out[side] = one(spec)
+    if not out:
+        raise ValueError(f"{option}: expected a quantizer, got {text!r}")
+    return (out.get("lhs"), out.get("rhs"))
+
+
+def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str = "--") -> KernelAdapter:
+    """``adapter`` with its declared scope narrowed by ``fields`` (a configured copy,
+    ``gmm_kernels.resolve.configure``; ``adapter`` itself when there are none); ValueError naming the option if
+    nothing is left."""
+    if not fields:
+        return adapter
+    try:
+        return configure(adapter, scope=dataclasses.replace(adapter.scope or Scope(), **fields))
+    except ValueError as exc:
+        raise ValueError(f"{prefix}{exc} (kernel {adapter.name})") from None
 
 
 def modes_option(text: str | None, known: Any, error: Callable[[str], Any], default: Any = None) -> list[str]:

@@ -20,7 +20,9 @@ its pytest configuration (this repository does). Then:
 - ``--gmm-families``, ``--gmm-dtypes``, ``--gmm-out-dtypes``, ``--gmm-multiple``,
   ``--gmm-no-tail``, ``--gmm-numerics`` and ``--gmm-quantizes`` declare the kernels' scope
   (``property_tests.options``; the same as the main job's options without the prefix);
-- the ``gmm_kernel`` fixture parametrizes a test over the selected kernels;
+- the ``gmm_kernel`` fixture parametrizes a test over the selected kernels; the ``gmm_check_run`` fixture is the
+  session's ``property_tests.failures.CheckRun`` (``check_mode(..., run=gmm_check_run)``: an exception a kernel
+  raises is reported in the first check that finds it, the later ones say so in one line);
 - ``pytest_report_header`` lists the kernels under test and why any is skipped;
 - JAX's persistent compilation cache is on (``--gmm-compile-cache=DIR|off``,
   default the one the main job and ``check_kernel`` use, ``~/.cache/gmm-harness/jax``),
@@ -123,8 +125,8 @@ def selected_kernels(config: pytest.Config) -> list[Any]:
                                   tiling=_tiling(config), option="--gmm-kernel",
                                   convention_option="--gmm-convention")
         fields = scope_fields(_scope_values(config), prefix="--gmm-")
+        kernels = [apply_scope(k, fields, prefix="--gmm-") for k in kernels]
         for k in kernels:
-            apply_scope(k, fields, prefix="--gmm-")
             check_known_issue_modes(k, option="--gmm-kernel")
     except (ValueError, TypeError, ImportError) as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -199,6 +201,14 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     lines.append(f"gmm {config.stash.get(_COMPILE_CACHE, 'jax compilation cache: off')}")
     lines.append(f"gmm {config.stash.get(_EXAMPLE_DB, 'example database: off')}")
     return lines
+
+
+@pytest.fixture(scope="session")
+def gmm_check_run() -> Any:
+    """The session's ``property_tests.failures.CheckRun``, shared by the checks of its kernels."""
+    from property_tests.failures import CheckRun
+
+    return CheckRun()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

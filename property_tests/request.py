@@ -11,6 +11,7 @@ command line.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -72,7 +73,8 @@ class KernelExit(RuntimeError):
     reported like any error, never the end of the run or of its worker."""
 
 
-def _guard_exit(adapter: KernelAdapter) -> None:
+def _guard_exit(adapter: KernelAdapter) -> KernelAdapter:
+    """A copy of ``adapter`` whose kernel call turns a ``SystemExit`` into a :class:`KernelExit`."""
     call = adapter.call
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -81,24 +83,24 @@ def _guard_exit(adapter: KernelAdapter) -> None:
         except SystemExit as exc:
             raise KernelExit(f"the kernel raised SystemExit({exc.code!r}) (sys.exit)") from exc
 
-    adapter.call = guarded  # type: ignore[method-assign]
+    guarding = copy.copy(adapter)
+    guarding.call = guarded  # type: ignore[method-assign]
+    return guarding
 
 
 def resolve_request(request: WorkRequest) -> list[KernelAdapter]:
     """The kernels of a request (in the main job and in the worker): resolved, scoped, versioned, and a
     ``sys.exit`` in a kernel turned into a :class:`KernelExit` failure."""
     # imported here: the worker reads its request, and sets its environment from it, before these load
-    from gmm_kernels import resolve_kernels
+    from gmm_kernels import configure, resolve_kernels
     from property_tests.checking import check_known_issue_modes
     from property_tests.options import apply_scope, scope_fields
 
-    kernels = resolve_kernels(list(request.kernels), convention=request.convention, tiling=request.tiling)
     fields = scope_fields(request.scope or {})
-    for k in kernels:
-        _guard_exit(k)
-        apply_scope(k, fields)
-        if request.kernel_version:
-            k.version = request.kernel_version
+    kernels = []
+    for resolved in resolve_kernels(list(request.kernels), convention=request.convention, tiling=request.tiling):
+        k = configure(apply_scope(resolved, fields), version=request.kernel_version or None)
         if request.kernels:
             check_known_issue_modes(k, option="--kernel")
+        kernels.append(_guard_exit(k))
     return kernels

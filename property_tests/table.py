@@ -21,6 +21,7 @@ from golden import GoldenStore, check_goldens
 from golden.cli import default_directory
 from golden.staleness import contents
 from property_tests.checking import check_mode
+from property_tests.failures import CheckRun
 from property_tests.modes import ALL_MODES, MODES
 from property_tests.shards import Cell
 
@@ -182,10 +183,11 @@ def _golden_cell(kernel: KernelAdapter, directory: str | None, require_own: bool
 
 def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_examples: int | None,
              seed: int | None = None, golden_dir: str | None = None, require_own: bool = False,
-             example_db: str | None = None) -> CellOutcome:
+             example_db: str | None = None, run: CheckRun | None = None) -> CellOutcome:
     """One cell: ``golden_dir`` (default: this project's goldens) and ``require_own`` (a missing golden of the
     kernel's own version fails) for the goldens; ``example_db`` (a spec of ``property_tests.example_db``) saves
-    failing examples and replays them first."""
+    failing examples and replays them first; ``run`` (``property_tests.failures.CheckRun``) is the run the cell
+    is part of, which reports an exception the kernel raises once."""
     t0 = time.perf_counter()
     why = kernel.available()
     if why:
@@ -193,7 +195,7 @@ def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_exam
     if column == GOLDENS:
         return dataclasses.replace(_golden_cell(kernel, golden_dir, require_own), seconds=time.perf_counter() - t0)
     result = check_mode(kernel, column, family=family, max_examples=max_examples,
-                        profile="gmm-ci" if seed is None else None, seed=seed, example_db=example_db)
+                        profile="gmm-ci" if seed is None else None, seed=seed, example_db=example_db, run=run)
     failed = result.status is Status.FAILED
     details = (f"== {kernel.name} / {family} / {column}\n{result.full_report()}",) if failed else ()
     covered = result.coverage_report()

@@ -47,17 +47,19 @@ def _work(request: WorkRequest, emit: Callable[..., None]) -> None:
     for name, value in request.environ.items():
         os.environ.setdefault(name, value)  # before anything imports jax
     from gmm_kernels.base import observe_calls
+    from property_tests.failures import CheckRun
     from property_tests.profiles import register_profiles
     from property_tests.request import resolve_request
     from property_tests.table import Cell, CellOutcome, check_cells, run_cell
 
     register_profiles()
     kernels = {k.name: k for k in resolve_request(request)}
+    checks = CheckRun()  # the worker's cells: an exception a kernel raises is reported in its first cell
 
     def run(cell: Cell, seed: int | None) -> CellOutcome:
         return run_cell(kernels[cell.kernel], cell.family, cell.column, max_examples=request.max_examples,
                         seed=seed, golden_dir=request.golden_dir, require_own=request.require_own,
-                        example_db=request.example_db)
+                        example_db=request.example_db, run=checks)
 
     def started(cell: Cell, extra: bool) -> None:
         emit(event="start", kernel=cell.kernel, family=cell.family, column=cell.column, extra=extra)

@@ -25,10 +25,12 @@ from gmm_ref.exact import Reference, reference
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import Problem
 
-__all__ = ["GMM", "TGMM", "gmm", "tgmm"]
+__all__ = ["DEFAULT_TILING", "GMM", "TGMM", "gmm", "tgmm"]
 
 _PAIRS = (("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"))
-_DEFAULT_TILING = (128, 128, 128)
+#: megablox's tiling ``(TM, TK, TN)`` when none is given: the conventions' ``default_tiling``, and the default of
+#: the adapters' calls (``gmm_kernels.megablox``)
+DEFAULT_TILING = (128, 128, 128)
 
 
 def _group_offset(value: Any) -> int:
@@ -160,13 +162,13 @@ GMM = _Gmm(
     name="megablox.gmm", framework="jax", families=("ragged_m",),
     layouts=(("ragged_m", ((False, False, False), (False, True, False))),), dtype_pairs=_PAIRS,
     tail="undefined", foreign="zero", existing_policy="overwrite", existing_argument="existing_out",
-    sharding=True, multiple_of=(("ragged", "tm"),), default_tiling=_DEFAULT_TILING, zero_extents=(),
+    sharding=True, multiple_of=(("ragged", "tm"),), default_tiling=DEFAULT_TILING, zero_extents=(),
     summary="megablox gmm(lhs [M, K], rhs [L, K, N], group_sizes [G], ...) -> [M, N]",
 )
 TGMM = _Tgmm(
     name="megablox.tgmm", framework="jax", families=("ragged_k",), layouts=(("ragged_k", base.PLAIN),),
     dtype_pairs=_PAIRS, empty="zero", existing_policy="accumulate", existing_argument="existing_out",
-    sharding=True, multiple_of=(("ragged", "tm"),), default_tiling=_DEFAULT_TILING, zero_extents=(),
+    sharding=True, multiple_of=(("ragged", "tm"),), default_tiling=DEFAULT_TILING, zero_extents=(),
     # megablox's tgmm calls the ragged (contracting) axis m and tiles it by tm
     summary="megablox tgmm(lhs [M, sum K], rhs [sum K, N], group_sizes [G], ...) -> [groups, M, N]",
 )

@@ -1,6 +1,6 @@
 """Fast unit tests of the kernel adapters (gmm_kernels): availability and support reasons,
 exact bfloat16 conversions, wrapping user functions, and the declarations the suite reads
-(known_issues, max_examples, strategy_options).
+(known_issues, max_examples, limits) and the strategy options they give (property_tests.declared).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import gmm_kernels
 import gmm_ref
 from gmm_kernels.base import KernelAdapter, missing_module
 from gmm_kernels.convert import to_jax, to_torch, torch_dtype, uses_64bit
+from gmm_kernels.scope import FEATURES, Limits
 from gmm_ref import as_numpy as to_numpy
+from property_tests.declared import FEATURE_OPTIONS, limits_options, problem_options
 from property_tests.modes import MODES
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -216,7 +218,50 @@ def test_declarations_are_well_formed(adapter):
     assert set(adapter.known_gradient_issues) <= {"lhs", "rhs", "existing_out"}
     me = adapter.max_examples
     assert me is None or (isinstance(me, int) and me > 0)
-    assert isinstance(adapter.strategy_options(), dict)
+    assert isinstance(adapter.limits(), Limits)
+    assert isinstance(problem_options(adapter), dict)
+
+
+def test_limits_become_strategy_keywords():
+    """The facts an adapter states, in the strategies' words (only those that narrow)."""
+    pair = (np.dtype(np.float32), np.dtype(np.float32))
+    assert limits_options(Limits()) == {}
+    assert limits_options(Limits(dtypes=(pair,), families=("ragged_m",), multiples={"k": 8}, max_extent=64,
+                                 min_groups=2, max_groups=4, tail=False, zero_extents=(),
+                                 quantizations=((None, None),), refuses=("existing_out", "sharding"))) == {
+        "dtypes": (pair,), "families": ("ragged_m",), "multiple_of": {"k": 8}, "max_extent": 64, "min_groups": 2,
+        "max_groups": 4, "allow_tail": False, "zero_extents": (), "quantizations": ((None, None),),
+        "existing_out": False, "sharding": False}
+    assert set(FEATURE_OPTIONS) == set(FEATURES), "every feature a kernel may refuse has its strategy keyword"
+
+
+def test_a_scope_narrows_an_adapters_own_limits():
+    """The scope narrows the kernel's own limits: multiples combine (lcm), zero extents intersect, no tail wins."""
+    own = Limits(multiples={"m": 8, "k": 8}, zero_extents=("m", "k"), tail=True)
+    got = own.narrowed(gmm_kernels.Scope(multiples={"k": 12, "n": 4}, zero_extents=("k", "n"), tail=False))
+    assert (dict(got.multiples), got.zero_extents, got.tail) == ({"m": 8, "k": 24, "n": 4}, ("k",), False)
+    assert own.narrowed(None) is own
+    assert Limits(zero_extents=None).narrowed(gmm_kernels.Scope(zero_extents=("n",))).zero_extents == ("n",)
+    for bad in (dict(refuses=("tiling",)), dict(min_groups=0), dict(min_groups=3, max_groups=2),
+                dict(multiples={"q": 2}), dict(zero_extents=("x",)), dict(families=("ragged_q",))):
+        with pytest.raises(ValueError, match=f"^{list(bad)[-1]}: expected"):
+            Limits(**bad)
+
+
+def test_an_adapter_with_the_old_hook_is_refused_loudly():
+    with pytest.raises(TypeError, match="_limits"):
+        type("Old", (KernelAdapter,), {"_strategy_options": lambda self: {"min_groups": 2}})
+
+
+def test_limits_carry_the_adapters_dtype_declarations_and_scope():
+    class F32Only(KernelAdapter):
+        name, convention, input_dtypes = "f32only", "ragged_dot_general", ("float32",)
+
+    adapter = F32Only()
+    assert adapter.limits().dtypes and all(str(i) == "float32" for i, _ in adapter.limits().dtypes)
+    assert adapter.limits().families is None
+    adapter.scope = gmm_kernels.Scope(families=("ragged_k",), tail=False)
+    assert (adapter.limits().families, adapter.limits().tail) == (("ragged_k",), False)
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS, ids=IDS)
@@ -310,3 +355,17 @@ def test_a_refusal_of_one_option_does_not_hide_another():
     assert v2.supports(sharded) is None
     why = v2.supports(sharded.replace(existing_out=np.zeros((8, 8), np.float32)))
     assert why is not None and "NotImplementedError for existing_out" in why, why
+
+
+def test_the_megablox_default_tiling_has_one_owner():
+    """The convention's default_tiling is what a megablox-convention kernel is called with when no tiling is given:
+    the one value gmm_ref.conventions.megablox defines, not a copy that could drift."""
+    import inspect
+
+    from gmm_kernels.ejkernel_ops import EjkernelGroupedMatmul
+    from gmm_kernels.megablox import MegabloxGmm, MegabloxTgmm, gmm_grads
+
+    owner = gmm_ref.conventions.get("megablox.gmm").default_tiling
+    assert owner is not None and gmm_ref.conventions.get("megablox.tgmm").default_tiling is owner
+    for adapter_call in (MegabloxGmm.call, MegabloxTgmm.call, EjkernelGroupedMatmul.call, gmm_grads):
+        assert inspect.signature(adapter_call).parameters["tiling"].default is owner, adapter_call

@@ -8,6 +8,8 @@ draws the layers these tests hold the code to.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import inspect
 import sys
 from pathlib import Path
 
@@ -456,3 +458,139 @@ def test_the_mode_name_check_catches_what_it_is_for(tmp_path, monkeypatch):
     assert _mode_name_comparisons(src, _mode_names()) == [
         "m.py:1 compares grad", "m.py:2 compares grad", "m.py:3 compares large", "m.py:5 compares exact",
         "m.py:7 compares poisoned"]
+
+
+# ------------------------------------------------ strategy keywords: known only above gmm_kernels (issue 27)
+def _strategy_only_keywords() -> frozenset[str]:
+    """The keywords of ``property_tests.strategies.problems`` that name no fact of the problem model (a field of
+    ``gmm_ref.Problem`` or ``Convention``, or a feature a kernel may refuse): the strategies' own words."""
+    from gmm_kernels.scope import FEATURES
+    from gmm_ref import Problem
+    from gmm_ref.conventions import Convention
+    from property_tests.strategies import problems
+
+    facts = {f.name for cls in (Problem, Convention) for f in dataclasses.fields(cls)} | set(FEATURES)
+    return frozenset(inspect.signature(problems).parameters) - facts
+
+
+def _strategy_knowledge(path: Path, strategy_only: frozenset[str]) -> list[str]:
+    """Where ``path`` speaks the strategies' language: a function named for strategy options, or a mapping keyed
+    by ``problems()`` keywords (a dict literal or ``dict(...)`` whose keys all are, one of them strategy-only, or
+    a strategy-only key stored into one)."""
+    from property_tests.strategies import problems
+
+    keywords = frozenset(inspect.signature(problems).parameters)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        keys: list[str] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "strategy" in node.name:
+            found.append(f"{path.name}:{node.lineno} defines {node.name}")
+            continue
+        if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
+            keys = [k.value for k in node.keys]
+        elif isinstance(node, ast.Call) and _last_name(node.func) == "dict" and not node.args:
+            keys = [k.arg for k in node.keywords]
+        elif (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.slice, ast.Constant)):
+            keys = [node.slice.value]
+        if keys and all(k in keywords for k in keys) and strategy_only & set(keys):
+            found.append(f"{path.name}:{node.lineno} keys {', '.join(sorted(strategy_only & set(keys)))}")
+    return found
+
+
+def test_gmm_kernels_states_facts_not_strategy_options():
+    """An adapter states what it takes as facts (``gmm_kernels.scope.Limits``); ``property_tests.declared`` turns
+    them into ``problems()`` keywords. Nothing in gmm_kernels builds those keywords."""
+    strategy_only = _strategy_only_keywords()
+    found = [hit for name, path in sorted(MODULES.items()) if name.split(".")[0] == "gmm_kernels"
+             for hit in _strategy_knowledge(path, strategy_only)]
+    assert not found, ("strategy keywords built in gmm_kernels (state a fact in gmm_kernels.scope.Limits and "
+                       "translate it in property_tests/declared.py):\n" + "\n".join(found))
+
+
+def test_the_strategy_keyword_check_catches_what_it_is_for(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('def _strategy_options(self):\n    return 1\nb = {"min_groups": 2, "allow_tail": False}\n'
+                   'opts["max_extent"] = 64\nd = dict(dtypes=pairs)\ne = {"existing_out": False, "sharding": False}\n'
+                   'f = {"families": fs, "out_dtypes": o}\ng = Limits(min_groups=2, tail=False)\nkw["tiling"] = t\n')
+    assert {"allow_tail", "min_groups", "max_extent", "dtypes"} <= _strategy_only_keywords()
+    assert _strategy_knowledge(src, _strategy_only_keywords()) == [
+        "m.py:1 defines _strategy_options", "m.py:3 keys allow_tail, min_groups", "m.py:4 keys max_extent",
+        "m.py:5 keys dtypes"]
+
+
+# ------------------------------------------------ a resolved target: its run state set in one place (issue 27)
+#: an adapter's run state (gmm_kernels.resolve.RUN_STATE): set after construction by configure alone
+RUN_STATE = frozenset({"origin", "tiling", "scope", "version"})
+#: the one function that sets it
+CONFIGURE = ("gmm_kernels/resolve.py", "configure")
+
+
+def _run_state_assignments(path: Path) -> list[str]:
+    """Each assignment in ``path`` of an adapter's run state (``k.version = ...``, ``k.scope += ...``,
+    ``setattr(k, "tiling", ...)``, the name a literal or a module's string constant) outside :data:`CONFIGURE`
+    and outside an ``__init__`` setting its own (``self.scope = ...``: construction, not a resolved kernel
+    changed). A ``setattr`` whose name is computed is not seen."""
+    where = path.relative_to(ROOT).as_posix()
+    tree = ast.parse(path.read_text())
+    constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                 and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                 for t in n.targets if isinstance(t, ast.Name)}
+    found = []
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        if (where, function) != CONFIGURE:
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                    if isinstance(e, ast.Attribute) and e.attr in RUN_STATE and not (
+                            function == "__init__" and _last_name(e.value) == "self"):
+                        found.append(f"{where}:{node.lineno} assigns {_last_name(e.value)}.{e.attr}")
+            if isinstance(node, ast.Call) and _last_name(node.func) == "setattr" and len(node.args) >= 2:
+                name = node.args[1]
+                attr = name.value if isinstance(name, ast.Constant) else constants.get(_last_name(name) or "")
+                if attr in RUN_STATE:
+                    found.append(f"{where}:{node.lineno} sets {_last_name(node.args[0])}.{attr} through setattr")
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, None)
+    return found
+
+
+def test_an_adapters_run_state_is_set_only_by_configure():
+    """origin, tiling, scope and version are set when the kernel is resolved, by gmm_kernels.resolve.configure
+    (which validates them and returns a configured copy); nothing else changes a resolved kernel."""
+    from gmm_kernels.resolve import RUN_STATE as declared
+
+    assert set(declared) == RUN_STATE
+    mine = Path(__file__).resolve()
+    found = [hit for path in sorted(_sources(include_tests=True).values()) if path.resolve() != mine
+             for hit in _run_state_assignments(path)]
+    assert not found, "an adapter's run state set outside gmm_kernels.resolve.configure:\n" + "\n".join(found)
+
+
+def test_the_run_state_check_catches_what_it_is_for(tmp_path, monkeypatch):
+    pkg = tmp_path / "gmm_kernels"
+    pkg.mkdir()
+    src = pkg / "resolve.py"
+    src.write_text("F = 'version'\nk.version = '1'\nadapter.scope = s.bind(c)\nk.origin, x = 'a', 1\n"
+                   "setattr(k, 'tiling', t)\nsetattr(k, F, v)\nk.name = 'x'\nsetattr(k, 'call', f)\n"
+                   "monkeypatch.setattr(k, 'scope', None)\n"
+                   "class A:\n    def __init__(self):\n        self.scope = None\n        other.scope = None\n"
+                   "def configure(a):\n    a.scope = 1\n    setattr(a, 'tiling', value)\n"
+                   "def other(a):\n    self.tiling = 1\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _run_state_assignments(src) == [
+        "gmm_kernels/resolve.py:2 assigns k.version", "gmm_kernels/resolve.py:3 assigns adapter.scope",
+        "gmm_kernels/resolve.py:4 assigns k.origin", "gmm_kernels/resolve.py:5 sets k.tiling through setattr",
+        "gmm_kernels/resolve.py:6 sets k.version through setattr",
+        "gmm_kernels/resolve.py:9 sets k.scope through setattr", "gmm_kernels/resolve.py:13 assigns other.scope",
+        "gmm_kernels/resolve.py:18 assigns self.tiling"]
+    elsewhere = tmp_path / "golden"
+    elsewhere.mkdir()
+    (elsewhere / "cli.py").write_text("def configure(a):\n    a.scope = 1\n")
+    assert _run_state_assignments(elsewhere / "cli.py") == ["golden/cli.py:2 assigns a.scope"]

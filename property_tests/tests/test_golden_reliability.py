@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import gmm_ref
-from gmm_kernels import Status, wrap
+from gmm_kernels import Status, configure, wrap
 from golden.case import GoldenError
 from golden.judge import check_goldens
 from golden.lock import LOCK_NAME, locked
@@ -167,11 +167,9 @@ def _np_ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type
 def test_kernel_goldens_and_the_reference_stay_side_by_side(tmp_path, corpus):
     d = tmp_path / "both"
     assert regenerate(corpus[:3], d, stream=io.StringIO())[0] == 0
-    k = wrap(_np_ragged_dot, "ragged_dot", name="np-rd")
-    k.version = "1"
+    k = configure(wrap(_np_ragged_dot, "ragged_dot", name="np-rd"), version="1")
     assert regenerate(corpus[:3], d, kernel=k, stream=io.StringIO())[0] == 0
-    k2 = wrap(_np_ragged_dot, "ragged_dot", name="np-rd")
-    k2.version = "2"
+    k2 = configure(wrap(_np_ragged_dot, "ragged_dot", name="np-rd"), version="2")
     assert regenerate(corpus[:3], d, kernel=k2, stream=io.StringIO())[0] == 0
     rc, _ = regenerate(corpus[:3], d, update=True, stream=io.StringIO())
     assert rc == 0
@@ -181,8 +179,7 @@ def test_kernel_goldens_and_the_reference_stay_side_by_side(tmp_path, corpus):
     assert all(r.status is Status.PASSED and r.criterion == "bit-for-bit" for r in check_goldens(k2, d))
     rc, text = verify(d, corpus[:3], stream=io.StringIO())
     assert rc == 0 and "and 6 kernel golden(s)" in text, text
-    missing = wrap(_np_ragged_dot, "ragged_dot", name="np-rd")
-    missing.version = "3"
+    missing = configure(wrap(_np_ragged_dot, "ragged_dot", name="np-rd"), version="3")
     results = check_goldens(missing, d, require_own=True)
     assert results and all(r.status is Status.FAILED and "missing" in r.detail for r in results)
 

@@ -21,7 +21,7 @@ import pytest
 
 import gmm_ref
 import golden.regeneration
-from gmm_kernels import Status, resolve_kernel, wrap
+from gmm_kernels import Status, configure, resolve_kernel, wrap
 from golden import generator
 from golden.case import Case, build_problem
 from golden.cli import main as golden_main
@@ -83,10 +83,7 @@ def test_user_function_matches_goldens():
 
 
 def _kernel(fn, convention, name=None, version=None):
-    k = wrap(fn, convention, name=name)
-    if version is not None:
-        k.version = version
-    return k
+    return configure(wrap(fn, convention, name=name), version=version)
 
 
 # ------------------------------------------------------------------- verification

@@ -18,14 +18,14 @@ from property_tests.modes import MODES
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("mode", list(MODES))
-def test_kernel_matches_reference(gmm_kernel, mode, request):
+def test_kernel_matches_reference(gmm_kernel, mode, request, gmm_check_run):
     why = gmm_kernel.available()
     if why is not None:
         pytest.skip(f"{gmm_kernel.name} unavailable: {why}")
     known = gmm_kernel.known_issue(mode)
     if known:
         request.applymarker(pytest.mark.xfail(strict=True, reason=f"known upstream bug: {known}"))
-    result = check_mode(gmm_kernel, mode)
+    result = check_mode(gmm_kernel, mode, run=gmm_check_run)
     if result.status is Status.UNSUPPORTED:
         if known:
             pytest.fail(f"{gmm_kernel.name} / {mode}: declared known issue, but the mode is unsupported: "

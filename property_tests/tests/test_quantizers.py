@@ -93,7 +93,7 @@ def test_qwix_ragged_dot_qt_shares_its_weight_scales_across_experts():
     its own format it passes every mode (test_kernels.py); held to per-expert scales, it fails on the small
     expert as soon as another expert's weights are far larger, the error naming that group."""
     pytest.importorskip("qwix", reason="qwix is not installed")
-    from gmm_kernels import Scope
+    from gmm_kernels import Scope, configure
     from gmm_kernels.qwix_ops import QwixRaggedDotQt, qwix_qt_format
 
     rng = np.random.default_rng(3)
@@ -104,9 +104,9 @@ def test_qwix_ragged_dot_qt_shares_its_weight_scales_across_experts():
     kernel = QwixRaggedDotQt()
     out = kernel.run(p)
     assert gmm_ref.check(out, kernel.reference_for(p), numerics=kernel.numerics_for(p)).ok
-    per_expert = QwixRaggedDotQt()
-    per_expert.scope = Scope(dtypes=("bfloat16",), zero_extents=(), numerics=kernel.scope.numerics,
-                             quantizes=(qwix_qt_format("row"), qwix_qt_format("row")))
+    per_expert = configure(QwixRaggedDotQt(), scope=Scope(dtypes=("bfloat16",), zero_extents=(),
+                                                          numerics=kernel.scope.numerics,
+                                                          quantizes=(qwix_qt_format("row"), qwix_qt_format("row"))))
     found = gmm_ref.check(out, per_expert.reference_for(p), numerics=per_expert.numerics_for(p))
     assert not found.ok and found.groups == (1,), found.message
 

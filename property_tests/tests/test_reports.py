@@ -149,6 +149,21 @@ def test_the_same_exception_is_reported_once_and_the_run_moves_on():
     assert "always_raises: unsupported" in rest[0].detail
 
 
+def test_what_a_run_remembers_is_the_run_s_not_the_kernel_s():
+    adapter = resolve_kernel(bk.ragged_dot_always_raises, convention="ragged_dot")
+    before = dict(vars(adapter))
+    run = failures.CheckRun()
+    first = check_mode(adapter, "exact", profile="gmm-ci", run=run)
+    assert first.detail.startswith("TypeError: always_raises"), first.detail
+    assert vars(adapter) == before  # the kernel carries nothing from one run into the next
+    again = check_mode(adapter, "all_empty", profile="gmm-ci", run=run)
+    assert again.detail.startswith("raised again in ") and "as in exact" in again.detail, again.detail
+    alone = check_mode(adapter, "all_empty", profile="gmm-ci")  # a run of its own: reported in full
+    assert alone.detail.startswith("TypeError: always_raises"), alone.detail
+    other = resolve_kernel(bk.ragged_dot_always_raises, convention="ragged_dot", name="another kernel")
+    assert check_mode(other, "all_empty", profile="gmm-ci", run=run).detail.startswith("TypeError: always_raises")
+
+
 def test_the_report_s_notes_are_the_harness_s_own_whatever_hypothesis_adds():
     class P:
         def __repr__(self) -> str:

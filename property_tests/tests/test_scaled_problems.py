@@ -182,7 +182,7 @@ def test_quantize_problem_restarts_blocks_at_groups_and_refuses_what_it_cannot_q
 
 
 def test_parse_quantizes_names_the_option():
-    from gmm_kernels.scope import parse_quantizes
+    from property_tests.options import parse_quantizes
 
     mx = gmm_ref.MXQuantizer("float8_e4m3fn", 32, "rceil")
     assert parse_quantizes("mx") == (mx, mx)

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+import gmm_kernels
 import gmm_ref
-from gmm_kernels import KnownIssue, Scope, Status, declare, resolve_kernel
-from gmm_kernels.scope import parse_multiples, parse_numerics
+from gmm_kernels import KnownIssue, Scope, Status, configure, declare, resolve_kernel
 from gmm_ref.conventions.base import has_tail
 from property_tests import strategies as gst
 from property_tests.checking import check_kernel
+from property_tests.options import parse_multiples, parse_numerics
 from property_tests.tests.broken_kernels import _ends, _mm32
 
 MODES = ["exact", "normal", "poisoned", "all_empty", "many_groups"]
@@ -66,6 +67,23 @@ def test_decorated_kernel_brings_its_convention_and_scope():
     assert report.ok and report.count(Status.PASSED) == len(MODES), report
     adapter = resolve_kernel(fn)
     assert adapter.convention == "ragged_dot" and adapter.scope == Scope(**SCOPE)
+
+
+def test_configure_sets_the_run_state_on_a_copy_and_checks_it():
+    builtin = gmm_kernels.get("jax.ragged_dot")
+    scoped = configure(builtin, scope=Scope(**SCOPE), tiling="8,16,32", version="1.2", origin="jax.ragged_dot")
+    assert (scoped.scope, scoped.tiling, scoped.version, scoped.origin) == (
+        Scope(**SCOPE), (8, 16, 32), "1.2", "jax.ragged_dot")
+    assert (builtin.scope, builtin.tiling, builtin.version, builtin.origin) == (None, None, None, None)
+    assert configure(builtin) is builtin
+    numerics = parse_numerics("accumulate=float32")
+    assert configure(scoped, numerics=numerics).scope == Scope(**SCOPE, numerics=numerics)
+    with pytest.raises(ValueError, match=r"families: .* leaves none"):
+        configure(builtin, scope=Scope(families=("masked",)))
+    with pytest.raises(TypeError, match=r"scope: expected a gmm_kernels\.Scope"):
+        configure(builtin, scope={"families": ("ragged_m",)})
+    with pytest.raises(ValueError, match="--tiling"):
+        configure(builtin, tiling="8,16")
 
 
 def test_a_bug_inside_the_declared_scope_is_still_caught():

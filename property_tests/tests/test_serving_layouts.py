@@ -365,7 +365,7 @@ def test_bad_promotion_numerics_are_named(fields, text):
 
 
 def test_promotion_numerics_round_trip_through_json_source_and_the_command_line():
-    from gmm_kernels.scope import parse_numerics
+    from gmm_ref.numerics import parse_numerics
 
     n = gmm_ref.Numerics(promote_every=128, partial_accumulate=2.0 ** -13, flush_subnormals=True)
     assert gmm_ref.Numerics.from_json(n.to_json()) == n

@@ -1,0 +1,49 @@
+"""What a kernel declares it takes, in the words of the strategies that draw its problems.
+
+``gmm_kernels`` states facts (``KernelAdapter.limits()``: a ``gmm_kernels.scope.Limits`` of the dtype pairs,
+families, multiples, group counts and refused features of a kernel, its scope applied); how those become
+``property_tests.strategies.problems`` keywords is known here, next to the strategies, and nowhere below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gmm_kernels import KernelAdapter
+from gmm_kernels.scope import Limits
+
+__all__ = ["FEATURE_OPTIONS", "limits_options", "problem_options"]
+
+#: a feature a kernel may refuse (``gmm_kernels.scope.FEATURES``) -> the ``problems()`` keyword that draws it
+FEATURE_OPTIONS: dict[str, str] = {"sharding": "sharding", "existing_out": "existing_out"}
+
+
+def limits_options(limits: Limits) -> dict[str, Any]:
+    """The ``problems()`` keywords that draw only problems within ``limits`` (only those that narrow)."""
+    opts: dict[str, Any] = {}
+    if limits.dtypes is not None:
+        opts["dtypes"] = limits.dtypes
+    if limits.families is not None:
+        opts["families"] = limits.families
+    if limits.multiples:
+        opts["multiple_of"] = dict(limits.multiples)
+    if limits.max_extent is not None:
+        opts["max_extent"] = limits.max_extent
+    if limits.min_groups > 1:
+        opts["min_groups"] = limits.min_groups
+    if limits.max_groups is not None:
+        opts["max_groups"] = limits.max_groups
+    if not limits.tail:
+        opts["allow_tail"] = False
+    if limits.zero_extents is not None:
+        opts["zero_extents"] = limits.zero_extents
+    if limits.quantizations is not None:
+        opts["quantizations"] = limits.quantizations
+    opts.update((FEATURE_OPTIONS[f], False) for f in limits.refuses)
+    return opts
+
+
+def problem_options(adapter: KernelAdapter) -> dict[str, Any]:
+    """Options for ``property_tests.strategies.problems`` (with ``convention=adapter.convention``) that draw
+    only problems ``adapter`` takes: its :meth:`~gmm_kernels.KernelAdapter.limits` as keywords."""
+    return limits_options(adapter.limits())
