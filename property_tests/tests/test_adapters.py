@@ -260,7 +260,7 @@ def test_limits_carry_the_adapters_dtype_declarations_and_scope():
     adapter = F32Only()
     assert adapter.limits().dtypes and all(str(i) == "float32" for i, _ in adapter.limits().dtypes)
     assert adapter.limits().families is None
-    adapter.scope = gmm_kernels.Scope(families=("ragged_k",), tail=False)
+    adapter = gmm_kernels.configure(adapter, scope=gmm_kernels.Scope(families=("ragged_k",), tail=False))
     assert (adapter.limits().families, adapter.limits().tail) == (("ragged_k",), False)
 
 
@@ -362,8 +362,8 @@ def test_the_megablox_default_tiling_has_one_owner():
     the one value gmm_ref.conventions.megablox defines, not a copy that could drift."""
     import inspect
 
-    from gmm_kernels.ejkernel_ops import EjkernelGroupedMatmul
-    from gmm_kernels.megablox import MegabloxGmm, MegabloxTgmm, gmm_grads
+    from gmm_kernels.adapters.ejkernel_ops import EjkernelGroupedMatmul
+    from gmm_kernels.adapters.megablox import MegabloxGmm, MegabloxTgmm, gmm_grads
 
     owner = gmm_ref.conventions.get("megablox.gmm").default_tiling
     assert owner is not None and gmm_ref.conventions.get("megablox.tgmm").default_tiling is owner

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from gmm_kernels.adapters.qwix import as_qarray, to_jax
 from gmm_kernels.base import KernelAdapter, VariantAdapter
 from gmm_kernels.convert import jax_x64, uses_64bit
-from gmm_kernels.qwix_ops import as_qarray, to_jax
 from gmm_ref import Numerics
 
 __all__ = ["TokamaxQArrayRaggedDot", "TokamaxRaggedDot"]
