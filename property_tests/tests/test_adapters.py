@@ -362,8 +362,7 @@ def test_the_megablox_default_tiling_has_one_owner():
     the one value gmm_ref.conventions.megablox defines, not a copy that could drift."""
     import inspect
 
-    from gmm_kernels.adapters.ejkernel_ops import EjkernelGroupedMatmul
-    from gmm_kernels.adapters.megablox import MegabloxGmm, MegabloxTgmm, gmm_grads
+    from gmm_kernels.adapters.megablox import EjkernelGroupedMatmul, MegabloxGmm, MegabloxTgmm, gmm_grads
 
     owner = gmm_ref.conventions.get("megablox.gmm").default_tiling
     assert owner is not None and gmm_ref.conventions.get("megablox.tgmm").default_tiling is owner
