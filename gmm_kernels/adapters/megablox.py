@@ -196,7 +196,7 @@ def _kernel(impl: str) -> Any:
 class EjkernelGroupedMatmul(VariantAdapter):
     """ejkernel grouped matmul in the ``megablox.gmm`` convention."""
 
-    family = "ejkernel.grouped_matmul"
+    op = "ejkernel.grouped_matmul"
     implementations = tuple(_KERNELS)
     xla_via = "ejkernel 0.0.80.3's XLA grouped_matmul calls lax.ragged_dot_general"
     convention = "megablox.gmm"

@@ -61,7 +61,7 @@ def _jitted(preferred_element_type: Any, zero_point: bool) -> Any:
 class QwixRaggedDot(VariantAdapter):
     """``qwix.ragged_dot`` on QArrays: ``[fast]`` (codes, then scales per K tile) or ``[slow]`` (dequantize first)."""
 
-    family = "qwix.ragged_dot"
+    op = "qwix.ragged_dot"
     implementations = ("fast", "slow")
     xla_via = "qwix.ragged_dot calls lax.ragged_dot_general"
     convention = "qwix.ragged_dot"

@@ -288,7 +288,7 @@ def _jitted_tokamax(implementation: str, preferred_element_type: Any) -> Any:
 class TokamaxRaggedDot(VariantAdapter):
     """``tokamax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=..., implementation=...)``."""
 
-    family = "tokamax.ragged_dot"
+    op = "tokamax.ragged_dot"
     implementations = ("xla", *_NEEDS)
     xla_via = "tokamax 0.0.12 implementation='xla' calls lax.ragged_dot_general"
     convention = "ragged_dot"

@@ -6,6 +6,7 @@ their conventions are (``gmm_kernels/adapters/<m>.py`` for the conventions of ``
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -110,3 +111,21 @@ def test_the_adapter_placement_checks_catch_what_they_are_for():
                        ("t", "gmm_kernels.adapters.qwix", "gmm_ref.conventions.ragged_dot")]) == [
         "t is in gmm_kernels.adapters.qwix, its convention in gmm_ref.conventions.ragged_dot: "
         "gmm_kernels.adapters.ragged_dot holds it"]
+
+
+def _spec_reads(path: Path) -> list[str]:
+    """Reads of an attribute ``spec``: in the harness a spec is the text a kernel is resolved from; an adapter's
+    Convention record is ``convention_facts`` (``KernelAdapter.spec`` is an alias kept for user adapters)."""
+    return [f"{path.name}:{node.lineno} reads .spec" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Attribute) and node.attr == "spec"]
+
+
+def test_no_module_reads_the_spec_alias():
+    found = [hit for path in sorted(MODULES.values()) for hit in _spec_reads(path)]
+    assert not found, "use .convention_facts, not the .spec alias:\n" + "\n".join(found)
+
+
+def test_the_spec_alias_check_catches_what_it_is_for(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("x = adapter.spec.families\ndef spec(self):\n    return self.convention_facts\ny = {'spec': 1}\n")
+    assert _spec_reads(src) == ["m.py:1 reads .spec"]
