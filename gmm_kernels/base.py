@@ -172,14 +172,21 @@ class KernelAdapter:
 
     # ------------------------------------------------------------- capability
     @property
-    def spec(self) -> conventions.Convention:
-        """The :class:`gmm_ref.conventions.Convention` this kernel is called in."""
+    def convention_facts(self) -> conventions.Convention:
+        """The :class:`gmm_ref.conventions.Convention` record this kernel is called in (``convention`` is its
+        name), as ``Problem.family_facts`` is the record of ``Problem.family``."""
         return conventions.get(self.convention)
+
+    @property
+    def spec(self) -> conventions.Convention:
+        """Read-only alias of :attr:`convention_facts`, kept for adapters written against it. In the harness a
+        *spec* is the text a kernel is resolved from (``resolve_kernel(spec)``, :attr:`origin`)."""
+        return self.convention_facts
 
     @property
     def families(self) -> tuple[str, ...]:
         """The families the kernel is checked in: its convention's, narrowed by its :meth:`_limits` and scope."""
-        mine = self.spec.families if self.scope is None else self.scope.families_in(self.spec)
+        mine = self.convention_facts.families if self.scope is None else self.scope.families_in(self.convention_facts)
         own = self._limits().families
         return mine if own is None else tuple(f for f in mine if f in own)
 
@@ -213,7 +220,7 @@ class KernelAdapter:
         """None when the kernel can take ``problem``, else the reason it cannot."""
         if problem.convention not in (None, self.convention):
             return f"{self.name} takes the {self.convention!r} convention, not {problem.convention!r}"
-        return (self.spec.refusal(problem)
+        return (self.convention_facts.refusal(problem)
                 or self.dtype_refusal(problem.lhs.dtype, problem.rhs.dtype, problem.out_dtype)
                 or (self.scope.refusal(problem) if self.scope is not None else None)
                 or self._refusal(problem))
@@ -278,13 +285,13 @@ class KernelAdapter:
         (:meth:`_limits`) narrowed by its scope, with the dtype pairs (those its dtype declarations and scope
         take) and the families it is checked in, each where fewer than its convention's (else None)."""
         own = self._limits().narrowed(self.scope)
-        spec = self.spec
-        pairs = self.scope.dtype_pairs(spec) if self.scope is not None else spec.dtype_pairs
+        conv = self.convention_facts
+        pairs = self.scope.dtype_pairs(conv) if self.scope is not None else conv.dtype_pairs
         mine = tuple(pr for pr in pairs if self.dtype_refusal(pr[0], pr[0], pr[1]) is None
                      and (own.dtypes is None or any(tuple(map(str, pr)) == tuple(map(str, d)) for d in own.dtypes)))
         families = self.families
-        return dataclasses.replace(own, dtypes=mine if len(mine) < len(spec.dtype_pairs) else None,
-                                   families=families if families != spec.families else None)
+        return dataclasses.replace(own, dtypes=mine if len(mine) < len(conv.dtype_pairs) else None,
+                                   families=families if families != conv.families else None)
 
     # ------------------------------------------------------------------ hooks
     def _unavailable(self) -> str | None:
@@ -315,20 +322,20 @@ class KernelAdapter:
         as NumPy. ``gmm_ref.Mismatch`` if the kernel wrote to an input."""
         with self.arguments(problem) as (args, kwargs):
             out = self.call(*args, **kwargs)
-            if out is None and self.spec.out_argument is not None:  # it wrote its output buffer in place
-                out = self.spec.out_value(args, kwargs)
+            if out is None and self.convention_facts.out_argument is not None:  # it wrote its output buffer in place
+                out = self.convention_facts.out_value(args, kwargs)
         return as_numpy(out, name=f"output of {self.name}")
 
     @contextlib.contextmanager
     def arguments(self, problem: Problem) -> Iterator[tuple[tuple, dict]]:
         """Fresh copies of ``problem``'s arguments for one call; on leaving, ``gmm_ref.Mismatch``
         if the kernel changed any of them (``gmm_kernels.inputs``)."""
-        pristine = self.spec.arguments(self._own(problem))
+        pristine = self.convention_facts.arguments(self._own(problem))
         given = inputs.fresh(*pristine)
         for observer in tuple(_observers):
             observer(self, problem)
         yield given
-        inputs.modified(self.name, self.spec, pristine, given)
+        inputs.modified(self.name, self.convention_facts, pristine, given)
 
     def primitives(self, problem: Problem) -> frozenset[str]:
         """The jax primitives or torch operators the kernel calls on ``problem`` (to match failures with known
@@ -336,7 +343,7 @@ class KernelAdapter:
         torch convention runs once more on fresh copies of the arguments, its operators recorded
         (:func:`torch_operators`: ``aten._grouped_mm``); jax kernels say theirs where they can
         (``gmm_kernels.user.FunctionAdapter``)."""
-        if self.spec.framework != "torch" or missing_module("torch"):
+        if self.convention_facts.framework != "torch" or missing_module("torch"):
             return frozenset()
         seen: frozenset[str] = frozenset()
         try:
@@ -359,7 +366,7 @@ class KernelAdapter:
         if fn is None:
             raise NotImplementedError(f"{self.name}: no reverse-mode gradient in this adapter")
         with self.arguments(problem) as (args, kwargs):
-            return autodiff.vjp(fn, self.spec, args, kwargs, cotangent, name=self.name)
+            return autodiff.vjp(fn, self.convention_facts, args, kwargs, cotangent, name=self.name)
 
     def _own(self, problem: Problem) -> Problem:
         return problem if problem.convention == self.convention else problem.replace(convention=self.convention)
@@ -369,21 +376,28 @@ class KernelAdapter:
 
 
 class VariantAdapter(KernelAdapter):
-    """One of several implementations of a kernel, named ``family[implementation]``.
+    """One of several implementations of a kernel's op, named ``op[implementation]``.
 
     ``xla_via`` says how the ``"xla"`` implementation reaches XLA's ragged_dot,
     whose upstream bugs it then inherits (``gmm_kernels.known_issues``).
     """
 
-    family: ClassVar[str] = ""
+    #: the op's name (``"tokamax.ragged_dot"``); a subclass that sets ``family`` instead (this attribute's
+    #: name before issue 27, when "family" also meant ``ragged_m`` and the rest) still works
+    op: ClassVar[str] = ""
     implementations: ClassVar[tuple[str, ...]] = ()
     xla_via: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "family" in cls.__dict__ and "op" not in cls.__dict__:
+            cls.op = cls.__dict__["family"]
 
     def __init__(self, implementation: str = "xla") -> None:
         if implementation not in self.implementations:
             raise ValueError(f"implementation: expected one of {self.implementations}, got {implementation!r}")
         self.implementation = implementation
-        self.name = f"{self.family}[{implementation}]"  # type: ignore[misc]
+        self.name = f"{self.op}[{implementation}]"  # type: ignore[misc]
 
     @property
     def known_issues(self) -> tuple[KnownIssue, ...]:  # type: ignore[override]

@@ -10,24 +10,27 @@ from __future__ import annotations
 
 from importlib import metadata
 
-from gmm_kernels.base import KernelAdapter
-from gmm_kernels.deep_gemm_ops import DeepGemmContiguous, DeepGemmContiguousPsum, DeepGemmMasked
-from gmm_kernels.ejkernel_ops import EjkernelGroupedMatmul
-from gmm_kernels.jax_lax import JaxRaggedDot, JaxRaggedDotGeneral
-from gmm_kernels.megablox import MegabloxGmm, MegabloxTgmm
-from gmm_kernels.mosaic_gpu import MosaicGpuRaggedDot
-from gmm_kernels.qwix_ops import QwixRaggedDot, QwixRaggedDotQt
-from gmm_kernels.tokamax_ops import TokamaxQArrayRaggedDot, TokamaxRaggedDot
-from gmm_kernels.torch_grouped import TorchGroupedMM
-from gmm_kernels.torch_scaled import (
+from gmm_kernels.adapters.deep_gemm import DeepGemmContiguous, DeepGemmContiguousPsum, DeepGemmMasked
+from gmm_kernels.adapters.megablox import EjkernelGroupedMatmul, MegabloxGmm, MegabloxTgmm
+from gmm_kernels.adapters.qwix import QwixRaggedDot, TokamaxQArrayRaggedDot
+from gmm_kernels.adapters.ragged_dot import (
+    JaxRaggedDot,
+    JaxRaggedDotGeneral,
+    MosaicGpuRaggedDot,
+    QwixRaggedDotQt,
+    TokamaxRaggedDot,
+)
+from gmm_kernels.adapters.te import TransformerEngineGroupedGemm, TransformerEngineScaledGroupedGemm
+from gmm_kernels.adapters.torch_grouped import TorchaoMXFP8GroupedMM, TorchGroupedMM
+from gmm_kernels.adapters.torch_scaled import (
     TorchaoMXFP8ScaledGroupedMM,
     TorchScaledGroupedMM,
     TorchScaledGroupedMMv2,
     TorchScaledMMLoop,
 )
-from gmm_kernels.torchao_ops import TorchaoMXFP8GroupedMM, TorchaoNVFP4GroupedMM
-from gmm_kernels.transformer_engine import TransformerEngineGroupedGemm, TransformerEngineScaledGroupedGemm
-from gmm_kernels.vllm_ops import VllmBatchedMoE
+from gmm_kernels.adapters.torchao import TorchaoNVFP4GroupedMM
+from gmm_kernels.adapters.vllm import VllmBatchedMoE
+from gmm_kernels.base import KernelAdapter
 
 __all__ = ["ENTRY_POINT_GROUP", "get", "names", "registry"]
 

@@ -67,7 +67,7 @@ def configure(adapter: KernelAdapter, *, origin: str | None = None, tiling: Any 
         declared = scope if scope is not None else adapter.scope or Scope()
         if numerics is not None:
             declared = dataclasses.replace(declared, numerics=numerics)
-        changes["scope"] = declared.bind(adapter.spec)
+        changes["scope"] = declared.bind(adapter.convention_facts)
     if version is not None:
         changes["version"] = str(version)
     if not changes:

@@ -42,12 +42,12 @@ class FunctionAdapter(KernelAdapter):
         if scope is not None and not isinstance(scope, Scope):
             raise TypeError(f"scope: expected a gmm_kernels.Scope, got {type(scope).__name__}")
         self.convention = conventions.get(convention).name  # type: ignore[misc]
-        self.scope = None if scope is None else scope.bind(self.spec)
+        self.scope = None if scope is None else scope.bind(self.convention_facts)
         self.fn = fn
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"  # type: ignore[misc]
         self.numerics = numerics
         self.deterministic = deterministic  # type: ignore[misc]
-        self.default_precision = self.spec.framework == "jax"  # type: ignore[misc]
+        self.default_precision = self.convention_facts.framework == "jax"  # type: ignore[misc]
 
     def numerics_for(self, problem: Problem) -> Numerics:
         """The declared numerics, else the lenient default (see the class docstring)."""
@@ -56,9 +56,9 @@ class FunctionAdapter(KernelAdapter):
     def primitives(self, problem: Problem) -> frozenset[str]:
         """For a jax kernel, the primitives its jaxpr binds on ``problem``'s arguments; for a torch kernel, the
         torch operators it calls on them (``aten._grouped_mm``; ``KernelAdapter.primitives``)."""
-        if self.spec.framework != "jax":
+        if self.convention_facts.framework != "jax":
             return super().primitives(problem)
-        args, kwargs = self.spec.arguments(self._own(problem))
+        args, kwargs = self.convention_facts.arguments(self._own(problem))
         with jax_x64(uses_64bit(*args, *kwargs.values())):
             a, kw = to_framework("jax", args, kwargs)
             return jax_primitives(self.fn, a, kw)
@@ -67,16 +67,17 @@ class FunctionAdapter(KernelAdapter):
         return self.fn
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
-        framework = self.spec.framework
+        framework = self.convention_facts.framework
         if framework == "torch":
             a, kw = to_framework(framework, args, kwargs)
             out = self.fn(*a, **kw)
             # a kernel that writes its output buffer in place (DeepGEMM's d) returns nothing: the buffer it got
-            return self.spec.out_value(a, kw) if out is None and self.spec.out_argument is not None else out
+            conv = self.convention_facts
+            return conv.out_value(a, kw) if out is None and conv.out_argument is not None else out
         with jax_x64(uses_64bit(*args, *kwargs.values())):
             a, kw = to_framework(framework, args, kwargs)
             out = self.fn(*a, **kw)
-        inputs.donated(self.name, self.spec, a, kw)
+        inputs.donated(self.name, self.convention_facts, a, kw)
         return out
 
 

@@ -73,20 +73,20 @@ REPRODUCE = "Reproduce with:\n"
 def groups_of(p: Problem, idx: np.ndarray) -> np.ndarray:
     """The group of each output index (rows of ``idx``); -1 for the tail past every group."""
     nb = len(p.batch_shape)
-    fam = p.family_facts
-    if fam.groups == COUNTS:  # group g's matrix; -1 past its valid rows
+    facts = p.family_facts
+    if facts.groups == COUNTS:  # group g's matrix; -1 past its valid rows
         g = idx[:, 0].astype(np.int64)
         return np.where(idx[:, 1] < p.group_sizes[g], g, -1)
-    if fam.groups == ALIGNED:  # the group whose rows hold it; -1 for padding rows
+    if facts.groups == ALIGNED:  # the group whose rows hold it; -1 for padding rows
         starts, ends = p.spans_at(())
         row = idx[:, 0]
         g = np.searchsorted(starts, row, side="right") - 1
         inside = (g >= 0) & (row < ends[np.maximum(g, 0)])
         # empty groups share their start with the next group: the last group starting there holds the row
         return np.where(inside, g, -1)
-    if fam.is_grouped("out"):
+    if facts.is_grouped("out"):
         return p.group_offset + idx[:, 0].astype(np.int64)
-    pos = idx[:, nb + fam.ragged_dim("out")]
+    pos = idx[:, nb + facts.ragged_dim("out")]
     out = np.empty(len(idx), np.int64)
     batch = [tuple(r) for r in idx[:, :nb]] if p.group_sizes.ndim > 1 else None
     for bi in ({()} if batch is None else set(batch)):
@@ -104,20 +104,20 @@ def group_of(p: Problem, index: tuple[int, ...]) -> int:
 
 def group_span(p: Problem, g: int, index: tuple[int, ...]) -> str:
     """``group g (rows [a, b), size s)``: the group of output ``index`` and its ragged range."""
-    fam = p.family_facts
+    facts = p.family_facts
     if g < 0:
-        return fam.outside
-    if p.group_sizes is None or not fam.takes_sizes:
+        return facts.outside
+    if p.group_sizes is None or not facts.takes_sizes:
         return f"group {g}"
-    if fam.serving:
+    if facts.serving:
         starts, ends = p.spans_at(())
-        where = " of its own matrix" if fam.groups == COUNTS else ""
+        where = " of its own matrix" if facts.groups == COUNTS else ""
         return f"group {g} (rows [{starts[g]}, {ends[g]}){where}, size {ends[g] - starts[g]})"
     nb = len(p.batch_shape)
-    lead = 1 if fam.is_grouped("out") else 0
+    lead = 1 if facts.is_grouped("out") else 0
     bi = tuple(index[lead:lead + nb]) if p.group_sizes.ndim > 1 else ()
     off = p.offsets_at(bi)
-    axis = fam.axis_word
+    axis = facts.axis_word
     where = f" at batch index {list(bi)}" if bi else ""
     return f"group {g} ({axis} [{off[g]}, {off[g + 1]}){where}, size {off[g + 1] - off[g]})"
 

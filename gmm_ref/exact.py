@@ -33,16 +33,16 @@ def _wide(p: Problem) -> type:
 def _undefine_outside(p: Problem, mask: np.ndarray) -> None:
     """Rows (ragged_m) or columns (ragged_n) of no local group follow tail/foreign; so do the rows of no group of
     the serving layouts (past a group's valid count, padding between groups, past the last group)."""
-    fam = p.family_facts
-    if fam.serving:
+    facts = p.family_facts
+    if facts.serving:
         if p.tail == "undefined":
             covered = np.zeros(mask.shape, bool)
             starts, ends = p.spans_at(())
             for g in range(p.num_groups):
-                covered[fam.index("out", g, int(starts[g]), int(ends[g]))] = True
+                covered[facts.index("out", g, int(starts[g]), int(ends[g]))] = True
             mask &= covered
         return
-    axis = -2 if fam.ragged_dim("out") == 0 else -1
+    axis = -2 if facts.ragged_dim("out") == 0 else -1
     g0, g1 = p.group_offset, p.group_offset + p.num_local_groups
     for bi in np.ndindex(*p.batch_shape):
         off = p.offsets_at(bi)

@@ -93,7 +93,7 @@ def gradients(problem: Problem, cotangent: Any, *, tail: str | None = None,
         common = dict(batch_ndim=p.batch_ndim, tiling=p.tiling)
     policies = dict(tail=tail, foreign=foreign, empty="zero")
     gs = p.group_sizes
-    dl, dr = _specs(p, dout)
+    dl, dr = _operands(p, dout)
     d_lhs = _problem(dl, gs, p.lhs.dtype, common, policies)
     d_rhs = _problem(dr, gs, p.rhs.dtype, common, policies)
     d_ex = None if p.existing_out is None else _existing_gradient(p, dout)
@@ -128,24 +128,24 @@ def _cotangent(p: Problem, cotangent: Any) -> np.ndarray:
     return dout
 
 
-def _specs(p: Problem, dout: np.ndarray) -> tuple[tuple, tuple]:
+def _operands(p: Problem, dout: np.ndarray) -> tuple[tuple, tuple]:
     """dlhs and drhs of ``p`` as (family, lhs buffer, rhs buffer, lhs_transposed, rhs_transposed)."""
     lt, rt = p.lhs_transposed, p.rhs_transposed
-    fam = p.family_facts
+    facts = p.family_facts
     # dlhs = dout @ rhs^T; stored transposed, dlhs^T = rhs @ dout^T. drhs = lhs^T @ dout; stored transposed,
     # drhs^T = dout^T @ lhs. Which family each product is (the groups split the same extents, now on other axes)
     # is the family's fact (Family.gradient), e.g. ragged_m: dlhs [T, K] is ragged_m (stored [K, T]: ragged_n),
     # drhs_g [K, N] = lhs_g^T [K, m_g] @ dout_g [m_g, N] is ragged_k.
     # An operand's "transposed" flag flips when the gradient reads it transposed.
-    dl = ((fam.gradient_family("lhs", False), dout, p.rhs, False, not rt) if not lt
-          else (fam.gradient_family("lhs", True), p.rhs, dout, rt, True))
-    dr = ((fam.gradient_family("rhs", False), p.lhs, dout, not lt, False) if not rt
-          else (fam.gradient_family("rhs", True), dout, p.lhs, True, lt))
+    dl = ((facts.gradient_family("lhs", False), dout, p.rhs, False, not rt) if not lt
+          else (facts.gradient_family("lhs", True), p.rhs, dout, rt, True))
+    dr = ((facts.gradient_family("rhs", False), p.lhs, dout, not lt, False) if not rt
+          else (facts.gradient_family("rhs", True), dout, p.lhs, True, lt))
     return dl, dr
 
 
-def _problem(spec: tuple, gs: Any, out_dtype: Any, common: dict, policies: dict) -> Problem:
-    fam, a, b, at, bt = spec
+def _problem(operands: tuple, gs: Any, out_dtype: Any, common: dict, policies: dict) -> Problem:
+    fam, a, b, at, bt = operands
     kw = dict(common)
     if not _families.get(fam).takes_sizes:
         return Problem(fam, a, b, None, lhs_transposed=at, rhs_transposed=bt, out_dtype=out_dtype, **kw)
@@ -187,6 +187,6 @@ def _existing_gradient(p: Problem, dout: np.ndarray) -> Problem:
 
 def _zero_shape(p: Problem, which: str) -> tuple[int, ...]:
     """Canonical (untransposed) operand shape of ``p`` with contraction length 1 (ragged K: T)."""
-    fam = p.family_facts
-    k = p.k if fam.ragged_contraction else 1
-    return fam.shape(which, p.m, k, p.n, p.num_local_groups, p.batch_shape)
+    facts = p.family_facts
+    k = p.k if facts.ragged_contraction else 1
+    return facts.shape(which, p.m, k, p.n, p.num_local_groups, p.batch_shape)

@@ -44,13 +44,13 @@ class Block:
 
 
 def _operand(p: Problem, which: str, bi: tuple[int, ...], local: int, start: int, size: int) -> np.ndarray:
-    fam = p.family_facts
+    facts = p.family_facts
     buf = p.lhs if which == "lhs" else p.rhs
     transposed = p.lhs_transposed if which == "lhs" else p.rhs_transposed
-    mat = buf[(local, *bi)] if fam.is_grouped(which) else buf[bi]
+    mat = buf[(local, *bi)] if facts.is_grouped(which) else buf[bi]
     # logical ragged dim of this operand: lhs (M, K) -> 0 or 1; rhs (K, N) -> 0 or 1 (masked: the valid rows of
     # the group's own matrix)
-    ragged = fam.ragged_dim(which)
+    ragged = facts.ragged_dim(which)
     if ragged is not None:
         stored_axis = ragged if not transposed else 1 - ragged
         mat = _ragged_slice(mat, stored_axis, start, size, p.packed)
@@ -59,12 +59,12 @@ def _operand(p: Problem, which: str, bi: tuple[int, ...], local: int, start: int
 
 def blocks(p: Problem) -> Iterator[Block]:
     """Every (batch index, local group) block of the problem, in order."""
-    fam = p.family_facts
+    facts = p.family_facts
     for bi in np.ndindex(*p.batch_shape):
         starts, ends = p.spans_at(bi)
         for local, g in enumerate(p.local_groups):
             start, size = int(starts[g]), int(ends[g] - starts[g])
-            if not fam.takes_sizes:
+            if not facts.takes_sizes:
                 start, size = 0, 0
             a = _operand(p, "lhs", bi, local, start, size)
             b = _operand(p, "rhs", bi, local, start, size)
@@ -72,7 +72,7 @@ def blocks(p: Problem) -> Iterator[Block]:
                 a = dequantized(a, p.lhs_quant, p.scales_of("lhs", local), p.global_of("lhs", local))
             if p.rhs_quant is not None:
                 b = dequantized(b.T, p.rhs_quant, p.scales_of("rhs", local), p.global_of("rhs", local)).T
-            out_index = fam.index("out", local, start, start + size, bi)
+            out_index = facts.index("out", local, start, start + size, bi)
             yield Block(g, local, bi, a, b, out_index, a.shape[1])
 
 

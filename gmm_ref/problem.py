@@ -86,7 +86,8 @@ EXISTING_POLICIES = ("overwrite", "accumulate")
 #: its own contiguous buffer, a transposed view of one, a slice of a wider buffer, a chunk of a split
 STORAGES = ("contiguous", "transposed", "slice", "chunk")
 
-Family = Literal["ragged_m", "ragged_n", "ragged_k", "batch", "masked", "padded_contiguous"]
+#: a family's name (its record, the facts: gmm_ref.families.Family)
+FamilyName = Literal["ragged_m", "ragged_n", "ragged_k", "batch", "masked", "padded_contiguous"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,7 +104,7 @@ class Problem:
     :data:`STORAGES` each; it changes no value.
     """
 
-    family: Family
+    family: FamilyName
     lhs: np.ndarray
     rhs: np.ndarray
     group_sizes: np.ndarray | None

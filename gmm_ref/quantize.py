@@ -50,13 +50,13 @@ def quantize_problem(p: Problem, lhs: Any = None, rhs: Any = None) -> Problem:
 
 def _views(p: Problem, operand: str) -> list[tuple[Any, bool]]:
     """(index into the stored operand, whether that index is transposed to [rows, K]) of each local group."""
-    fam = p.family_facts
+    facts = p.family_facts
     starts, ends = p.spans_at(())
     views = []
     for local, g in enumerate(p.local_groups):
-        lo, hi = (int(starts[g]), int(ends[g])) if fam.takes_sizes else (0, 0)
+        lo, hi = (int(starts[g]), int(ends[g])) if facts.takes_sizes else (0, 0)
         # lhs stored [rows, K], rhs stored [K, N]: transposed to [N, K] (each with a leading group axis if grouped)
-        views.append((fam.index(operand, local, lo, hi), operand == "rhs"))
+        views.append((facts.index(operand, local, lo, hi), operand == "rhs"))
     return views
 
 

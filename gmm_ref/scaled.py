@@ -332,14 +332,14 @@ def scaled_reference(lhs: Any, lhs_scales: Sequence[Any], rhs: Any, rhs_scales: 
     per-group float32 global scales (NVFP4)."""
     if family not in _families.ragged_names():
         raise ValueError(f"family: expected one of {', '.join(_families.ragged_names())}, got {family!r}")
-    fam = _families.get(family)
+    facts = _families.get(family)
     for name, q in (("lhs_quant", lhs_quant), ("rhs_quant", rhs_quant)):
         if not isinstance(q, Quantization):
             raise TypeError(f"{name}: expected a gmm_ref.scaled.Quantization, got {q!r}")
     out_dtype = named_dtype(out_dtype, OUT_DTYPES, "out_dtype")
     a = _check_codes("lhs", lhs, lhs_quant)
     b = _check_codes("rhs", rhs, rhs_quant)
-    lead_a, lead_b = int(fam.is_grouped("lhs")), int(fam.is_grouped("rhs"))
+    lead_a, lead_b = int(facts.is_grouped("lhs")), int(facts.is_grouped("rhs"))
     want = (2 + lead_a, 2 + lead_b)
     if (a.ndim, b.ndim) != want:
         raise ValueError(f"lhs, rhs: {family} expects {want[0]}-D lhs and {want[1]}-D rhs, got {a.ndim}-D and "
@@ -348,11 +348,11 @@ def scaled_reference(lhs: Any, lhs_scales: Sequence[Any], rhs: Any, rhs_scales: 
     if a.shape[k_a] != b.shape[k_b]:
         raise ValueError(f"lhs, rhs: contraction extents differ ({a.shape} and {b.shape} for {family})")
     m, k, n = a.shape[lead_a], a.shape[k_a], b.shape[lead_b + 1]
-    g = len(group_sizes) if fam.takes_sizes else a.shape[0]
-    if not fam.takes_sizes:
+    g = len(group_sizes) if facts.takes_sizes else a.shape[0]
+    if not facts.takes_sizes:
         offs = np.arange(g + 1)
     else:
-        offs = _offsets(group_sizes, fam.extent(m, k, n))
+        offs = _offsets(group_sizes, facts.extent(m, k, n))
     if len(lhs_scales) != g or len(rhs_scales) != g:
         raise ValueError(f"lhs_scales, rhs_scales: expected one scale array per group ({g}), got {len(lhs_scales)} "
                          f"and {len(rhs_scales)}")
@@ -360,12 +360,12 @@ def scaled_reference(lhs: Any, lhs_scales: Sequence[Any], rhs: Any, rhs_scales: 
     gb = [1.0] * g if rhs_global is None else [float(x) for x in rhs_global]
     if len(ga) != g or len(gb) != g:
         raise ValueError(f"lhs_global, rhs_global: expected one global scale per group ({g})")
-    shape = fam.shape("out", m, k, n, g)
+    shape = facts.shape("out", m, k, n, g)
     exact, values, mag = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     for i in range(g):
         lo, hi = int(offs[i]), int(offs[i + 1])
-        blocks = (a[fam.index("lhs", i, lo, hi)], b[fam.index("rhs", i, lo, hi)].T)
-        where = fam.index("out", i, lo, hi)
+        blocks = (a[facts.index("lhs", i, lo, hi)], b[facts.index("rhs", i, lo, hi)].T)
+        where = facts.index("out", i, lo, hi)
         e, v, m = _group_product(blocks[0], np.asarray(lhs_scales[i]), lhs_quant, blocks[1],
                                  np.asarray(rhs_scales[i]), rhs_quant, out_dtype, ga[i], gb[i])
         exact[where], values[where], mag[where] = e, v, m

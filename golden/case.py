@@ -115,13 +115,13 @@ class Case:
 
 def _shapes(c: Case, local: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The stored shapes of lhs and rhs (``local``: the local groups; batch: ``groups``)."""
-    fam = families.get(c.family)  # ValueError naming the families
+    facts = families.get(c.family)  # ValueError naming the families
     b, m, k, n = c.batch_shape, c.m, c.k, c.n
     lt = (k, m) if c.lhs_transposed else (m, k)
     rt = (n, k) if c.rhs_transposed else (k, n)
-    lead = (local,) if fam.takes_sizes else (int(c.groups or 0),)
-    return ((*lead[:fam.is_grouped("lhs")], *b, *lt),
-            (*lead[:fam.is_grouped("rhs")], *b, *rt))
+    lead = (local,) if facts.takes_sizes else (int(c.groups or 0),)
+    return ((*lead[:facts.is_grouped("lhs")], *b, *lt),
+            (*lead[:facts.is_grouped("rhs")], *b, *rt))
 
 
 def _quantization(case: Case, convention: Any, dtype: np.dtype) -> tuple[Any, Any]:

@@ -35,7 +35,7 @@ def reference_producer() -> dict[str, str]:
 
 def _packages(kernel: KernelAdapter) -> tuple[str, ...]:
     """The distributions whose versions identify the kernel's build."""
-    pkgs = list(kernel.requires) or [kernel.spec.framework]
+    pkgs = list(kernel.requires) or [kernel.convention_facts.framework]
     fn = getattr(kernel, "fn", None)
     if fn is not None and getattr(fn, "__module__", None):
         pkgs.insert(0, fn.__module__.split(".")[0])
@@ -67,7 +67,7 @@ def kernel_producer(kernel: KernelAdapter, *, version: str | None = None) -> dic
         version = "; ".join(f"{d} {_package_version(d)}" for d in ("gmm-harness", *_packages(kernel)))
     plat = getattr(kernel, "platform", None)
     if not plat:
-        dev = _device(kernel.spec.framework)
+        dev = _device(kernel.convention_facts.framework)
         plat = f"{sys.platform}-{_platform.machine()}" + (f"/{dev}" if dev else "")
     return {"name": str(kernel.name), "version": str(version), "platform": str(plat)}
 

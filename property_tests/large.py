@@ -77,7 +77,7 @@ def _pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype]:
     """The (input, output) dtype pair with the smallest floating input the kernel takes (an output equal
     to it first)."""
     # the pairs the kernel declares it takes (as the normal mode draws them), else its convention's
-    declared = adapter.limits().dtypes or adapter.spec.dtype_pairs
+    declared = adapter.limits().dtypes or adapter.convention_facts.dtype_pairs
     pairs = [(np.dtype(i), np.dtype(o)) for i, o in
              ((p, p) if isinstance(p, str) else p for p in declared)]
     # floating inputs: the reference of integer inputs multiplies in int64, which NumPy does without BLAS
@@ -94,7 +94,7 @@ def large_problem(adapter: KernelAdapter, seed: int = 0) -> gmm_ref.Problem:
     if why:
         raise TooLarge(why)
     in_dt, out_dt = _pair(adapter)
-    tiling = adapter.tiling or adapter.spec.default_tiling
+    tiling = adapter.tiling or adapter.convention_facts.default_tiling
     m, sizes = _shape(int(tiling[0]) if tiling else 128)
     need, have = memory_needed(m, in_dt.itemsize), available_memory()
     if have is not None and need > have:
@@ -106,7 +106,7 @@ def large_problem(adapter: KernelAdapter, seed: int = 0) -> gmm_ref.Problem:
         lhs[r:r + _CHUNK_ROWS] = rng.integers(-2, 3, (min(_CHUNK_ROWS, m - r), K), dtype=np.int8)
     rhs = rng.integers(-2, 3, (len(sizes), K, N), dtype=np.int8).astype(in_dt)
     kwargs: dict[str, Any] = dict(out_dtype=out_dt, convention=adapter.convention,
-                                  **adapter.spec.policies("ragged_m"))
+                                  **adapter.convention_facts.policies("ragged_m"))
     if adapter.tiling is not None:
         kwargs["tiling"] = adapter.tiling
     problem = gmm_ref.Problem("ragged_m", lhs, rhs, np.array(sizes, np.int32), **kwargs)

@@ -68,7 +68,7 @@ class Mode:
 
     def applicable(self, adapter: KernelAdapter, family: str | None = None) -> str | None:
         """Why this mode does not apply to ``adapter`` (checked on ``family``, or all its families), or None."""
-        if self.needs_sharding and not adapter.spec.sharding:
+        if self.needs_sharding and not adapter.convention_facts.sharding:
             return f"{adapter.convention} has no group_offset (no sharded groups)"
         return None if self.refuse is None else self.refuse(adapter, family)
 
@@ -88,7 +88,7 @@ def _no_gradient(adapter: KernelAdapter, family: str | None) -> str | None:
     if all(f in SERVING_FAMILIES for f in adapter.families):
         return (f"{adapter.convention}: the {' / '.join(adapter.families)} layout has no gradient model "
                 "(its kernels are inference kernels)")
-    if adapter.spec.quantizations:
+    if adapter.convention_facts.quantizations:
         return (f"{adapter.convention} takes quantized operands: codes have no gradient (a quantized "
                 "layer's backward is its own scaled GEMM)")
     if not _has_gradient(adapter):
@@ -158,7 +158,7 @@ def _dtypes(mode_dtypes: Any, adapter: KernelAdapter) -> Any:
     declared = adapter.limits().dtypes
     if mode_dtypes is None:
         return declared
-    mine = declared if declared is not None else adapter.spec.dtype_pairs
+    mine = declared if declared is not None else adapter.convention_facts.dtype_pairs
     wanted = {str(d) for d in mode_dtypes}
     narrowed = tuple(pr for pr in mine if str(pr[0]) == str(pr[1]) and str(pr[0]) in wanted)
     if not narrowed:
@@ -178,10 +178,10 @@ def _has_gradient(adapter: KernelAdapter) -> bool:
 
 def _takes_another_output(adapter: KernelAdapter, dtypes: Any) -> None:
     """Raise :class:`Unsupported` naming why, when the kernel returns no dtype other than its input's."""
-    pairs = adapter.spec.dtype_pairs if dtypes is None else dtypes
+    pairs = adapter.convention_facts.dtype_pairs if dtypes is None else dtypes
     if any(str(i) != str(o) for i, o in pairs):
         return
-    refused = (adapter.dtype_refusal(i, i, o) for i, o in adapter.spec.dtype_pairs if str(i) != str(o))
+    refused = (adapter.dtype_refusal(i, i, o) for i, o in adapter.convention_facts.dtype_pairs if str(i) != str(o))
     reason = next((r for r in refused if r is not None), None)
     if reason is not None:  # else the strategies say that the convention has no such pair
         raise Unsupported(f"{adapter.name} returns no dtype other than its input's: {reason}")
@@ -226,6 +226,6 @@ def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None 
         kwargs["tiling"] = adapter.tiling
     if family is not None:
         kwargs["families"] = (family,)
-    elif adapter.families != adapter.spec.families:
+    elif adapter.families != adapter.convention_facts.families:
         kwargs["families"] = adapter.families
     return dict(convention=adapter.convention, **kwargs)

@@ -49,8 +49,8 @@ TRANSPOSES: tuple[Layout, ...] = tuple((lt, rt, False) for lt in (False, True) f
 
 def ragged_last(family: str, lhs_transposed: bool, rhs_transposed: bool) -> bool:
     """Whether some operand of this family and layout is ragged along its stored last axis."""
-    fam = _families.get(family)
-    return fam.ragged_last("lhs", lhs_transposed) or fam.ragged_last("rhs", rhs_transposed)
+    facts = _families.get(family)
+    return facts.ragged_last("lhs", lhs_transposed) or facts.ragged_last("rhs", rhs_transposed)
 
 
 def packed_layouts(family: str) -> tuple[Layout, ...]:
@@ -278,13 +278,13 @@ class Convention:
             if p.existing_policy != self.existing_policy:
                 verb = "overwrites" if self.existing_policy == "overwrite" else "accumulates into"
                 return f"{self.name} {verb} existing_out"
-        fam = p.family_facts
-        if (fam.ragged_out and not fam.serving and p.existing_out is None and self.tail == "undefined"
+        facts = p.family_facts
+        if (facts.ragged_out and not facts.serving and p.existing_out is None and self.tail == "undefined"
                 and p.tail == "zero" and has_tail(p)):
             return f"{self.name} never writes the rows/columns past sum(group_sizes) (needs tail='undefined')"
-        if fam.serving and self.tail == "undefined" and p.tail == "zero" and has_tail(p):
+        if facts.serving and self.tail == "undefined" and p.tail == "zero" and has_tail(p):
             return f"{self.name} leaves the rows of no group undefined (needs tail='undefined')"
-        if fam.ragged_contraction and p.empty not in (self.empty, "undefined"):
+        if facts.ragged_contraction and p.empty not in (self.empty, "undefined"):
             return f"{self.name} gives empty groups {self.empty!r} output blocks, not {p.empty!r}"
         if self.full_sums and has_tail(p):
             return f"{self.name} needs sum(group_sizes) equal to the ragged extent"

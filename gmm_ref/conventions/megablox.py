@@ -29,7 +29,7 @@ __all__ = ["DEFAULT_TILING", "GMM", "TGMM", "gmm", "tgmm"]
 
 _PAIRS = (("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"))
 #: megablox's tiling ``(TM, TK, TN)`` when none is given: the conventions' ``default_tiling``, and the default of
-#: the adapters' calls (``gmm_kernels.megablox``)
+#: the adapters' calls (``gmm_kernels.adapters.megablox``)
 DEFAULT_TILING = (128, 128, 128)
 
 

@@ -112,8 +112,8 @@ def _existing_options(cfg: Config) -> list[bool]:
 def fits(s: Static) -> bool:
     m, k, n = s.mkn
     b = math.prod(s.batch)
-    fam = families.get(s.family)
-    per = [math.prod(fam.shape(op, m, k, n, s.groups)) for op in ("lhs", "rhs", "out")]
+    facts = families.get(s.family)
+    per = [math.prod(facts.shape(op, m, k, n, s.groups)) for op in ("lhs", "rhs", "out")]
     return max(per) * b <= MAX_ELEMENTS
 
 

@@ -131,23 +131,23 @@ class _Space:
         out = [Factor("dtype", tuple(self.dtypes), True), Factor("layout", tuple(self.layouts), True)]
         out += [Factor(axis, EXTENT_LEVELS, True) for axis in "mkn"]
         out.append(Factor("k_eq_n", ("yes", "no"), True))
-        fam = self.facts
-        if fam.takes_sizes:
+        facts = self.facts
+        if facts.takes_sizes:
             many = cfg.min_groups >= 9
             out.append(Factor("groups", ("many",) if many else GROUP_LEVELS[:3], True))
         else:
             out.append(Factor("groups", ("one", "few") if cfg.min_groups < 9 else ("many",), True))
-        if rules.sharding and fam.shardable and cfg.sharding is not False:
+        if rules.sharding and facts.shardable and cfg.sharding is not False:
             out.append(Factor("sharded", ("yes",) if cfg.sharding else ("no", "yes"), True))
             out.append(Factor("shard", SHARD_LEVELS[1:] if cfg.sharding else SHARD_LEVELS, False))
         if rules.existing_policy is not None and cfg.existing is not False:
             out.append(Factor("existing", ("yes",) if cfg.existing or rules.existing_required else ("no", "yes"),
                               True))
-        nb = min(cfg.max_batch_dims, 1) if fam.batch_dims else 0
+        nb = min(cfg.max_batch_dims, 1) if facts.batch_dims else 0
         if nb:
-            levels = BATCH_LEVELS if fam.batched_sizes else BATCH_LEVELS[:2]
+            levels = BATCH_LEVELS if facts.batched_sizes else BATCH_LEVELS[:2]
             out.append(Factor("batch", levels, True))
-        if fam.takes_sizes and not self.all_empty:
+        if facts.takes_sizes and not self.all_empty:
             out.append(Factor("span", SPAN_LEVELS, False))
         if rules.strided:
             out += [Factor("lhs_storage", STORAGES, False), Factor("rhs_storage", STORAGES, False)]
@@ -532,7 +532,7 @@ def _serving_span_levels(p: Problem, tile: int) -> set[str]:
 
 def observe(p: Problem, cfg: Config) -> dict[str, frozenset[str]]:
     """The relations a drawn problem exhibits, factor by factor (a factor may show several levels)."""
-    fam = p.family_facts
+    facts = p.family_facts
     t = cfg.tiling
     out: dict[str, set[str]] = {
         "dtype": {f"{p.lhs.dtype}->{p.out_dtype}"},
@@ -548,12 +548,12 @@ def observe(p: Problem, cfg: Config) -> dict[str, frozenset[str]]:
     groups = {"one"} if g == 1 else {"few"} if g <= 4 else set()
     if g >= 9:
         groups.add("many")
-    axis = fam.ragged
+    axis = facts.ragged
     if axis is not None:
         tile = t["mkn".index(axis)]
         if g > -(-p.ragged_extent // tile):
             groups.add("more_than_tiles")
-        out["span"] = (_serving_span_levels(p, tile) if fam.serving else
+        out["span"] = (_serving_span_levels(p, tile) if facts.serving else
                        _span_levels(p.group_sizes, p.ragged_extent, tile))
         local = p.num_local_groups
         s = g // local if local else 1

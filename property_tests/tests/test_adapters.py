@@ -260,7 +260,7 @@ def test_limits_carry_the_adapters_dtype_declarations_and_scope():
     adapter = F32Only()
     assert adapter.limits().dtypes and all(str(i) == "float32" for i, _ in adapter.limits().dtypes)
     assert adapter.limits().families is None
-    adapter.scope = gmm_kernels.Scope(families=("ragged_k",), tail=False)
+    adapter = gmm_kernels.configure(adapter, scope=gmm_kernels.Scope(families=("ragged_k",), tail=False))
     assert (adapter.limits().families, adapter.limits().tail) == (("ragged_k",), False)
 
 
@@ -362,10 +362,34 @@ def test_the_megablox_default_tiling_has_one_owner():
     the one value gmm_ref.conventions.megablox defines, not a copy that could drift."""
     import inspect
 
-    from gmm_kernels.ejkernel_ops import EjkernelGroupedMatmul
-    from gmm_kernels.megablox import MegabloxGmm, MegabloxTgmm, gmm_grads
+    from gmm_kernels.adapters.megablox import EjkernelGroupedMatmul, MegabloxGmm, MegabloxTgmm, gmm_grads
 
     owner = gmm_ref.conventions.get("megablox.gmm").default_tiling
     assert owner is not None and gmm_ref.conventions.get("megablox.tgmm").default_tiling is owner
     for adapter_call in (MegabloxGmm.call, MegabloxTgmm.call, EjkernelGroupedMatmul.call, gmm_grads):
         assert inspect.signature(adapter_call).parameters["tiling"].default is owner, adapter_call
+
+
+def test_spec_is_a_read_only_alias_of_convention_facts():
+    """``convention_facts`` is the Convention record (``convention`` its name); ``spec``, its name before issue 27,
+    still reads it, for adapters written against it, and cannot be set."""
+    adapter = gmm_kernels.get("jax.ragged_dot")
+    assert adapter.convention_facts is gmm_ref.conventions.get("ragged_dot")
+    assert adapter.spec is adapter.convention_facts
+    with pytest.raises(AttributeError):
+        adapter.spec = gmm_ref.conventions.get("megablox.gmm")
+
+
+def test_a_variant_adapter_names_itself_by_its_op_or_by_the_old_family_attribute():
+    from gmm_kernels.base import VariantAdapter
+
+    class New(VariantAdapter):
+        op, implementations, convention = "pkg.op", ("xla", "fast"), "ragged_dot"
+
+    class Old(VariantAdapter):  # the attribute's name before issue 27
+        family, implementations, convention = "pkg.old", ("xla",), "ragged_dot"
+
+    assert (New("fast").name, Old().name, Old.op) == ("pkg.op[fast]", "pkg.old[xla]", "pkg.old")
+    assert [a.name for a in gmm_kernels.registry() if a.name.startswith("tokamax.ragged_dot[")] == [
+        "tokamax.ragged_dot[xla]", "tokamax.ragged_dot[mosaic]", "tokamax.ragged_dot[triton]",
+        "tokamax.ragged_dot[xla,QArray]"]

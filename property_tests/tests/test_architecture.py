@@ -2,7 +2,7 @@
 
 The graph counts every import, deferred ones inside functions included (a
 deferred import that dodges a cycle is still a cycle). docs/architecture.md
-draws the layers these tests hold the code to.
+draws the layers these tests hold the code to; test_architecture_tree.py holds its module tables to the tree.
 """
 
 from __future__ import annotations

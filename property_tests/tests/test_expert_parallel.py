@@ -45,7 +45,7 @@ def _expert_parallel_gmm(honour_group_offset: bool):
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
-    from gmm_kernels.megablox import backend_module
+    from gmm_kernels.adapters.megablox import backend_module
 
     gmm = backend_module().gmm
 
@@ -99,7 +99,7 @@ def test_each_device_computes_only_its_experts():
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
-    from gmm_kernels.megablox import backend_module
+    from gmm_kernels.adapters.megablox import backend_module
 
     rng = np.random.default_rng(1)
     sizes = np.array([3, 0, 5, 8, 1, 7, 0, 0, 9, 2, 4, 4, 6, 0, 3, 2], np.int32)  # sum 54 < 64: a tail

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gmm_ref
-from gmm_kernels.jax_lax import JaxRaggedDot
-from gmm_kernels.megablox import MegabloxGmm
+from gmm_kernels.adapters.megablox import MegabloxGmm
+from gmm_kernels.adapters.ragged_dot import JaxRaggedDot
 from gmm_ref.gradients import gradients
 from property_tests import strategies as gst
 

@@ -60,7 +60,7 @@ def test_ragged_dot_compiles_once():
 
 
 def test_megablox_gmm_compiles_once():
-    from gmm_kernels.megablox import backend_module
+    from gmm_kernels.adapters.megablox import backend_module
 
     gmm = backend_module().gmm
     traces = _traced_counter()

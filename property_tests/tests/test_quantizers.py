@@ -94,7 +94,7 @@ def test_qwix_ragged_dot_qt_shares_its_weight_scales_across_experts():
     expert as soon as another expert's weights are far larger, the error naming that group."""
     pytest.importorskip("qwix", reason="qwix is not installed")
     from gmm_kernels import Scope, configure
-    from gmm_kernels.qwix_ops import QwixRaggedDotQt, qwix_qt_format
+    from gmm_kernels.adapters.ragged_dot import QwixRaggedDotQt, qwix_qt_format
 
     rng = np.random.default_rng(3)
     rhs = rng.standard_normal((2, 64, 16)).astype(np.float32)

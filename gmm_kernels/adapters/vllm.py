@@ -39,7 +39,7 @@ class VllmBatchedMoE(KernelAdapter):
         the same, which a first run on a GPU confirms or refutes)."""
         base = super().numerics_for(problem)
         if problem.scaled and (self.scope is None or self.scope.numerics is None):
-            tk = (problem.tiling or self.spec.default_tiling)[1]
+            tk = (problem.tiling or self.convention_facts.default_tiling)[1]
             return dataclasses.replace(base, promote_every=tk, partial_accumulate=2.0 ** -13)
         return base
 

@@ -168,7 +168,7 @@ class TorchaoMXFP8ScaledGroupedMM(KernelAdapter):
                   numerics=Numerics(multiply="bfloat16", accumulate="float32", flush_subnormals=True))
 
     def _unavailable(self) -> str | None:
-        from gmm_kernels.torchao_ops import quiet_torchao_import
+        from gmm_kernels.adapters._torchao import quiet_torchao_import
 
         with quiet_torchao_import():  # torchao's import-time log lines concern no kernel
             return import_failure("torchao.prototype.moe_training.mxfp8_grouped_mm",
@@ -187,8 +187,8 @@ class TorchaoMXFP8ScaledGroupedMM(KernelAdapter):
              ) -> Any:
         import torch
 
+        from gmm_kernels.adapters._torchao import quiet_torchao_import
         from gmm_kernels.convert import to_torch
-        from gmm_kernels.torchao_ops import quiet_torchao_import
 
         with quiet_torchao_import():
             from torchao.prototype.moe_training.mxfp8_grouped_mm import _emulated_mxfp8_scaled_grouped_mm_2d_3d

@@ -10,6 +10,8 @@ qwix picks a path from its operands (qwix 0.1.8, ``qwix/_src/core/ragged_dot.py`
 
 Both compute with XLA's ragged_dot, so they inherit its CPU NaN leak in the poisoned mode (a known
 upstream bug, declared). Each distinct shape compiles once; group sizes are traced.
+
+Also here: tokamax's ``ragged_dot`` on QArray operands (:class:`TokamaxQArrayRaggedDot`), the same convention.
 """
 
 from __future__ import annotations
@@ -19,13 +21,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gmm_kernels.base import KernelAdapter, VariantAdapter, import_failure
+from gmm_kernels.adapters._tokamax import absl_flags_parsed
+from gmm_kernels.base import KernelAdapter, VariantAdapter
 from gmm_kernels.convert import device_array
-from gmm_kernels.known_issues import xla_nan_leak_issues
-from gmm_kernels.scope import Scope
-from gmm_ref import AmaxQuantizer, Numerics, Problem
+from gmm_ref import Numerics, Problem
 
-__all__ = ["QwixRaggedDot", "QwixRaggedDotQt", "as_qarray", "qwix_qt_format", "to_jax"]
+__all__ = ["QwixRaggedDot", "TokamaxQArrayRaggedDot", "as_qarray", "to_jax"]
 
 
 def to_jax(x: Any) -> Any:
@@ -60,7 +61,7 @@ def _jitted(preferred_element_type: Any, zero_point: bool) -> Any:
 class QwixRaggedDot(VariantAdapter):
     """``qwix.ragged_dot`` on QArrays: ``[fast]`` (codes, then scales per K tile) or ``[slow]`` (dequantize first)."""
 
-    family = "qwix.ragged_dot"
+    op = "qwix.ragged_dot"
     implementations = ("fast", "slow")
     xla_via = "qwix.ragged_dot calls lax.ragged_dot_general"
     convention = "qwix.ragged_dot"
@@ -98,61 +99,42 @@ class QwixRaggedDot(VariantAdapter):
         return np.asarray(fn(to_jax(lhs), to_jax(rhs), np.asarray(group_sizes, np.int32)))
 
 
-#: qwix's dynamic quantization of bfloat16 operands for ``ragged_dot_qt`` (``qarray.quantize`` with absmax
-#: calibration): scale = amax / 448 computed and stored in bfloat16, a scale below sqrt(bfloat16's smallest
-#: normal) replaced by 1, codes = x / scale in bfloat16, clipped to +-448, cast to float8_e4m3fn
-def qwix_qt_format(block: Any, across_groups: bool = False) -> Any:
-    bf16 = "bfloat16"
-    return AmaxQuantizer("float8_e4m3fn", block, scale_dtype=bf16, rule="amax/max", codes="divide", arith=bf16,
-                         code_arith=bf16, min_scale=2.0 ** -63, zero_scale=1.0, across_groups=across_groups)
-
-
+# ---- tokamax ragged_dot on QArrays
 @functools.cache
-def _jitted_qt(preferred_element_type: Any) -> Any:
+def _jitted_qarray(preferred_element_type: Any) -> Any:
     import jax
-    import jax.numpy as jnp
-    from qwix._src.core import ragged_dot_qt
+    import tokamax
 
-    config = ragged_dot_qt.RaggedDotQtConfig(lhs_qtype=jnp.float8_e4m3fn, rhs_qtype=jnp.float8_e4m3fn)
-
-    def f(lhs: Any, rhs: Any, gs: Any) -> Any:
-        return ragged_dot_qt.ragged_dot_qt(lhs, rhs, gs, config, None, preferred_element_type)
-
-    return jax.jit(f)
+    absl_flags_parsed()
+    return jax.jit(lambda a, b, g: tokamax.ragged_dot(
+        as_qarray(a), as_qarray(b), g, preferred_element_type=preferred_element_type, implementation="xla"))
 
 
-class QwixRaggedDotQt(KernelAdapter):
-    """qwix's quantized-training ``ragged_dot`` (``ragged_dot_qt``, what qwix's QT provider runs for a model's
-    ``lax.ragged_dot``): bfloat16 operands quantized inside to float8_e4m3fn with absmax scales, lhs per row,
-    rhs per output channel; then ``qwix.ragged_dot`` on the QArrays (its fast path).
+class TokamaxQArrayRaggedDot(KernelAdapter):
+    """``tokamax.ragged_dot(..., implementation="xla")`` with QArray operands (``qwix.ragged_dot`` convention).
 
-    Its declared format is what its source does: the weights' channel scales are taken over every expert at
-    once (``channelwise_axes=[2]`` of ``[G, K, N]``: the group axis is reduced), so one expert's large weights
-    coarsen every other expert's codes. Declared per expert instead (blocks restarting at every group, as the
-    harness's model has them), the same kernel fails as soon as the experts' magnitudes differ: see
-    ``property_tests/tests/test_quantizers.py``."""
+    tokamax 0.0.12's XLA op dequantizes each QArray first (``quantization.as_array``: code * scale in the scale's
+    dtype, float32 here), then calls ``lax.ragged_dot_general`` accumulating in float32."""
 
-    name = "qwix.ragged_dot_qt"
-    convention = "ragged_dot"
-    requires = ("jax", "qwix")
-    flush_subnormals = True
-    scope = Scope(dtypes=("bfloat16",), zero_extents=(),
-                  quantizes=(qwix_qt_format("row"), qwix_qt_format("row", across_groups=True)),
-                  # the codes' products summed over K in float32, rounded to the bfloat16 of the scales, then each
-                  # scale applied in bfloat16 (qwix's fast path on these QArrays)
-                  numerics=Numerics(multiply=None, accumulate="bfloat16", promote_every=1 << 31,
-                                    partial_accumulate="float32", flush_subnormals=True))
+    name = "tokamax.ragged_dot[xla,QArray]"
+    convention = "qwix.ragged_dot"
+    requires = ("jax", "tokamax", "qwix")
 
     @property
     def known_issues(self) -> Any:  # type: ignore[override]
-        return xla_nan_leak_issues("qwix's ragged_dot_qt calls lax.ragged_dot_general on the codes")
+        from gmm_kernels.known_issues import xla_nan_leak_issues
 
-    def _unavailable(self) -> str | None:
-        return import_failure("qwix._src.core", "ragged_dot_qt", "qwix's ragged_dot_qt")
+        return xla_nan_leak_issues("tokamax 0.0.12 implementation='xla' calls lax.ragged_dot_general")
 
-    def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None, preferred_element_type: Any = None
-             ) -> Any:
-        if precision is not None:
-            raise ValueError("this adapter runs the default precision")
-        fn = _jitted_qt(None if preferred_element_type is None else np.dtype(preferred_element_type))
-        return np.asarray(fn(np.asarray(lhs), np.asarray(rhs), np.asarray(group_sizes, np.int32)))
+    def numerics_for(self, problem: Any) -> Numerics:
+        """Dequantized values (code * float32 scale, rounded once) multiplied in float32."""
+        if self.scope is not None and self.scope.numerics is not None:
+            return self.scope.numerics
+        return Numerics(multiply="float32", accumulate="float32", flush_subnormals=True)
+
+    def call(self, lhs: Any, rhs: Any, group_sizes: Any, precision: Any = None, preferred_element_type: Any = None,
+             group_offset: Any = None) -> np.ndarray:
+        if precision is not None or group_offset is not None:
+            raise ValueError("this adapter runs the default precision and no group_offset")
+        ped = None if preferred_element_type is None else np.dtype(preferred_element_type)
+        return np.asarray(_jitted_qarray(ped)(to_jax(lhs), to_jax(rhs), np.asarray(group_sizes, np.int32)))

@@ -15,19 +15,23 @@ lhs columns past a group's K range, so a NaN/Inf there leaks into the group's
 output. It is declared for the poisoned mode where a probe sees it on this
 machine (``torch_cpu_ragged_k_leak``), so the verdict is a known bug where the
 leak shows and a pass where it does not.
+
+Also here: torchao's emulated MXFP8 grouped mm (:class:`TorchaoMXFP8GroupedMM`), a kernel that quantizes
+its bfloat16 inputs itself, in the same convention (ragged M).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gmm_kernels.base import KernelAdapter, dtype_name
+from gmm_kernels.adapters._torchao import quiet_torchao_import
+from gmm_kernels.base import KernelAdapter, dtype_name, import_failure
 from gmm_kernels.convert import to_framework
 from gmm_kernels.known_issues import TORCH_CPU_RAGGED_K_LEAK
-from gmm_kernels.scope import Limits
-from gmm_ref import Problem
+from gmm_kernels.scope import Limits, Scope
+from gmm_ref import MXQuantizer, Numerics, Problem
 
-__all__ = ["TorchGroupedMM"]
+__all__ = ["TorchGroupedMM", "TorchaoMXFP8GroupedMM"]
 
 
 class TorchGroupedMM(KernelAdapter):
@@ -104,3 +108,45 @@ class TorchGroupedMM(KernelAdapter):
             raise ValueError("torch._grouped_mm: bias is not supported")
         (a, b), kw = to_framework("torch", (mat_a, mat_b), {"offs": offs, "out_dtype": out_dtype})
         return torch._grouped_mm(a, b, **kw)
+
+
+# ---- torchao MXFP8 grouped mm, emulated
+# ``torchao.prototype.moe_training.mxfp8_grouped_mm._to_mxfp8_then_scaled_grouped_mm`` with
+# ``kernel_preference=EMULATED`` (torchao 0.18.0; the SM100 path needs a Blackwell GPU) quantizes the
+# activations ``[M, K]`` and each expert's weights (along K) to float8_e4m3fn codes with one e8m0 scale per 32
+# elements (scale mode RCEIL, torchao's default here), dequantizes them into bfloat16 and calls
+# ``torch._grouped_mm``. It declares that format (its scope's ``quantizes``): the harness quantizes the same inputs with
+# ``gmm_ref.to_mx`` (which agrees with torchao's ``to_mx`` bit for bit in the floor, rceil and even modes) and
+# holds the kernel to the exact reference of those codes and scales. Its numerics: the dequantized values in
+# bfloat16, a float32 accumulator, and the CPU bfloat16 matmul's flushed subnormals.
+
+MXFP8_RCEIL = MXQuantizer("float8_e4m3fn", 32, "rceil")
+
+
+class TorchaoMXFP8GroupedMM(KernelAdapter):
+    """torchao's MXFP8 grouped mm, emulated (runs on CPU)."""
+
+    name = "torchao.mxfp8_grouped_mm[emulated]"
+    convention = "torch.grouped_mm"
+    requires = ("torch", "torchao")
+    scope = Scope(families=("ragged_m",), dtypes=("bfloat16",), out_dtypes=("bfloat16",), multiples={"k": 32},
+                  zero_extents=("m",), quantizes=(MXFP8_RCEIL, MXFP8_RCEIL),
+                  numerics=Numerics(multiply="bfloat16", accumulate="float32", flush_subnormals=True))
+
+    def _unavailable(self) -> str | None:
+        with quiet_torchao_import():
+            return import_failure("torchao.prototype.moe_training.mxfp8_grouped_mm", None,
+                                  "torchao's moe_training.mxfp8_grouped_mm")
+
+    def call(self, mat_a: Any, mat_b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any:
+        with quiet_torchao_import():
+            from torchao.prototype.moe_training.mxfp8_grouped_mm import _to_mxfp8_then_scaled_grouped_mm
+            from torchao.prototype.mx_formats.config import ScaleCalculationMode
+            from torchao.quantization.quantize_.common import KernelPreference
+
+        (a, b), kw = to_framework("torch", (mat_a, mat_b), {"offs": offs, "out_dtype": out_dtype})
+        # its documented layouts, as its MoE layer passes them: A row-major, B_t per-group column-major
+        a, b = a.contiguous(), b.transpose(-2, -1).contiguous().transpose(-2, -1)
+        return _to_mxfp8_then_scaled_grouped_mm(
+            a, b, offs=kw["offs"], bias=bias, out_dtype=kw["out_dtype"] or a.dtype,
+            kernel_preference=KernelPreference.EMULATED, scale_calculation_mode=ScaleCalculationMode.RCEIL)
