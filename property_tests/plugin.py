@@ -173,6 +173,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_EXAMPLE_DB] = example_db.describe(os.environ.get(example_db.ENV))
     if not in_use(config):
         return
+    from gmm_kernels import triton_interpreter
+
+    triton_interpreter.use_if_no_gpu()  # before collection imports a test module that imports a Triton kernel
     if config.getoption("hypothesis_profile", None) is None:
         from hypothesis import settings
 
