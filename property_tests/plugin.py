@@ -285,6 +285,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                                              nodeid="gmm-harness: --gmm-kernel checked by no test", message=message))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not in_use(session.config):
+        return
+    from gmm_kernels import triton_interpreter
+
+    try:  # your own tests' Triton kernels (imported at collection) run in the fixed interpreter too
+        triton_interpreter.fix()
+    except triton_interpreter.InterpreterDefect as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
 @pytest.hookimpl(optionalhook=True)  # xdist's: a worker ended, with what it collected
 def pytest_testnodedown(node: Any, error: Any) -> None:
     counts = getattr(node, "workeroutput", {}).get("gmm_left_out")

@@ -94,6 +94,25 @@ def test_the_main_job_checks_a_triton_kernel_with_no_step_of_the_users(tmp_path)
     assert "pass" in done.stdout and "FAIL" not in done.stdout, done.stdout
 
 
+def test_the_plugin_runs_your_own_tests_triton_kernels_in_the_fixed_interpreter(tmp_path):
+    """gmm_harness = true, no --gmm-kernel: the plugin's pytest_configure sets the variable before collection
+    imports the kernel, and the interpreter is fixed once collection is done (the kernel uses tl.range)."""
+    env = _user_package(tmp_path)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ngmm_harness = true\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_mine.py").write_text(
+        "import torch\n"
+        "from userpkg.gmm import grouped_mm\n\n\n"  # imported at collection, after the plugin's pytest_configure
+        "def test_it_matches_torch():\n"
+        "    a = torch.randint(-3, 4, (40, 32)).bfloat16()  # small integers: every sum exact\n"
+        "    b = torch.randint(-3, 4, (2, 32, 16)).bfloat16()\n"
+        "    offs = torch.tensor([17, 40], dtype=torch.int32)\n"
+        "    assert torch.equal(grouped_mm(a, b, offs), torch._grouped_mm(a, b, offs))\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
 def test_a_kernel_imported_before_the_interpreter_was_set_is_a_clear_error(tmp_path):
     env = _user_package(tmp_path)
     script = ("import userpkg.gmm\n"  # @triton.jit runs without TRITON_INTERPRET: compiled for a GPU
