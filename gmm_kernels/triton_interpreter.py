@@ -52,8 +52,15 @@ class InterpreterDefect(ValueError):
     (raised before anything is checked, as a usage error: the kernel cannot be checked here)."""
 
 
+def _loaded() -> bool:
+    return sys.modules.get("triton") is not None
+
+
 def _triton_installed() -> bool:
-    return "triton" in sys.modules or importlib.util.find_spec("triton") is not None
+    try:
+        return _loaded() or importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # an entry in sys.modules that is not a module
+        return False
 
 
 def _no_gpu() -> bool:
@@ -92,7 +99,7 @@ def fix() -> list[str]:
     """Patch the interpreter's four defects (once per process) where Triton is imported, the interpreter is
     in use and its version is in :data:`VERIFIED`; the names of the defects fixed. An unverified version is
     probed instead: any defect found raises :class:`InterpreterDefect` naming it."""
-    if "triton" not in sys.modules or not in_use():
+    if not _loaded() or not in_use():
         return []
     if _version() not in VERIFIED:
         found = defects()
@@ -193,7 +200,7 @@ def defects() -> list[str]:
 def stale_kernels(fn: Any) -> list[str]:
     """The Triton kernels that ``fn``'s module holds compiled for a GPU (``@triton.jit`` ran before
     ``TRITON_INTERPRET=1`` was set), where the interpreter is in use: calling them raises ``0 active drivers``."""
-    if "triton" not in sys.modules or not in_use():
+    if not _loaded() or not in_use():
         return []
     from triton.runtime.jit import JITFunction, KernelInterface
 
@@ -214,7 +221,7 @@ def ready(fn: Any = None) -> None:
     (:func:`stale_kernels`) with the error :func:`explain` gives, before any check runs. An unverified Triton
     is probed for a user's function only (``fn``), never for a built-in adapter that merely runs where a
     library imported Triton."""
-    if fn is not None or ("triton" in sys.modules and _version() in VERIFIED):
+    if fn is not None or (_loaded() and _version() in VERIFIED):
         fix()
     stale = stale_kernels(fn)
     if stale:
