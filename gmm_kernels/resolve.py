@@ -18,6 +18,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gmm_kernels import triton_interpreter
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.registry import registry
 from gmm_kernels.scope import Scope
@@ -36,6 +37,7 @@ def load_object(spec: str, *, option: str = "--kernel") -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"{option}: expected pkg.module:fn, got {spec!r}")
+    triton_interpreter.use_if_no_gpu()  # before the module's @triton.jit runs, where there is no GPU
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
@@ -127,7 +129,9 @@ def resolve_kernel(spec: Any, *, convention: str | None = None, tiling: Any = No
                                  f"pkg.module:fn{did_you_mean(spec, builtin)} (built-in: {sorted(builtin)})")
             adapter = builtin[spec]
     elif adapter is None:
+        triton_interpreter.use_if_no_gpu()
         adapter = _from_callable(spec, convention, name, numerics, option, convention_option, repr(spec))
+    triton_interpreter.ready(getattr(adapter, "fn", None))  # Triton's interpreter fixed; a stale kernel refused
     return configure(adapter, origin=spec if isinstance(spec, str) else None, tiling=tiling, scope=scope,
                      option=option)
 

@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 import gmm_ref
-from gmm_kernels import KernelAdapter
+from gmm_kernels import KernelAdapter, triton_interpreter
 from gmm_kernels.known_issues import matching
 from gmm_kernels.repro import kernel_reproducer
 from gmm_ref.compare import REPRODUCE
@@ -121,6 +121,9 @@ def raise_failure(result: Any) -> None:
         return
     if isinstance(err, gmm_ref.Mismatch):
         raise err
+    stale = triton_interpreter.explain(err)  # a Triton kernel compiled for a GPU that is not here
+    if stale is not None:
+        raise stale from err
     exc = gmm_ref.Mismatch(f"kernel {result.kernel} / {result.check}: {result.detail}", kind="raised")
     for note in getattr(err, "__notes__", []):
         exc.add_note(note)

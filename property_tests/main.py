@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gmm_kernels import KernelAdapter, Status
+from gmm_kernels import KernelAdapter, Status, triton_interpreter
 from gmm_ref import conventions
 from gmm_ref.names import did_you_mean
 from property_tests import compile_cache, coverage, example_db, paths, shards
@@ -318,6 +318,7 @@ def _merge(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     for name, value in _ENVIRON.items():  # 8 virtual CPU devices, set before anything imports jax
         os.environ.setdefault(name, value)
+    triton_interpreter.use_if_no_gpu()  # Triton kernels in its interpreter where no GPU is seen (workers inherit it)
     if not {"", os.getcwd()} & set(sys.path):  # as with python -m: --kernel mymodule:fn imports from here
         sys.path.insert(0, os.getcwd())
     args = _parse(_parser(), sys.argv[1:] if argv is None else list(argv))

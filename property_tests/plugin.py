@@ -173,6 +173,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_EXAMPLE_DB] = example_db.describe(os.environ.get(example_db.ENV))
     if not in_use(config):
         return
+    from gmm_kernels import triton_interpreter
+
+    triton_interpreter.use_if_no_gpu()  # before collection imports a test module that imports a Triton kernel
     if config.getoption("hypothesis_profile", None) is None:
         from hypothesis import settings
 
@@ -280,6 +283,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         raise pytest.UsageError(message)    # pytest started from an xdist worker's test inherits its variables)
     items.append(_CheckedNothing.from_parent(session, name="--gmm-kernel checked by no test",
                                              nodeid="gmm-harness: --gmm-kernel checked by no test", message=message))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not in_use(session.config):
+        return
+    from gmm_kernels import triton_interpreter
+
+    try:  # your own tests' Triton kernels (imported at collection) run in the fixed interpreter too
+        triton_interpreter.fix()
+    except triton_interpreter.InterpreterDefect as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's: a worker ended, with what it collected

@@ -46,6 +46,9 @@ def describe_exception(exc: BaseException) -> str:
 def _work(request: WorkRequest, emit: Callable[..., None]) -> None:
     for name, value in request.environ.items():
         os.environ.setdefault(name, value)  # before anything imports jax
+    from gmm_kernels import triton_interpreter
+
+    triton_interpreter.use_if_no_gpu()  # before a kernel's module is imported (its @triton.jit reads it)
     from gmm_kernels.base import observe_calls
     from property_tests.failures import CheckRun
     from property_tests.profiles import register_profiles

@@ -1,0 +1,86 @@
+"""One tiny Triton kernel per interpreter defect (``gmm_kernels.triton_interpreter.DEFECTS``), run in
+Triton's interpreter whatever ``TRITON_INTERPRET`` says: each probe is True where the interpreter computes
+what a GPU does. Imported only where Triton is (it imports ``triton`` and ``torch``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton.language as tl
+from triton.runtime.errors import InterpreterError
+from triton.runtime.interpreter import InterpretedFunction
+
+__all__ = ["PROBES"]
+
+_FAILED = (InterpreterError, AttributeError, TypeError, ValueError)
+
+
+def _dot(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    idx = offs[:, None] * BLOCK + offs[None, :]
+    c = tl.dot(tl.load(a_ptr + idx), tl.load(b_ptr + idx), out_dtype=tl.float32)
+    tl.store(c_ptr + idx, c)
+
+
+def _cast(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs).to(tl.bfloat16))
+
+
+def _splat(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    live = tl.program_id(0) < n  # a scalar comparison, splatted into the block's mask
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=live, other=0.0), mask=live)
+
+
+def _range(y_ptr, n):
+    total = tl.zeros((1,), dtype=tl.int64)
+    for i in tl.range(0, n):
+        total += i.to(tl.int64)
+    tl.store(y_ptr + tl.arange(0, 1), total)
+
+
+def _interpreted(fn: Callable[..., None]) -> InterpretedFunction:
+    return InterpretedFunction(fn)
+
+
+def _probe_dot() -> bool:
+    a = torch.full((16, 16), 1.5, dtype=torch.bfloat16)
+    b = torch.full((16, 16), 2.0, dtype=torch.bfloat16)
+    c = torch.empty((16, 16), dtype=torch.float32)
+    _interpreted(_dot)[(1,)](a, b, c, BLOCK=16)
+    return bool(torch.equal(c, torch.full((16, 16), 48.0)))
+
+
+def _probe_cast() -> bool:
+    x = torch.tensor([1 + 2**-8 + 2**-9, 1 + 2**-8, -(3 + 2**-6 + 2**-7), 2.0**-130], dtype=torch.float32)
+    y = torch.empty(4, dtype=torch.bfloat16)
+    _interpreted(_cast)[(1,)](x, y, BLOCK=4)
+    return bool(torch.equal(y.view(torch.int16), x.to(torch.bfloat16).view(torch.int16)))  # torch rounds to even
+
+
+def _probe_splat() -> bool:
+    x = torch.arange(4, dtype=torch.float32)
+    y = torch.zeros(4, dtype=torch.float32)
+    try:
+        _interpreted(_splat)[(1,)](x, y, 1, BLOCK=4)
+    except _FAILED:
+        return False
+    return bool(torch.equal(x, y))
+
+
+def _probe_range() -> bool:
+    y = torch.zeros(1, dtype=torch.int64)
+    try:
+        _interpreted(_range)[(1,)](y, 4)
+    except _FAILED:
+        return False
+    return int(y[0]) == 6
+
+
+#: defect name -> its probe (True: the interpreter computes what a GPU does)
+PROBES: dict[str, Callable[[], bool]] = {
+    "bf16_dot": _probe_dot, "bf16_cast": _probe_cast, "bool_splat": _probe_splat, "range_int": _probe_range}
+
+
