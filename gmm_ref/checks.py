@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
 from gmm_ref import dtypes as _dt
 
-__all__ = ["aligned_starts", "as_int", "as_tiling", "choice", "convention_name", "frozen_copy", "known_conventions",
+__all__ = ["aligned_starts", "as_int", "as_tiling", "choice", "convention_name", "frozen_copy",
            "output_dtype", "set_field", "shard_of"]
 
 
@@ -47,25 +46,12 @@ def frozen_copy(arr: np.ndarray) -> np.ndarray:
     return out
 
 
-_convention_names: Callable[[], Iterable[str]] = tuple
-
-
-def known_conventions(names: Callable[[], Iterable[str]]) -> None:
-    """Tell problems where the registered convention names come from (``gmm_ref.conventions``
-    calls it on import: a problem sits below the conventions, so it is told rather than importing them)."""
-    global _convention_names
-    _convention_names = names
-
-
 def convention_name(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise TypeError(f"convention: expected a convention name (str) or None, got {type(value).__name__}")
-    names = tuple(_convention_names())
-    if names and value not in names:
-        raise ValueError(f"convention: expected one of {names} or None, got {value!r}")
-    return value
+    return value  # the name is checked where a convention is looked up: gmm_ref.conventions.get, its registry
 
 
 def output_dtype(lhs: np.dtype, rhs: np.dtype, out_dtype: Any, scaled: bool = False) -> np.dtype:

@@ -63,15 +63,13 @@ from gmm_ref.checks import (
     choice,
     convention_name,
     frozen_copy,
-    known_conventions,
     output_dtype,
     set_field,
     shard_of,
 )
 from gmm_ref.scaled import ELEMENT_DTYPES, Quantization
 
-__all__ = ["FAMILIES", "RAGGED_FAMILIES", "SERVING_FAMILIES", "STORAGES", "Problem", "aligned_starts", "as_tiling",
-           "known_conventions"]
+__all__ = ["FAMILIES", "RAGGED_FAMILIES", "SERVING_FAMILIES", "STORAGES", "Problem", "aligned_starts", "as_tiling"]
 
 #: every family's name (the records: :mod:`gmm_ref.families`)
 FAMILIES = _families.names()

@@ -20,7 +20,6 @@ import functools
 from importlib import metadata
 from typing import Any
 
-from gmm_ref import problem
 from gmm_ref.conventions.base import Convention
 from gmm_ref.conventions.deep_gemm import CONTIGUOUS, CONTIGUOUS_PSUM, MASKED
 from gmm_ref.conventions.megablox import GMM, TGMM
@@ -85,5 +84,3 @@ def problem_from_arguments(convention: str, *args: Any, **kwargs: Any) -> Proble
     """The problem a convention's kernel call describes (inverse of :func:`arguments`)."""
     return get(convention).parse(*args, **kwargs)
 
-
-problem.known_conventions(names)

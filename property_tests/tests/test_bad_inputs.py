@@ -129,7 +129,8 @@ PROBLEMS = [
      "existing_out: expected shape"),
     ("existing list", lambda: _p(existing_out=[[0.0]]), TypeError, "existing_out: expected a numpy.ndarray"),
     ("tiling bool", lambda: _p(tiling=(True, 8, 8)), ValueError, "tiling: expected three positive ints"),
-    ("convention", lambda: _p(convention="bogus"), ValueError, "convention: expected one of"),
+    # a problem's convention is checked where it is looked up (the registry): its arguments, its kernel
+    ("convention", lambda: gmm_ref.arguments(_p(convention="bogus")), ValueError, "convention: expected one of"),
     ("convention type", lambda: _p(convention=123), TypeError, "convention: expected a convention name"),
     ("batch sizes", lambda: _p("batch", R3, R3.transpose(0, 2, 1), GS), ValueError,
      "group_sizes: the batch family takes none"),
