@@ -70,8 +70,9 @@ def test_the_gradient_path_fails_it_too():
 
 def test_the_main_jobs_cell_fails_it():
     kernel = wrap(scratches_mat_b_after, "torch.grouped_mm", scope=TORCH)
-    text, details, *_ = run_cell(kernel, "ragged_m", "exact", max_examples=5)
-    assert text.startswith("FAIL") and "modified its input in place" in details[0] and "mat_b" in details[0]
+    outcome = run_cell(kernel, "ragged_m", "exact", max_examples=5)
+    details = outcome.details
+    assert outcome.status is Status.FAILED and "modified its input in place" in details[0] and "mat_b" in details[0]
 
 
 def test_the_golden_check_and_regeneration_fail_it(tmp_path):
