@@ -31,7 +31,7 @@ import numpy as np
 import gmm_ref
 from gmm_kernels import KernelAdapter
 
-__all__ = ["LIMIT", "available_memory", "large_problem", "memory_needed"]
+__all__ = ["FAMILY", "LIMIT", "available_memory", "large_problem", "memory_needed"]
 
 LIMIT = 2**31
 K = 4096
@@ -85,9 +85,13 @@ def _pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype]:
     return min(floats, key=lambda p: (p[0].itemsize, p[0] != p[1], str(p[0])))
 
 
+#: the one family the large mode builds its problem in: ragged M, the token axis, where int32 row offsets overflow
+FAMILY = "ragged_m"
+
+
 def large_problem(adapter: KernelAdapter, seed: int = 0) -> gmm_ref.Problem:
     """The large problem for ``adapter``; :class:`TooLarge` with the reason where it cannot run here."""
-    if "ragged_m" not in adapter.families:
+    if FAMILY not in adapter.families:
         raise TooLarge(f"the large mode builds a ragged-M problem (the token axis, where int32 row offsets "
                        f"overflow); {adapter.name} takes {', '.join(adapter.families)} only")
     why = adapter.large_refusal()
@@ -106,10 +110,10 @@ def large_problem(adapter: KernelAdapter, seed: int = 0) -> gmm_ref.Problem:
         lhs[r:r + _CHUNK_ROWS] = rng.integers(-2, 3, (min(_CHUNK_ROWS, m - r), K), dtype=np.int8)
     rhs = rng.integers(-2, 3, (len(sizes), K, N), dtype=np.int8).astype(in_dt)
     kwargs: dict[str, Any] = dict(out_dtype=out_dt, convention=adapter.convention,
-                                  **adapter.convention_facts.policies("ragged_m"))
+                                  **adapter.convention_facts.policies(FAMILY))
     if adapter.tiling is not None:
         kwargs["tiling"] = adapter.tiling
-    problem = gmm_ref.Problem("ragged_m", lhs, rhs, np.array(sizes, np.int32), **kwargs)
+    problem = gmm_ref.Problem(FAMILY, lhs, rhs, np.array(sizes, np.int32), **kwargs)
     del lhs  # the problem holds its own copy
     # too large to save beside a report: the reproducer rebuilds it (deterministic for the seed)
     resolve = f"gmm_kernels.resolve_kernel({adapter.name!r}, convention={adapter.convention!r})"

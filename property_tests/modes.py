@@ -97,7 +97,7 @@ def _no_gradient(adapter: KernelAdapter, family: str | None) -> str | None:
 
 
 def _large_family(adapter: KernelAdapter, family: str | None) -> str | None:
-    if family not in (None, "ragged_m"):
+    if family not in (None, large.FAMILY):
         return "the large mode builds one ragged-M problem (the token axis)"
     return None
 

@@ -229,23 +229,31 @@ def test_strategies_and_check_kernel_import_without_pytest_or_jax():
 # ------------------------------------------------ family names: compared only inside their registry (issue 27)
 #: modules (owned by others) that still compare a family's name to a literal; shrink it as they move to the
 #: records of gmm_ref.families (a stale entry fails below)
-FAMILY_NAME_COMPARISONS_ALLOWED = frozenset({"property_tests/large.py", "property_tests/modes.py"})
+FAMILY_NAME_COMPARISONS_ALLOWED: frozenset[str] = frozenset()
 
 
-def _family_name_comparisons(path: Path, names: frozenset[str]) -> list[str]:
-    """Each comparison (``==``, ``!=``, ``in``, ...) of ``path`` with a family name literal among its operands
-    (a string, or one inside a tuple, list or set literal)."""
+def _name_comparisons(path: Path, names: frozenset[str], holders: frozenset[str] | None = None) -> list[str]:
+    """Each comparison (``==``, ``!=``, ``in``, ...) in ``path`` with a literal of ``names`` among its operands (a
+    string, or one inside a tuple, list or set literal); with ``holders``, only those comparing what holds such a
+    name (an operand whose last name is one of them: ``mode.name``, ``column``)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.Compare):
             continue
-        for operand in (node.left, *node.comparators):
+        operands = (node.left, *node.comparators)
+        if holders is not None and not any(_last_name(o) in holders for o in operands):
+            continue
+        for operand in operands:
             consts = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
             hit = sorted({c.value for c in consts if isinstance(c, ast.Constant) and c.value in names})
             if hit:
                 found.append(f"{path.relative_to(ROOT).as_posix()}:{node.lineno} compares {', '.join(hit)}")
                 break
     return found
+
+
+def _family_name_comparisons(path: Path, names: frozenset[str]) -> list[str]:
+    return _name_comparisons(path, names)
 
 
 def _family_names() -> frozenset[str]:
@@ -415,22 +423,8 @@ def _mode_names() -> frozenset[str]:
 
 
 def _mode_name_comparisons(path: Path, names: frozenset[str]) -> list[str]:
-    """Each comparison in ``path`` of what holds a mode's name (:data:`MODE_HOLDERS`) with a mode name literal
-    (a string, or one inside a tuple, list or set literal)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if not isinstance(node, ast.Compare):
-            continue
-        operands = (node.left, *node.comparators)
-        if not any(_last_name(o) in MODE_HOLDERS for o in operands):
-            continue
-        for operand in operands:
-            consts = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
-            hit = sorted({c.value for c in consts if isinstance(c, ast.Constant) and c.value in names})
-            if hit:
-                found.append(f"{path.relative_to(ROOT).as_posix()}:{node.lineno} compares {', '.join(hit)}")
-                break
-    return found
+    """Each comparison in ``path`` of what holds a mode's name (:data:`MODE_HOLDERS`) with a mode name literal."""
+    return _name_comparisons(path, names, MODE_HOLDERS)
 
 
 def test_no_mode_name_is_compared_outside_its_registry():
