@@ -21,7 +21,12 @@ from gmm_kernels.adapters.ragged_dot import (
     TokamaxRaggedDot,
 )
 from gmm_kernels.adapters.te import TransformerEngineGroupedGemm, TransformerEngineScaledGroupedGemm
-from gmm_kernels.adapters.torch_grouped import TorchaoMXFP8GroupedMM, TorchGroupedMM
+from gmm_kernels.adapters.torch_grouped import (
+    GroupedMMBf16,
+    GroupedMMBf16RaggedN,
+    TorchaoMXFP8GroupedMM,
+    TorchGroupedMM,
+)
 from gmm_kernels.adapters.torch_scaled import (
     TorchaoMXFP8ScaledGroupedMM,
     TorchScaledGroupedMM,
@@ -68,6 +73,8 @@ def _builtin() -> list[KernelAdapter]:
         DeepGemmContiguousPsum(),
         DeepGemmMasked(),
         VllmBatchedMoE(),
+        GroupedMMBf16(),
+        GroupedMMBf16RaggedN(),
     ]
 
 

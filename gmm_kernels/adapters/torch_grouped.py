@@ -18,12 +18,20 @@ leak shows and a pass where it does not.
 
 Also here: torchao's emulated MXFP8 grouped mm (:class:`TorchaoMXFP8GroupedMM`), a kernel that quantizes
 its bfloat16 inputs itself, in the same convention (ragged M).
+And grouped-mm-bf16's Triton kernels (:class:`GroupedMMBf16`), all four forms, in Triton's interpreter where no
+GPU is seen (docs/conventions.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
+from gmm_kernels import triton_interpreter
 from gmm_kernels.adapters._torchao import quiet_torchao_import
 from gmm_kernels.base import KernelAdapter, dtype_name, import_failure
 from gmm_kernels.convert import to_framework
@@ -31,7 +39,7 @@ from gmm_kernels.known_issues import TORCH_CPU_RAGGED_K_LEAK
 from gmm_kernels.scope import Limits, Scope
 from gmm_ref import MXQuantizer, Numerics, Problem
 
-__all__ = ["TorchGroupedMM", "TorchaoMXFP8GroupedMM"]
+__all__ = ["GMM_BF16_2D3D_CONFIG", "GroupedMMBf16", "GroupedMMBf16RaggedN", "TorchGroupedMM", "TorchaoMXFP8GroupedMM"]
 
 
 class TorchGroupedMM(KernelAdapter):
@@ -150,3 +158,127 @@ class TorchaoMXFP8GroupedMM(KernelAdapter):
         return _to_mxfp8_then_scaled_grouped_mm(
             a, b, offs=kw["offs"], bias=bias, out_dtype=kw["out_dtype"] or a.dtype,
             kernel_preference=KernelPreference.EMULATED, scale_calculation_mode=ScaleCalculationMode.RCEIL)
+
+
+# ---- grouped-mm-bf16 (PyPI ``grouped-mm-bf16``, github.com/lostmsu/grouped_mm_bf16): a Triton grouped mm
+# with ``torch._grouped_mm``'s signature and semantics (``offs`` = int32 cumulative group ends), all four forms.
+# Its public ``grouped_mm`` refuses CPU tensors; its kernel functions ``grouped_mm_bf16.kernels.grouped_mm_{2d3d,
+# 2d2d,3d3d,3d2d}(mat_a, mat_b[, offs], out)`` take any tensors and write a preallocated ``out``. Without a GPU the
+# adapter runs those in Triton's interpreter (``gmm_kernels.triton_interpreter``), with the output the public
+# function allocates (``api._create_output``) and its dispatch (an empty output or K = 0 never reaches a
+# kernel); with a CUDA GPU it calls the public ``grouped_mm`` on CUDA tensors. 0.1.7 has no autotuner: its launch
+# configs are fixed (3d3d and 2d2d: 64 x 64 x 32 blocks; 3d2d: one program per output column, 128 rows, K blocks
+# of 32), except 2d3d's, which its environment variables set: the adapter launches 2d3d with BLOCK_M = BLOCK_N =
+# BLOCK_K = 32 and 4 warps (:data:`GMM_BF16_2D3D_CONFIG`) on both paths, so that its tile edges are the
+# convention's default tiling (32, 32, 32) that the drawn extents straddle.
+
+#: the launch config the adapter gives 2d3d (``grouped_mm_bf16.kernels.grouped_mm_2d3d`` reads these variables)
+GMM_BF16_2D3D_CONFIG = {"GROUPED_MM_2D3D_IMPL": "prologue", "GROUPED_MM_2D3D_BLOCK_M": "32",
+                        "GROUPED_MM_2D3D_BLOCK_N": "32", "GROUPED_MM_2D3D_BLOCK_K": "32",
+                        "GROUPED_MM_2D3D_NUM_WARPS": "4"}
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class GroupedMMBf16(KernelAdapter):
+    """grouped-mm-bf16's Triton ``grouped_mm`` (its kernel functions in Triton's interpreter where no GPU is)."""
+
+    name = "grouped_mm_bf16"
+    convention = "torch.grouped_mm"
+    requires = ("torch", "triton", "grouped_mm_bf16")
+    #: it also takes float16 and float32; checked in the dtype it is made for, which keeps the main job's cells
+    #: few (each call runs in Triton's interpreter here)
+    input_dtypes = ("bfloat16",)
+    equal_input_dtypes = True
+    output_is_input = True  # 'Grouped gemm output dtype must match `mat_a` dtype'
+
+    def _unavailable(self) -> str | None:
+        import torch
+
+        if not torch.cuda.is_available() and not triton_interpreter.use_if_no_gpu():
+            return (f"no GPU here and {triton_interpreter.ENV} is off: grouped_mm_bf16's Triton kernels cannot run "
+                    f"(unset {triton_interpreter.ENV} to run them in Triton's interpreter)")
+        reason = import_failure("grouped_mm_bf16.kernels", "grouped_mm_2d3d", "grouped_mm_bf16's kernels")
+        if reason is None and not torch.cuda.is_available():
+            import grouped_mm_bf16.kernels as kernels
+
+            stale = triton_interpreter.stale_kernels(kernels.grouped_mm_2d3d)
+            if stale:
+                return (f"grouped_mm_bf16.kernels was imported before {triton_interpreter.ENV}=1 was set: its "
+                        f"kernels ({', '.join(stale)}) were made for a GPU that is not here")
+            try:
+                triton_interpreter.fix()
+            except triton_interpreter.InterpreterDefect as exc:  # an unverified Triton whose interpreter errs
+                return str(exc)
+        return reason
+
+    def large_refusal(self) -> str | None:
+        import torch
+
+        return None if torch.cuda.is_available() else self._runs_interpreted("Triton's interpreter", takes="days")
+
+    def _limits(self) -> Limits:
+        """Ragged M, ragged K and batch (2d3d, 2d2d, 3d3d), extents up to 64 (two of the convention's 32-wide
+        tiles; the interpreter's cost grows with the grid). Ragged N is :class:`GroupedMMBf16RaggedN`'s."""
+        return Limits(families=("ragged_m", "ragged_k", "batch"), max_extent=64)
+
+    def call(self, mat_a: Any, mat_b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any:
+        import torch
+
+        if bias is not None:
+            raise ValueError("grouped_mm_bf16: bias is not supported")
+        (a, b), kw = to_framework("torch", (mat_a, mat_b), {"offs": offs, "out_dtype": out_dtype})
+        with _environment(GMM_BF16_2D3D_CONFIG):
+            if torch.cuda.is_available():
+                from grouped_mm_bf16 import grouped_mm
+
+                o = None if kw["offs"] is None else kw["offs"].cuda()
+                return grouped_mm(a.cuda(), b.cuda(), o, out_dtype=kw["out_dtype"]).cpu()
+            with np.errstate(all="ignore"):  # the interpreter's NumPy: NaN and Inf propagate, as on a GPU, unwarned
+                return _grouped_mm_bf16_cpu(a, b, kw["offs"], kw["out_dtype"])
+
+
+class GroupedMMBf16RaggedN(GroupedMMBf16):
+    """grouped-mm-bf16's ragged N form (3d2d), apart: it runs one program per output column, about 25 ms each in
+    Triton's interpreter (up to about 1.2 s a call at N <= 48), so it gets smaller problems and fewer examples."""
+
+    name = "grouped_mm_bf16[3d2d]"
+    #: below two per cell of the covering design: the first cells run, the result says which pairs are missed
+    max_examples = 24
+
+    def _limits(self) -> Limits:
+        """Ragged N (3d2d) only, extents up to 48 and at most 6 groups."""
+        return Limits(families=("ragged_n",), max_extent=48, max_groups=6)
+
+
+def _grouped_mm_bf16_cpu(a: Any, b: Any, offs: Any, out_dtype: Any) -> Any:
+    """``grouped_mm_bf16.api._GroupedMMFn.forward`` without its CUDA-only checks: its output, its dispatch."""
+    from grouped_mm_bf16 import api, kernels
+
+    if out_dtype is not None and out_dtype != a.dtype:
+        raise RuntimeError("Grouped gemm output dtype must match `mat_a` dtype")
+    out = api._create_output(a, b, offs, a.dtype)
+    if out.numel() == 0:
+        return out
+    k = a.shape[-1]
+    if k == 0:
+        return out.zero_()
+    if a.dim() == 3 and b.dim() == 3:
+        kernels.grouped_mm_3d3d(a, b, out)
+    else:
+        fn = {(2, 2): kernels.grouped_mm_2d2d, (2, 3): kernels.grouped_mm_2d3d,
+              (3, 2): kernels.grouped_mm_3d2d}[(a.dim(), b.dim())]
+        fn(a, b, offs, out)
+    return out
