@@ -33,7 +33,7 @@ from property_tests.strategies.values import (
     unused_elements,
 )
 
-__all__ = ["Covering", "CoveringCell", "covering", "problems"]
+__all__ = ["Covering", "CoveringCell", "covering", "problems", "replays"]
 
 def problems(
     *,
@@ -141,6 +141,25 @@ def covering(**kwargs: Any) -> Covering:
     if unknown:
         raise InvalidArgument(f"covering(): unknown arguments {sorted(unknown)}; it takes problems()'s")
     return _drawer(**kwargs).covering()
+
+
+def replays(cov: Covering, cell: CoveringCell, n: int) -> SearchStrategy[tuple[gmm_ref.Problem, ...]]:
+    """``n`` problems that one kernel gets one after the other: one of ``cell``'s strategy, then ``n - 1``
+    with its operands, shapes, dtypes, group count and shard, group sizes drawn anew for the same extents
+    (a kernel captured once in a CUDA graph and replayed with new sizes; elsewhere, a kernel that caches
+    its launch plan by shape). A problem without group sizes (the batch family) is drawn once: ``(problem,)``."""
+    tail_ok = cov.config.rules.full_sums is False
+
+    @st.composite
+    def _draw(draw: Any) -> tuple[gmm_ref.Problem, ...]:
+        first = draw(cell.strategy)
+        if first.group_sizes is None or n <= 1:
+            return (first,)
+        offset = first.group_offset or 0
+        return (first, *(first.replace(group_sizes=_sizes(draw, cov.config, cell.cell.static, "exact", tail_ok,
+                                                          False, offset)) for _ in range(n - 1)))
+
+    return _draw()
 
 
 def _drawer(*, convention: Any = None, families: Any = None, dtypes: Any = None, tiling: Any = None,
