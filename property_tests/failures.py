@@ -79,9 +79,9 @@ def _replay_line(recipe: dict[str, Any], pick: str) -> str:
     if not before:
         return pick
     sizes = np.asarray(recipe["problem"].group_sizes).tolist()
-    return (f"call {len(before) + 1} (draw {len(before)}) of one shape and operands: passed with group sizes "
-            f"{before[0]} first, failed with {sizes}: stale group sizes of an earlier call (a plan kept by shape "
-            f"or operands)? {pick}")
+    return (f"call {len(before) + 1} (draw {len(before)}) of one shape and operands: {pick} [group sizes {sizes}; "
+            f"the first call's {before[0]} passed: stale group sizes of an earlier call (a plan kept by shape or "
+            f"operands)?]")
 
 
 def left_property(exc: BaseException, problem: Any) -> None:
