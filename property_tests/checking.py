@@ -132,6 +132,8 @@ def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode,
     except Exception as exc:
         failures.attach(exc, problem=problem, numerics=numerics,
                         determinism=getattr(exc, "kind", None) == "determinism", **failures.replayed(before))
+        if before:
+            exc.add_note(failures.replay_note(problem, before))
         raise
 
 

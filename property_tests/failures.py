@@ -68,6 +68,15 @@ def replayed(before: tuple[Any, ...]) -> dict[str, Any]:
     return {"before": tuple(np.asarray(b).tolist() for b in before)} if before else {}
 
 
+def replay_note(problem: Any, before: tuple[Any, ...]) -> str:
+    """The report's line for a failing call made after ``before`` (their group sizes) with ``problem``'s shapes."""
+    sizes = [np.asarray(b).tolist() for b in before]
+    return (f"Call {len(before) + 1} (draw {len(before)}) with one shape and operands on the same kernel: the calls "
+            f"before it passed with group sizes {', '.join(map(str, sizes))}; this one, with "
+            f"{np.asarray(problem.group_sizes).tolist()}, failed: stale group sizes of an earlier call (a plan kept "
+            "by shape or operands, a replayed graph)? The reproducer makes the calls before it.")
+
+
 def recipe_problem(exc: BaseException, default: Any) -> Any:
     """The problem ``exc`` was attached to (:func:`attach`), else ``default``."""
     return (getattr(exc, _RECIPE, None) or {}).get("problem", default)

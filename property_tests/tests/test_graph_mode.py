@@ -78,6 +78,8 @@ def test_the_graph_mode_fails_a_kernel_that_keeps_its_first_group_sizes():
     assert m is not None, result.detail
     assert int(m[1]) == int(m[2]) + 1 >= 2 and m[4] != m[5]
     notes = "\n".join(result.error.__notes__)
+    assert re.search(r"Call \d \(draw \d\) with one shape and operands on the same kernel: the calls before it "
+                     r"passed with group sizes .*; this one, with \[.*\], failed: stale group sizes", notes), notes
     assert "for sizes in [" in notes and "problem.replace(group_sizes=" in notes  # the reproducer calls first
 
 
