@@ -27,7 +27,7 @@ from property_tests.modes import MODES, Mode, Unsupported, mode_covering, mode_o
 from property_tests.profiles import PROFILES
 from property_tests.profiles import profile as profile_settings
 from property_tests.strategies.design import observe, pairs_of
-from property_tests.strategies.problems import Covering, replays
+from property_tests.strategies.problems import Covering, replay_refusal, replays
 
 __all__ = ["check_kernel", "check_mode", "cotangent_for", "coverage"]
 
@@ -192,6 +192,8 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
     def one(problems: tuple[gmm_ref.Problem, ...]) -> None:
         problem = problems[0]  # the others (Mode.replays) differ from it only in their group sizes
         reason = next((r for r in map(adapter.supports, problems) if r is not None), None)
+        if reason is None and len(problems) < mode.replays:  # no other group sizes for it: not this mode's problem
+            reason = replay_refusal(problem)
         if reason is not None:
             tally.declined.append(reason)
             return

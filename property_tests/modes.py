@@ -108,9 +108,11 @@ def _no_group_sizes(adapter: KernelAdapter, family: str | None) -> str | None:
     fams = (family,) if family is not None else adapter.families
     if not any(families.get(f).takes_sizes for f in fams):
         return f"the {' / '.join(fams)} family has no group sizes (every group is one whole matrix)"
-    if adapter.convention_facts.quantizations:
-        return (f"{adapter.convention} takes quantized operands: their block scales follow the group sizes, "
-                "so new sizes are not replayed on the same operands")
+    quantizations = adapter.convention_facts.quantizations
+    # a convention of scaled and unscaled operands: its scaled problems are declined (strategies.replay_refusal)
+    if quantizations and (None, None) not in quantizations:
+        return (f"{adapter.convention} takes quantized operands only: their block scales follow the group sizes, "
+                "so other sizes need other operands")
     return None
 
 

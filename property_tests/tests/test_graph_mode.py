@@ -11,12 +11,13 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from gmm_kernels import Status, resolve_kernel
 from property_tests import failures
 from property_tests.checking import check_mode
 from property_tests.modes import ALL_MODES, MODES, Mode
-from property_tests.strategies.problems import covering, replays
+from property_tests.strategies.problems import covering, replay_refusal, replays
 from property_tests.tests import broken_kernels as bk
 
 pytest.importorskip("jax")
@@ -48,8 +49,6 @@ def test_the_field_checks_it_not_the_name():
 
 
 def test_the_strategy_draws_one_shape_and_several_group_sizes():
-    from hypothesis import given, settings
-
     cov = covering(convention="ragged_dot", values="exact")
     seen = []
 
@@ -123,3 +122,27 @@ def test_a_family_without_group_sizes_is_not_applicable():
 def test_a_first_call_names_nothing_before_it():
     assert failures.replayed(()) == {}
     assert failures.replayed(([1, 2],)) == {"before": ([1, 2],)}
+
+
+def test_quantized_operands_are_not_replayed():
+    """Their block scales follow the group sizes: a convention of scaled operands only is n/a; one of scaled
+    and unscaled operands (a serving layout) replays its unscaled problems and declines the scaled ones."""
+    only = check_mode(_kernel(bk.CORRECT["qwix.ragged_dot"], "qwix.ragged_dot"), "graph", profile="gmm-ci")
+    assert only.status is Status.UNSUPPORTED
+    assert only.detail == ("qwix.ragged_dot takes quantized operands only: their block scales follow the group "
+                           "sizes, so other sizes need other operands")
+    cov = covering(convention="deep_gemm.m_grouped_masked", values="exact")
+    scaled = [c for c in cov.cells if c.cell.static.in_dtype.itemsize == 1]
+    assert scaled, "the serving layout draws scaled problems"
+
+    @settings(max_examples=3, database=None, deadline=None)
+    @given(problems=replays(cov, scaled[0], 4))
+    def prop(problems):
+        assert len(problems) == 1 and problems[0].scaled
+        assert replay_refusal(problems[0]).startswith("quantized operands")
+
+    prop()
+    mixed = check_mode(_kernel(bk.CORRECT["deep_gemm.m_grouped_masked"], "deep_gemm.m_grouped_masked"), "graph",
+                       profile="gmm-ci", max_examples=6)
+    assert mixed.status is Status.PASSED and mixed.examples > 0, mixed.detail
+
