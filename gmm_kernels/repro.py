@@ -62,9 +62,12 @@ def _kernel_lines(adapter: KernelAdapter) -> list[str]:
 
 def kernel_reproducer(adapter: KernelAdapter, problem: Problem, *, numerics: Numerics, wrt: str | None = None,
                       cotangent: np.ndarray | None = None, determinism: bool = False,
+                      before: tuple[list[int], ...] = (),
                       directory: str | os.PathLike[str] | None = None) -> str:
     """The script for a failure of ``adapter`` on ``problem``: its forward output (``determinism``: two runs
-    compared bit for bit), or with ``wrt`` and ``cotangent`` its gradient w.r.t. ``wrt``."""
+    compared bit for bit), or with ``wrt`` and ``cotangent`` its gradient w.r.t. ``wrt``. ``before``: the group
+    sizes of the calls made first on the same kernel with the same operands (a kernel that keeps its first
+    call's group sizes fails only after them)."""
     extra = {"cotangent": cotangent} if wrt is not None and cotangent is not None else {}
     imports, lines = problem_source(problem, extra=extra, directory=directory)
     imports = [*imports, "import gmm_kernels"]
@@ -73,6 +76,9 @@ def kernel_reproducer(adapter: KernelAdapter, problem: Problem, *, numerics: Num
     lines.append(f"numerics = {numerics_source(numerics)}")
     label = adapter.name if wrt is None else f"{adapter.name} d/d{wrt}"
     call = f"calls the kernel with {adapter.convention}'s arguments, gmm_ref.arguments(problem)"
+    if before:
+        lines.append(f"for sizes in {list(before)!r}:  # the calls before, same shapes, other group sizes")
+        lines.append(f"    kernel.run(problem.replace(group_sizes=np.array(sizes, np.{problem.group_sizes.dtype})))")
     if wrt is None:
         lines += [f"out = kernel.run(problem)  # {call}",
                   f"gmm_ref.assert_matches_reference(out, problem, numerics=numerics, kernel={label!r})"]

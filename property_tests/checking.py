@@ -27,7 +27,7 @@ from property_tests.modes import MODES, Mode, Unsupported, mode_covering, mode_o
 from property_tests.profiles import PROFILES
 from property_tests.profiles import profile as profile_settings
 from property_tests.strategies.design import observe, pairs_of
-from property_tests.strategies.problems import Covering
+from property_tests.strategies.problems import Covering, replay_refusal, replays
 
 __all__ = ["check_kernel", "check_mode", "cotangent_for", "coverage"]
 
@@ -111,7 +111,15 @@ def _check_gradients(adapter: KernelAdapter, problem: gmm_ref.Problem) -> None:
             raise
 
 
-def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode) -> None:
+def _check_calls(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...], mode: Mode) -> None:
+    """The forward result of each problem, called in turn on the same adapter (``Mode.replays``: one shape,
+    several group-size vectors); a failure of a later call names the calls before it (its reproducer makes them)."""
+    __tracebackhide__ = True
+    for i, problem in enumerate(problems):
+        _check_forward(adapter, problem, mode, before=tuple(p.group_sizes for p in problems[:i]))
+
+
+def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode, before: tuple = ()) -> None:
     __tracebackhide__ = True
     # from the harness's own read-only problem, before the kernel runs (quantized as the kernel declares)
     ref = adapter.reference_for(problem)
@@ -123,7 +131,9 @@ def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode)
             gmm_ref.assert_deterministic(out, adapter.run(problem), ref, kernel=adapter.name)
     except Exception as exc:
         failures.attach(exc, problem=problem, numerics=numerics,
-                        determinism=getattr(exc, "kind", None) == "determinism")
+                        determinism=getattr(exc, "kind", None) == "determinism", **failures.replayed(before))
+        if before:
+            exc.add_note(failures.replay_note(problem, before))
         raise
 
 
@@ -162,24 +172,28 @@ def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Ta
     check = _cell_check(adapter, mode, cov, tally, run, dry)
 
     # what Hypothesis runs: short, for Hypothesis digests its source for the example database's key
-    def cell(problem: gmm_ref.Problem) -> None:
+    def cell(problem: tuple[gmm_ref.Problem, ...]) -> None:
         check(problem)
 
     return cell
 
 
 def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally, run: failures.CheckRun,
-                dry: bool) -> Callable[[gmm_ref.Problem], None]:
-    def prop(problem: gmm_ref.Problem) -> None:
+                dry: bool) -> Callable[[tuple[gmm_ref.Problem, ...]], None]:
+    def prop(problems: tuple[gmm_ref.Problem, ...]) -> None:
         __tracebackhide__ = True
         try:
-            one(problem)
+            one(problems)
         except Exception as exc:
-            failures.left_property(exc, problem)  # its notes so far are the checked code's, not Hypothesis'
+            # its notes so far are the checked code's, not Hypothesis'
+            failures.left_property(exc, failures.recipe_problem(exc, problems[0]))
             raise
 
-    def one(problem: gmm_ref.Problem) -> None:
-        reason = adapter.supports(problem)
+    def one(problems: tuple[gmm_ref.Problem, ...]) -> None:
+        problem = problems[0]  # the others (Mode.replays) differ from it only in their group sizes
+        reason = next((r for r in map(adapter.supports, problems) if r is not None), None)
+        if reason is None and len(problems) < mode.replays:  # no other group sizes for it: not this mode's problem
+            reason = replay_refusal(problem)
         if reason is not None:
             tally.declined.append(reason)
             return
@@ -194,7 +208,7 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
             if mode.gradient:
                 _check_gradients(adapter, problem)
             else:
-                _check_forward(adapter, problem, mode)
+                _check_calls(adapter, problems, mode)
         except NotImplementedError as exc:
             if not mode.gradient:
                 raise
@@ -228,7 +242,8 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
     budgets = _budgets(max_examples, profile, adapter.max_examples, len(cov.cells))
     tally.cells = (len(budgets), len(cov.cells))
     for i, (cc, n) in enumerate(zip(cov.cells[:len(budgets)], budgets, strict=True)):
-        prop = given(problem=cc.strategy)(_cell_property(adapter, mode, cov, tally, run, dry))
+        # a tuple of problems: one, or one shape with Mode.replays group-size vectors
+        prop = given(problem=replays(cov, cc, mode.replays))(_cell_property(adapter, mode, cov, tally, run, dry))
         cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} {cc.family} {cc.cell.describe()}"
         if seed is not None or derandomized:
             cell_seed = zlib.crc32(f"{cc.family} {cc.cell.describe()}".encode()) ^ (seed or 0) ^ i

@@ -20,6 +20,8 @@ import contextlib
 import re
 from typing import Any
 
+import numpy as np
+
 import gmm_ref
 from gmm_kernels import KernelAdapter, triton_interpreter
 from gmm_kernels.known_issues import matching
@@ -27,8 +29,20 @@ from gmm_kernels.repro import kernel_reproducer
 from gmm_ref.compare import REPRODUCE
 from gmm_ref.repro import fenced
 
-__all__ = ["CheckRun", "Repeated", "attach", "finish", "forget", "left_property", "note", "one_line", "primary",
-           "raise_failure"]
+__all__ = [
+    "CheckRun",
+    "Repeated",
+    "attach",
+    "finish",
+    "forget",
+    "left_property",
+    "note",
+    "one_line",
+    "primary",
+    "raise_failure",
+    "recipe_problem",
+    "replayed",
+]
 
 _RECIPE = "_gmm_recipe"
 _LEFT = "_gmm_left_property"  # (the exception's notes as it left the property, the problem it failed on)
@@ -46,6 +60,37 @@ def attach(exc: BaseException, **recipe: Any) -> None:
         # an exception type with __slots__ takes no recipe: its report stays without a script
         with contextlib.suppress(AttributeError):
             setattr(exc, _RECIPE, recipe)
+
+
+def replayed(before: tuple[Any, ...]) -> dict[str, Any]:
+    """The recipe's part for a call made after others on the same kernel with the same shapes (``Mode.replays``):
+    the group sizes of those calls, in order (nothing for a first call)."""
+    return {"before": tuple(np.asarray(b).tolist() for b in before)} if before else {}
+
+
+def replay_note(problem: Any, before: tuple[Any, ...]) -> str:
+    """The report's line for a failing call made after ``before`` (their group sizes) with ``problem``'s shapes."""
+    sizes = [np.asarray(b).tolist() for b in before]
+    return (f"Call {len(before) + 1} (draw {len(before)}) with one shape and operands on the same kernel: the calls "
+            f"before it passed with group sizes {', '.join(map(str, sizes))}; this one, with "
+            f"{np.asarray(problem.group_sizes).tolist()}, failed: stale group sizes of an earlier call (a plan kept "
+            "by shape or operands, a replayed graph)? The reproducer makes the calls before it.")
+
+
+def recipe_problem(exc: BaseException, default: Any) -> Any:
+    """The problem ``exc`` was attached to (:func:`attach`), else ``default``."""
+    return (getattr(exc, _RECIPE, None) or {}).get("problem", default)
+
+
+def _replay_line(recipe: dict[str, Any], pick: str) -> str:
+    """``pick`` prefixed, for a failure of a later call with the shapes of the first, by what came before."""
+    before = recipe.get("before")
+    if not before:
+        return pick
+    sizes = np.asarray(recipe["problem"].group_sizes).tolist()
+    return (f"call {len(before) + 1} (draw {len(before)}) of one shape and operands: {pick} [group sizes {sizes}; "
+            f"the first call's {before[0]} passed: stale group sizes of an earlier call (a plan kept by shape or "
+            f"operands)?]")
 
 
 def left_property(exc: BaseException, problem: Any) -> None:
@@ -103,6 +148,7 @@ def one_line(exc: BaseException) -> str:
     wrt = (getattr(exc, _RECIPE, None) or {}).get("wrt")
     if isinstance(exc, gmm_ref.Mismatch) and wrt:
         pick = f"d/d{wrt}: {pick}"
+    pick = _replay_line(getattr(exc, _RECIPE, None) or {}, pick)
     if not isinstance(exc, AssertionError):
         pick = f"{type(exc).__name__}: {pick}"
         problem = (getattr(exc, _RECIPE, None) or {}).get("problem")

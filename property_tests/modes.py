@@ -3,8 +3,9 @@
 A *mode* is one kind of input a kernel must get right (exact integers bit for
 bit, normal values within the bound, poisoned padding, all groups empty,
 sharded groups with and without an existing output, other output dtypes,
-gradients). Each is a Hypothesis property over the problems of one family that
-the kernel's convention can express and the kernel declares it takes.
+gradients, several group sizes in turn for one shape). Each is a Hypothesis
+property over the problems of one family that the kernel's convention can
+express and the kernel declares it takes.
 
 A :class:`Mode` is one object that carries all it means: the options of its
 strategy, what it checks (the forward result, repeated for determinism, or the
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 
 import gmm_ref
 from gmm_kernels import KernelAdapter
+from gmm_ref import families
 from gmm_ref.problem import SERVING_FAMILIES
 from property_tests import large
 from property_tests import strategies as gst
@@ -53,6 +55,10 @@ class Mode:
       kernel without a gradient declines its problems);
     - ``fixed_problem``: it checks one problem built for the kernel (raising :class:`Unsupported` where it
       cannot be built here) instead of drawing examples;
+    - ``replays``: how many group-size vectors are checked per drawn problem, one call after the other on the
+      same adapter with the same operands and shapes (a kernel that keeps the group sizes of its first call,
+      e.g. a launch plan cached by shape or a captured CUDA graph replayed with stale sizes, fails the later
+      ones); 1: one call per problem;
     - ``refuse``: ``(adapter, family) -> reason or None``, why the mode does not apply to a kernel (beyond
       what its strategy cannot draw).
     """
@@ -64,6 +70,7 @@ class Mode:
     deterministic_repeat: bool = False
     gradient: bool = False
     fixed_problem: Callable[[KernelAdapter], gmm_ref.Problem] | None = None
+    replays: int = 1
     refuse: Callable[[KernelAdapter, str | None], str | None] | None = None
 
     def applicable(self, adapter: KernelAdapter, family: str | None = None) -> str | None:
@@ -93,6 +100,19 @@ def _no_gradient(adapter: KernelAdapter, family: str | None) -> str | None:
                 "layer's backward is its own scaled GEMM)")
     if not _has_gradient(adapter):
         return f"{adapter.name}: no reverse-mode gradient in this adapter"
+    return None
+
+
+def _no_group_sizes(adapter: KernelAdapter, family: str | None) -> str | None:
+    """Why ``adapter``'s problems have no group sizes to vary between calls, or None."""
+    fams = (family,) if family is not None else adapter.families
+    if not any(families.get(f).takes_sizes for f in fams):
+        return f"the {' / '.join(fams)} family has no group sizes (every group is one whole matrix)"
+    quantizations = adapter.convention_facts.quantizations
+    # a convention of scaled and unscaled operands: its scaled problems are declined (strategies.replay_refusal)
+    if quantizations and (None, None) not in quantizations:
+        return (f"{adapter.convention} takes quantized operands only: their block scales follow the group sizes, "
+                "so other sizes need other operands")
     return None
 
 
@@ -132,6 +152,9 @@ MODES: dict[str, Mode] = {
              {"values": "normal", "dtypes": ("float32", "bfloat16", "float16")}, gradient=True, refuse=_no_gradient),
         Mode("out_dtype", "every output dtype the convention takes, exact shape and dtype",
              {"values": "normal", "vary_out_dtype": True}),
+        Mode("graph", "one shape, 4 group-size vectors in turn on the same kernel: later calls must not reuse "
+             "the first call's group sizes (a launch plan cached by shape, a replayed CUDA graph)",
+             {"values": "exact"}, replays=4, refuse=_no_group_sizes),
     )
 }
 

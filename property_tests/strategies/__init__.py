@@ -18,8 +18,8 @@ this package needs neither jax nor torch, and has no side effects.
 """
 
 from property_tests.strategies.extents import extents, tilings
-from property_tests.strategies.problems import covering, problems
+from property_tests.strategies.problems import covering, problems, replays
 from property_tests.strategies.sizes import group_sizes, shardings
 from property_tests.strategies.values import VALUE_KINDS
 
-__all__ = ["VALUE_KINDS", "covering", "extents", "group_sizes", "problems", "shardings", "tilings"]
+__all__ = ["VALUE_KINDS", "covering", "extents", "group_sizes", "problems", "replays", "shardings", "tilings"]

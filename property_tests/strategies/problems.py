@@ -33,7 +33,7 @@ from property_tests.strategies.values import (
     unused_elements,
 )
 
-__all__ = ["Covering", "CoveringCell", "covering", "problems"]
+__all__ = ["Covering", "CoveringCell", "covering", "problems", "replay_refusal", "replays"]
 
 def problems(
     *,
@@ -141,6 +141,34 @@ def covering(**kwargs: Any) -> Covering:
     if unknown:
         raise InvalidArgument(f"covering(): unknown arguments {sorted(unknown)}; it takes problems()'s")
     return _drawer(**kwargs).covering()
+
+
+def replays(cov: Covering, cell: CoveringCell, n: int) -> SearchStrategy[tuple[gmm_ref.Problem, ...]]:
+    """``n`` problems that one kernel gets one after the other: one of ``cell``'s strategy, then ``n - 1``
+    with its operands, shapes, dtypes, group count and shard, group sizes drawn anew for the same extents
+    (a kernel captured once in a CUDA graph and replayed with new sizes; elsewhere, a kernel that caches
+    its launch plan by shape). A problem :func:`replay_refusal` names a reason for is drawn once: ``(problem,)``."""
+    tail_ok = cov.config.rules.full_sums is False
+
+    @st.composite
+    def _draw(draw: Any) -> tuple[gmm_ref.Problem, ...]:
+        first = draw(cell.strategy)
+        if n <= 1 or replay_refusal(first) is not None:
+            return (first,)
+        offset = first.group_offset or 0
+        return (first, *(first.replace(group_sizes=_sizes(draw, cov.config, cell.cell.static, "exact", tail_ok,
+                                                          False, offset)) for _ in range(n - 1)))
+
+    return _draw()
+
+
+def replay_refusal(problem: gmm_ref.Problem) -> str | None:
+    """Why :func:`replays` draws no other group sizes for ``problem``, or None."""
+    if problem.group_sizes is None:
+        return f"the {problem.family} family has no group sizes (every group is one whole matrix)"
+    if problem.scaled:
+        return "quantized operands: their block scales follow the group sizes, so other sizes need other operands"
+    return None
 
 
 def _drawer(*, convention: Any = None, families: Any = None, dtypes: Any = None, tiling: Any = None,

@@ -38,7 +38,8 @@ def test_a_mode_says_what_it_checks_through_its_fields():
     assert [m for m, mode in ALL_MODES.items() if not mode.draws_examples] == ["large"]
     # modes whose problems differ from the exact mode's only in their values share its compiled shapes
     assert sorted(m for m, mode in MODES.items() if not mode.changes_shapes) == [
-        "all_empty", "exact", "normal", "poisoned", "wide"]
+        "all_empty", "exact", "graph", "normal", "poisoned", "wide"]
+    assert [m for m, mode in ALL_MODES.items() if mode.replays > 1] == ["graph"]
     assert FEW_GROUPS.changes_shapes
 
 
