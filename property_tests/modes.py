@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import gmm_ref
 from gmm_kernels import KernelAdapter
+from gmm_ref import dtypes as _dt
 from gmm_ref import families
 from gmm_ref.problem import SERVING_FAMILIES
 from property_tests import large
@@ -114,6 +115,20 @@ def _no_group_sizes(adapter: KernelAdapter, family: str | None) -> str | None:
         return (f"{adapter.convention} takes quantized operands only: their block scales follow the group sizes, "
                 "so other sizes need other operands")
     return None
+
+
+def _replayable(adapter: KernelAdapter, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The strategy options that draw only problems whose group sizes can change under the same operands: the
+    families with group sizes (not batch), and unscaled operands (block scales follow the group sizes)."""
+    out: dict[str, Any] = {"families": tuple(f for f in kwargs.get("families", adapter.families)
+                                             if families.get(f).takes_sizes)}
+    facts = adapter.convention_facts
+    if facts.quantizations:  # _no_group_sizes refused a convention of scaled operands only
+        out["quantizations"] = ((None, None),)
+        pairs = kwargs.get("dtypes") or facts.dtype_pairs
+        codes = facts.code_dtypes
+        out["dtypes"] = tuple(p for p in pairs if _dt.as_dtype(p[0], name="dtypes", codes=True) not in codes)
+    return out
 
 
 def _large_family(adapter: KernelAdapter, family: str | None) -> str | None:
@@ -251,4 +266,6 @@ def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None 
         kwargs["families"] = (family,)
     elif adapter.families != adapter.convention_facts.families:
         kwargs["families"] = adapter.families
+    if mode.replays > 1:  # replays vary the group sizes of one problem's operands: problems that can have others
+        kwargs.update(_replayable(adapter, kwargs))
     return dict(convention=adapter.convention, **kwargs)
