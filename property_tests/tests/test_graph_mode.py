@@ -7,6 +7,7 @@ pass it; the graph mode fails it and says which call used stale group sizes.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import numpy as np
@@ -142,6 +143,11 @@ def test_quantized_operands_are_not_replayed():
         assert replay_refusal(problems[0]).startswith("quantized operands")
 
     prop()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="torch is not installed: the serving layout's correct twin is a torch function")
+def test_a_serving_layout_replays_its_unscaled_problems():
     mixed = check_mode(_kernel(bk.CORRECT["deep_gemm.m_grouped_masked"], "deep_gemm.m_grouped_masked"), "graph",
                        profile="gmm-ci", max_examples=6)
     assert mixed.status is Status.PASSED and mixed.examples > 0, mixed.detail
