@@ -227,11 +227,6 @@ def test_strategies_and_check_kernel_import_without_pytest_or_jax():
 
 
 # ------------------------------------------------ family names: compared only inside their registry (issue 27)
-#: modules (owned by others) that still compare a family's name to a literal; shrink it as they move to the
-#: records of gmm_ref.families (a stale entry fails below)
-FAMILY_NAME_COMPARISONS_ALLOWED: frozenset[str] = frozenset()
-
-
 def _name_comparisons(path: Path, names: frozenset[str], holders: frozenset[str] | None = None) -> list[str]:
     """Each comparison (``==``, ``!=``, ``in``, ...) in ``path`` with a literal of ``names`` among its operands (a
     string, or one inside a tuple, list or set literal); with ``holders``, only those comparing what holds such a
@@ -252,10 +247,6 @@ def _name_comparisons(path: Path, names: frozenset[str], holders: frozenset[str]
     return found
 
 
-def _family_name_comparisons(path: Path, names: frozenset[str]) -> list[str]:
-    return _name_comparisons(path, names)
-
-
 def _family_names() -> frozenset[str]:
     from gmm_ref import FAMILIES
 
@@ -266,16 +257,9 @@ def test_no_family_name_is_compared_outside_its_registry():
     """A family's facts live in its gmm_ref.families record; code reads them, it does not test the name."""
     names = _family_names()
     found = [hit for name, path in sorted(MODULES.items()) if name != "gmm_ref.families"
-             and path.relative_to(ROOT).as_posix() not in FAMILY_NAME_COMPARISONS_ALLOWED
-             for hit in _family_name_comparisons(path, names)]
+             for hit in _name_comparisons(path, names)]
     assert not found, ("family names compared outside gmm_ref/families.py (read the Family record's facts "
                        "instead):\n" + "\n".join(found))
-
-
-def test_the_family_name_allow_list_only_shrinks():
-    names = _family_names()
-    stale = sorted(f for f in FAMILY_NAME_COMPARISONS_ALLOWED if not _family_name_comparisons(ROOT / f, names))
-    assert not stale, f"no family name is compared in {stale} any more: drop them from FAMILY_NAME_COMPARISONS_ALLOWED"
 
 
 def test_the_family_name_check_catches_what_it_is_for(tmp_path, monkeypatch):
@@ -283,7 +267,7 @@ def test_the_family_name_check_catches_what_it_is_for(tmp_path, monkeypatch):
     src.write_text('a = fam == "ragged_m"\nb = fam in ("batch", "x")\nc = "ragged_k" not in fams\n'
                    'd = Problem("ragged_m", x)\ne = {"masked": 1}[fam]\nf = kind == "padded"\n')
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    assert _family_name_comparisons(src, _family_names()) == [
+    assert _name_comparisons(src, _family_names()) == [
         "m.py:1 compares ragged_m", "m.py:2 compares batch", "m.py:3 compares ragged_k"]
 
 
@@ -409,9 +393,6 @@ def test_the_private_name_check_catches_what_it_is_for(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------ mode names: compared only inside their registry (issue 27)
-#: modules (owned by others) that still compare a mode's name to a literal; shrink it as they read the Mode's
-#: fields instead (a stale entry fails below)
-MODE_NAME_COMPARISONS_ALLOWED: frozenset[str] = frozenset()
 #: what holds a mode's name: ``mode.name``, ``result.check``, a variable ``mode``/``column``/``check``
 MODE_HOLDERS = frozenset({"name", "mode", "mode_name", "column", "check"})
 
@@ -431,16 +412,9 @@ def test_no_mode_name_is_compared_outside_its_registry():
     """A mode carries its own options, checks and applicability (property_tests.modes.Mode): code reads them."""
     names = _mode_names()
     found = [hit for name, path in sorted(MODULES.items()) if name != "property_tests.modes"
-             and path.relative_to(ROOT).as_posix() not in MODE_NAME_COMPARISONS_ALLOWED
              for hit in _mode_name_comparisons(path, names)]
     assert not found, ("mode names compared outside property_tests/modes.py (give the Mode a field instead):\n"
                        + "\n".join(found))
-
-
-def test_the_mode_name_allow_list_only_shrinks():
-    names = _mode_names()
-    stale = sorted(f for f in MODE_NAME_COMPARISONS_ALLOWED if not _mode_name_comparisons(ROOT / f, names))
-    assert not stale, f"no mode name is compared in {stale} any more: drop them from MODE_NAME_COMPARISONS_ALLOWED"
 
 
 def test_the_mode_name_check_catches_what_it_is_for(tmp_path, monkeypatch):
