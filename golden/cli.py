@@ -22,7 +22,7 @@ from gmm_kernels import configure, load_object, resolve_kernel
 from gmm_ref.numerics import parse_numerics
 from golden.case import Case, GoldenError, select
 from golden.cases import CASES
-from golden.judge import check_goldens, out_of_scope
+from golden.judge import check_goldens, out_of_scope, reasons_text, scope_reasons
 from golden.regeneration import regenerate
 from golden.staleness import by_convention, contents
 from golden.store import PROG, GoldenStore, corpus_of, default_directory, read_manifest
@@ -112,7 +112,7 @@ def _nothing_checked(kernel: Any, directory: Path, cases: str | None, results: l
     sel = f" matching --cases {cases}" if cases else ""
     if results:
         who = f"{kernel.name}'s scope" if kernel is not None else "the scope of every kernel here"
-        reasons = out_of_scope(results).partition(": ")[2]
+        reasons = reasons_text(scope_reasons(results))
         return f"all {len(results)} golden case(s){sel} in {directory} are out of {who}: {reasons}"
     if kernel is None:
         return f"no kernel here has goldens of its convention{sel} in {directory} (it holds {held})"

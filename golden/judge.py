@@ -35,7 +35,7 @@ from golden.store import (
     producer_key,
 )
 
-__all__ = ["bits", "check_goldens", "describe_bad", "drift", "out_of_scope"]
+__all__ = ["bits", "check_goldens", "describe_bad", "drift", "out_of_scope", "reasons_text", "scope_reasons"]
 
 
 def _ordered(a: np.ndarray) -> np.ndarray:
@@ -90,13 +90,23 @@ def describe_bad(p: gmm_ref.Problem, bad: np.ndarray, mask: np.ndarray, actual: 
             f"first at {list(at)}: {_fmt(actual[at])} vs {_fmt(desired[at])}")
 
 
+def scope_reasons(results: Sequence[Result]) -> list[tuple[str, int]]:
+    """Each reason a result was out of the kernel's scope (unsupported) with its count, most frequent first."""
+    return Counter(r.detail or "unsupported" for r in results if r.status is Status.UNSUPPORTED).most_common()
+
+
+def reasons_text(reasons: Sequence[tuple[str, int]]) -> str:
+    """``4 x REASON; 3 x REASON``."""
+    return "; ".join(f"{n} x {why}" for why, n in reasons)
+
+
 def out_of_scope(results: Sequence[Result]) -> str:
     """Which results were out of the kernel's scope (unsupported), each reason with its count, most frequent
     first: ``7 out of scope: 4 x REASON; 3 x REASON`` (empty when none was)."""
-    reasons = Counter(r.detail or "unsupported" for r in results if r.status is Status.UNSUPPORTED)
+    reasons = scope_reasons(results)
     if not reasons:
         return ""
-    return f"{sum(reasons.values())} out of scope: " + "; ".join(f"{n} x {why}" for why, n in reasons.most_common())
+    return f"{sum(n for _, n in reasons)} out of scope: " + reasons_text(reasons)
 
 
 def _failed(kernel: str, case: str, detail: str, criterion: str, message: str = "") -> Result:

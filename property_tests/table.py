@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -19,6 +18,7 @@ from typing import Any, NamedTuple
 from gmm_kernels import KernelAdapter, Status
 from golden import GoldenStore, check_goldens
 from golden.cli import default_directory
+from golden.judge import reasons_text, scope_reasons
 from golden.staleness import contents
 from property_tests.checking import check_mode
 from property_tests.failures import CheckRun
@@ -66,7 +66,7 @@ class GoldenTally:
         """The cell's text: every count says how many cases were out of scope; ``reasons``: each reason with its
         count (the note and the JSON), else the count alone (the table)."""
         n = sum(count for _, count in self.out_of_scope)
-        why = "; ".join(f"{count} x {reason}" for reason, count in self.out_of_scope)
+        why = reasons_text(self.out_of_scope)
         scope = f"{n} out of scope" + (f": {why}" if reasons else "")
         if status is Status.PASSED:
             return (f"pass ({self.passed}/{self.cases}" + (f"; {self.known_bugs} known bug" if self.known_bugs else "")
@@ -167,8 +167,7 @@ def _golden_cell(kernel: KernelAdapter, directory: str | None, require_own: bool
         return CellOutcome(Status.UNSUPPORTED, f"no golden case of the {kernel.convention} convention in {where} "
                                                f"(it holds {held})")
     by = {s: [r for r in results if r.status is s] for s in Status}
-    # each reason with its count, most frequent first (as golden.judge.out_of_scope words it)
-    scope = Counter(r.detail or "unsupported" for r in by[Status.UNSUPPORTED]).most_common()
+    scope = scope_reasons(results)  # each reason with its count, most frequent first
     tally = GoldenTally(len(results), len(by[Status.PASSED]), len(by[Status.FAILED]), len(by[Status.KNOWN_BUG]),
                         tuple(scope))
     if tally.failed:
