@@ -10,7 +10,10 @@ convention front-end with a kernel's own arguments (:func:`ragged_dot`,
 :func:`arguments` turns a problem
 into its convention's arguments. Scaled (quantized) grouped GEMM: a :class:`Problem` with
 ``lhs_quant``/``lhs_scales`` (a :class:`Quantization` and its scales), the exact
-:func:`scaled_reference` and the MX quantizer :func:`to_mx` (``gmm_ref.scaled``). Needs only
+:func:`scaled_reference` and the MX quantizer :func:`to_mx` (``gmm_ref.scaled``). Routed MoE
+(tokens gathered per expert by ``topk_ids``): :class:`Routing`, its exact :func:`routed_reference`, and the
+metadata fused-MoE kernels take (:func:`moe_align_block_size`, :func:`unsloth_routing_indices` and their
+validators; docs/routed.md). Needs only
 NumPy and ml_dtypes. The semantics are in the repository's docs/ (semantics.md, conventions.md,
 numerics.md, scaled.md).
 """
@@ -35,6 +38,13 @@ from gmm_ref.problem import FAMILIES, Problem, as_tiling
 from gmm_ref.quantize import quantize_problem
 from gmm_ref.quantizers import AmaxQuantizer
 from gmm_ref.repro import load_array, load_problem, reproducer, save_problem
+from gmm_ref.routing import RoutedNumerics, RoutedReference, Routing, routed_reference
+from gmm_ref.routing_metadata import (
+    moe_align_block_size,
+    unsloth_routing_indices,
+    validate_moe_align_block_size,
+    validate_unsloth_routing,
+)
 from gmm_ref.scaled import MXQuantizer, Quantization, scaled_reference, to_mx
 
 __all__ = [
@@ -49,6 +59,9 @@ __all__ = [
     "Quantization",
     "RaggedDotDimensionNumbers",
     "Reference",
+    "RoutedNumerics",
+    "RoutedReference",
+    "Routing",
     "arguments",
     "as_numpy",
     "as_tiling",
@@ -64,6 +77,7 @@ __all__ = [
     "grouped_mm",
     "load_array",
     "load_problem",
+    "moe_align_block_size",
     "nvfp4_grouped_mm",
     "problem_from_arguments",
     "quantize_problem",
@@ -73,6 +87,7 @@ __all__ = [
     "reference",
     "reproducer",
     "round_to",
+    "routed_reference",
     "save_problem",
     "scaled_grouped_mm",
     "scaled_grouped_mm_v2",
@@ -82,5 +97,8 @@ __all__ = [
     "tgmm",
     "to_mx",
     "unit_roundoff",
+    "unsloth_routing_indices",
+    "validate_moe_align_block_size",
+    "validate_unsloth_routing",
     "vllm_batched_moe",
 ]

@@ -22,7 +22,8 @@ PACKAGE_ORDER = {name: i for i, name in enumerate(PACKAGES)}
 #: layers inside gmm_ref, bottom first (docs/architecture.md)
 GMM_REF_LAYERS = (
     ("gmm_ref.dtypes", "gmm_ref.checks", "gmm_ref.problem"),
-    ("gmm_ref.layouts", "gmm_ref.numerics", "gmm_ref.exact", "gmm_ref.gradients", "gmm_ref.repro"),
+    ("gmm_ref.layouts", "gmm_ref.numerics", "gmm_ref.exact", "gmm_ref.gradients", "gmm_ref.repro",
+     "gmm_ref.routing", "gmm_ref.routing_metadata"),
     ("gmm_ref.conventions",),
     ("gmm_ref.compare",),
     ("gmm_ref",),
