@@ -399,3 +399,51 @@ def test_the_bounds_grow_with_the_accumulator_declared():
     narrow = ref.slot_bound(RoutedNumerics(product=Numerics(accumulate=np.float16)))
     assert (narrow >= ref.slot_bound()).all() and (narrow > ref.slot_bound()).any()
     assert ref.product_error(Numerics()).shape == ref.slots.shape
+
+
+@pytest.mark.parametrize("broken", ["no weight", "dropped slot", "swapped slots", "next expert"])
+def test_broken_kernels_fail_every_declared_bound(broken):
+    r = _routing(11)
+    ref = routed_reference(r)
+    prods = _kernel_products(r)
+    if broken == "next expert":  # expert_ids shifted by one: each slot computed with the next expert
+        shifted = Routing(r.tokens, r.experts, (r.topk_ids + 1) % r.num_experts)
+        prods = _kernel_products(shifted)
+    weights = np.ones_like(r.topk_weights) if broken == "no weight" else r.topk_weights
+    slots = (prods * weights[:, :, None]).astype(BF16)
+    if broken == "dropped slot":
+        slots[3, 1] = 0
+    if broken == "swapped slots":
+        slots[5] = slots[5, ::-1]
+    for numerics in (RoutedNumerics(), RoutedNumerics(weight="output", combine=BF16)):
+        assert _check(slots, ref.slots_exact, ref.slot_bound(numerics)) > 1
+    if broken != "swapped slots":  # a swap inside one token leaves its sum as it was
+        for numerics in (RoutedNumerics(combine=BF16), RoutedNumerics(combine=np.float32)):
+            total = slots.astype(np.float32).sum(axis=1).astype(BF16)
+            assert _check(total, ref.combined_exact, ref.combined_bound(numerics)) > 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_builders_pass_their_validators_and_a_moved_slot_does_not(seed):
+    rng = np.random.default_rng(seed)
+    e = int(rng.integers(1, 40))
+    ids = rng.integers(0, e, (int(rng.integers(0, 30)), int(rng.integers(1, 5)))).astype((I32, np.int64)[seed % 2])
+    bs = int(rng.choice([1, 2, 4, 16]))
+    emap = None
+    if seed % 3:
+        local = rng.random(e) < 0.5
+        emap = np.where(local, np.cumsum(local) - 1, -1).astype(I32)
+    ignore = bool(seed % 2) and emap is not None
+    meta = moe_align_block_size(ids, bs, e, emap, pad_sorted_ids=bool(seed % 4 == 1), ignore_invalid_experts=ignore)
+    validate_moe_align_block_size(ids, bs, e, *meta, emap, ignore)
+    sorted_ids, expert_ids, post = (a.copy() for a in meta)
+    real = np.flatnonzero(sorted_ids[:post[0]] < ids.size)
+    if real.size:  # a slot moved onto a sentinel of another run, or its own run's slot replaced
+        i = int(real[0])
+        sorted_ids[i] = ids.size
+        with pytest.raises(ValueError, match=r"sorted_token_ids\[\d+\]"):
+            validate_moe_align_block_size(ids, bs, e, sorted_ids, expert_ids, post, emap, ignore)
+    m_sizes, gather = unsloth_routing_indices(ids, e)
+    validate_unsloth_routing(ids, e, m_sizes, gather)
+    assert m_sizes.sum() == ids.size
+    np.testing.assert_array_equal(np.sort(gather), np.arange(ids.size))
