@@ -248,6 +248,15 @@ class RoutedNumerics:
         return self.product or Numerics.default_for(r.tokens.dtype, r.experts.dtype, r.out_dtype)
 
 
+def _routed_numerics(numerics: Any) -> RoutedNumerics:
+    if numerics is None:
+        return RoutedNumerics()
+    if not isinstance(numerics, RoutedNumerics):
+        raise TypeError(f"numerics: expected a gmm_ref.RoutedNumerics or None, got {type(numerics).__name__}"
+                        + (" (wrap it: RoutedNumerics(product=...))" if isinstance(numerics, Numerics) else ""))
+    return numerics
+
+
 def _tinies(dtype: Any, flush: bool) -> float:
     """The absolute error one rounding into ``dtype`` may add below its normal range."""
     fmt = _dt.float_format(dtype)
@@ -277,6 +286,7 @@ class RoutedReference:
         #: ``[T, top_k, N]`` float64: ``tokens[t] @ W[e]`` of every local slot, 0 elsewhere (unweighted)
         self.products = products
         self._product_error = product_error
+        self._errors: dict[Numerics, np.ndarray] = {}
         #: ``[T, top_k]``: whether the slot's expert is on this rank
         self.local = routing.local_ids >= 0
         #: ``[T, top_k, N]`` float64: the exact per-slot output (weighted where the routing says)
@@ -302,11 +312,17 @@ class RoutedReference:
     def product_error(self, numerics: Numerics) -> np.ndarray:
         """``[T, top_k, N]``: bound on the error of a kernel's accumulator value of each local slot's product
         (gmm_ref.numerics' bound of the grouped problem, before any rounding to the output dtype); 0 elsewhere."""
-        return self._product_error(numerics)
+        if not isinstance(numerics, Numerics):
+            raise TypeError(f"numerics: expected a gmm_ref.Numerics, got {type(numerics).__name__}")
+        if numerics not in self._errors:  # the costly part of every bound: once per numerics
+            err = self._product_error(numerics)
+            err.flags.writeable = False
+            self._errors[numerics] = err
+        return self._errors[numerics]
 
     def slot_bound(self, numerics: RoutedNumerics | None = None) -> np.ndarray:
         """``[T, top_k, N]``: per-element bound on ``|kernel slot - slots_exact|``."""
-        r, rn = self.routing, numerics or RoutedNumerics()
+        r, rn = self.routing, _routed_numerics(numerics)
         num = rn.product_numerics(r)
         p, e_p = self.products, self.product_error(num)
         u_out, tiny_out = _dt.unit_roundoff(r.out_dtype), _tinies(r.out_dtype, num.flush_subnormals)
@@ -322,7 +338,7 @@ class RoutedReference:
 
     def combined_bound(self, numerics: RoutedNumerics | None = None) -> np.ndarray:
         """``[T, N]``: per-element bound on ``|kernel combined - combined_exact|`` (``top_k`` terms a row)."""
-        r, rn = self.routing, numerics or RoutedNumerics()
+        r, rn = self.routing, _routed_numerics(numerics)
         num = rn.product_numerics(r)
         u_out, tiny_out = _dt.unit_roundoff(r.out_dtype), _tinies(r.out_dtype, num.flush_subnormals)
         adds, mag = r.top_k - 1, np.abs(self.slots_exact)
@@ -357,8 +373,6 @@ def routed_reference(routing: Routing) -> RoutedReference:
     products.reshape(-1, routing.n)[flat] = ref.exact
 
     def product_error(numerics: Numerics) -> np.ndarray:
-        if not isinstance(numerics, Numerics):
-            raise TypeError(f"numerics: expected a gmm_ref.Numerics, got {type(numerics).__name__}")
         out = np.zeros(shape, np.float64)
         out.reshape(-1, routing.n)[flat] = error_bound(problem, ref.exact, numerics)
         return out

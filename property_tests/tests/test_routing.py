@@ -180,6 +180,13 @@ def test_bad_numerics_are_refused():
         RoutedNumerics(combine=np.int32)
     with pytest.raises(TypeError, match="routing: expected"):
         routed_reference(X)
+    ref = routed_reference(Routing(X, W, _ids([[0], [1], [2]])))
+    with pytest.raises(TypeError, match=r"numerics: expected a gmm_ref.RoutedNumerics or None, got Numerics \(wrap"):
+        ref.slot_bound(Numerics())
+    with pytest.raises(TypeError, match=r"numerics: expected a gmm_ref\.Numerics, got str"):
+        ref.product_error("float32")
+    with pytest.raises(TypeError, match=r"product: expected a gmm_ref\.Numerics or None"):
+        RoutedNumerics(product="float32")
 
 
 # ------------------------------------------------------------------------------------- vLLM's metadata
