@@ -29,6 +29,7 @@ once to the output dtype. The bounds of the kernels' rounding choices are :class
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -257,12 +258,22 @@ def _routed_numerics(numerics: Any) -> RoutedNumerics:
     return numerics
 
 
+def _ieee(fn: Any) -> Any:
+    """``fn`` with NaN / Inf propagating silently, as IEEE says (a NaN weight or input makes a NaN bound)."""
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with np.errstate(invalid="ignore", over="ignore"):
+            return fn(*args, **kwargs)
+    return wrapped
+
+
 def _tinies(dtype: Any, flush: bool) -> float:
     """The absolute error one rounding into ``dtype`` may add below its normal range."""
     fmt = _dt.float_format(dtype)
     return fmt.tiny + (min_normal(dtype) if flush else 0.0)
 
 
+@_ieee
 def _weighted_error(p: np.ndarray, e_p: np.ndarray, w: np.ndarray, rn: RoutedNumerics, r: Routing,
                     num: Numerics) -> np.ndarray:
     """Bound on ``|q - w * p|`` for the weighted slot value ``q`` before the final rounding to the output dtype
@@ -290,7 +301,10 @@ class RoutedReference:
         #: ``[T, top_k]``: whether the slot's expert is on this rank
         self.local = routing.local_ids >= 0
         #: ``[T, top_k, N]`` float64: the exact per-slot output (weighted where the routing says)
-        self.slots_exact = products * routing.weights64()[:, :, None]
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN / Inf propagate as IEEE says
+            weighted = products * routing.weights64()[:, :, None]
+        # a non-local slot is zero whatever its weight (a NaN weight there must not leak into the sum)
+        self.slots_exact = np.where(self.local[:, :, None], weighted, 0.0)
         #: ``[T, N]`` float64: the exact combined output, the sum of the slots (their float64 sum)
         self.combined_exact = self.slots_exact.sum(axis=1)
         mask = np.ones(products.shape, bool)
@@ -320,6 +334,7 @@ class RoutedReference:
             self._errors[numerics] = err
         return self._errors[numerics]
 
+    @_ieee
     def slot_bound(self, numerics: RoutedNumerics | None = None) -> np.ndarray:
         """``[T, top_k, N]``: per-element bound on ``|kernel slot - slots_exact|``."""
         r, rn = self.routing, _routed_numerics(numerics)
@@ -336,6 +351,7 @@ class RoutedReference:
             bound = e_q + u_out * (np.abs(self.slots_exact) + e_q) + tiny_out
         return np.where(self.local[:, :, None], bound, 0.0)
 
+    @_ieee
     def combined_bound(self, numerics: RoutedNumerics | None = None) -> np.ndarray:
         """``[T, N]``: per-element bound on ``|kernel combined - combined_exact|`` (``top_k`` terms a row)."""
         r, rn = self.routing, _routed_numerics(numerics)

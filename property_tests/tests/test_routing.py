@@ -88,6 +88,11 @@ def test_non_local_experts_give_zeros_and_nan_rows_do_not_leak():
     np.testing.assert_array_equal(ref.slots, [[[1, 2], [0, 0]], [[0, 0], [7, 0]], [[0, 0], [0, 0]]])
     np.testing.assert_array_equal(ref.combined, [[1, 2], [7, 0], [0, 0]])
     assert ref.slots_mask.all()
+    weights = np.array([[1, np.nan], [np.inf, 2], [np.nan, np.nan]], np.float32)  # on non-local slots only
+    weighted = routed_reference(Routing(x, w_local, r.topk_ids, weights, expert_map=emap, mul_routed_weight=True))
+    np.testing.assert_array_equal(weighted.combined, [[1, 2], [14, 0], [0, 0]])
+    assert np.isfinite(weighted.combined_bound()).all()
+    assert np.isfinite(weighted.combined_bound(RoutedNumerics(weight="output", combine=np.float32))).all()
     und = routed_reference(Routing(x, w_local, r.topk_ids, expert_map=emap, foreign="undefined"))
     np.testing.assert_array_equal(und.slots_mask[:, :, 0], [[True, False], [False, True], [False, False]])
 
@@ -454,3 +459,13 @@ def test_the_builders_pass_their_validators_and_a_moved_slot_does_not(seed):
     validate_unsloth_routing(ids, e, m_sizes, gather)
     assert m_sizes.sum() == ids.size
     np.testing.assert_array_equal(np.sort(gather), np.arange(ids.size))
+
+
+def test_a_nan_token_on_a_local_expert_stays_in_its_own_rows():
+    x = X.copy()
+    x[0, 1] = np.nan
+    ref = routed_reference(Routing(x, W, _ids([[0, 1], [1, 2], [2, 0]]), np.ones((3, 2), np.float32),
+                                   mul_routed_weight=True))
+    assert np.isnan(ref.slots[0]).all() and np.isfinite(ref.slots[1:]).all()
+    assert np.isnan(ref.combined[0]).all() and np.isfinite(ref.combined[1:]).all()
+    assert np.isfinite(ref.slot_bound()[1:]).all() and np.isfinite(ref.combined_bound()[1:]).all()
