@@ -153,3 +153,10 @@ def test_the_unbroken_wheel_passes(monkeypatch):
     monkeypatch.setenv(adapter.WHEEL_ENV, WHEEL)
     report = check_kernel("vllm.batched_moe", modes=["normal"], profile="gmm-ci")
     assert [r.status for r in report] == [Status.PASSED]
+
+
+def test_the_set_up_downloads_the_version_the_adapter_reads():
+    from pathlib import Path
+
+    setup = (Path(__file__).resolve().parents[2] / "scripts" / "setup.sh").read_text()
+    assert f"VLLM_VERSION={adapter.WHEEL_VERSION}\n" in setup
