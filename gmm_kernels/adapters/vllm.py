@@ -25,6 +25,7 @@ import ast
 import dataclasses
 import functools
 import glob
+import importlib
 import importlib.util
 import linecache
 import os
@@ -170,13 +171,16 @@ class VllmBatchedMoE(KernelAdapter):
     flush_subnormals = True
 
     def _kernel(self) -> Any:
-        """The launcher: the installed vLLM's on a GPU where it is installed, else the wheel's."""
+        """The launcher: the installed vLLM's on a GPU where it is installed (and imports), else the wheel's."""
         import torch
 
         if torch.cuda.is_available() and _installed():
-            from vllm.model_executor.layers.fused_moe.fused_batched_moe import invoke_moe_batched_triton_kernel
-
-            return invoke_moe_batched_triton_kernel
+            for module in ("vllm.model_executor.layers.fused_moe.experts.fused_batched_moe",  # 0.33
+                           "vllm.model_executor.layers.fused_moe.fused_batched_moe"):  # earlier releases
+                try:
+                    return importlib.import_module(module).invoke_moe_batched_triton_kernel
+                except (ImportError, AttributeError):
+                    continue
         wheel = find_wheel()
         if wheel is None:
             raise WheelLayoutError(self._no_wheel())
