@@ -5,7 +5,7 @@ drivers``); Triton's interpreter runs it instead, on NumPy, when ``TRITON_INTERP
 the kernel's module is imported (``@triton.jit`` reads it). :func:`use_if_no_gpu` sets it: the main
 job and its workers, the pytest plugin and the resolver (before it imports ``pkg.module:fn``) call it.
 
-The interpreter has four defects that real kernels hit, each fixed here by patching
+The interpreter has five defects that real kernels hit, each fixed here by patching
 ``triton.runtime.interpreter`` at runtime (:func:`fix`), for the Triton versions in :data:`VERIFIED`:
 
 * ``bf16_dot``: ``tl.dot`` of bfloat16 blocks multiplies their raw uint16 bit patterns (bfloat16 is
@@ -13,7 +13,9 @@ The interpreter has four defects that real kernels hit, each fixed here by patch
 * ``bf16_cast``: float32 -> bfloat16 casts truncate, where a GPU rounds to nearest even;
 * ``bool_splat``: a comparison's result is tagged int32 though its data is bool, and splatting it into
   a block keeps int32: ``tl.load`` / ``tl.store`` raise ``mask has unsupported dtype``;
-* ``range_int``: ``tl.range`` loop variables are Python ints, so ``i.to(tl.int64)`` raises.
+* ``range_int``: ``tl.range`` loop variables are Python ints, so ``i.to(tl.int64)`` raises;
+* ``fp8_nan_dot``: ``tl.dot`` of float8_e4m3fn blocks decodes them through float16 with no NaN case: the
+  NaN codes (0x7f, 0xff) count as +-480 (its ``dot_scaled`` path has the case; ``dot`` lacks it).
 
 For any other version nothing is patched: :func:`defects` runs a tiny probe kernel per defect
 (``gmm_kernels.triton_probes``) and :func:`fix` raises :class:`InterpreterDefect` naming those found,
@@ -42,6 +44,7 @@ DEFECTS = {
     "bf16_cast": "float32 -> bfloat16 casts truncate instead of rounding to nearest even",
     "bool_splat": "a comparison splatted into a block mask stays int32 ('mask has unsupported dtype')",
     "range_int": "tl.range loop variables are Python ints ('int' object has no attribute 'to')",
+    "fp8_nan_dot": "tl.dot of float8_e4m3fn blocks reads the NaN codes (0x7f, 0xff) as +-480",
 }
 _NO_DRIVER = "0 active drivers"
 _saved: dict[str, Any] = {}  # the interpreter's own functions, while fixed
@@ -96,7 +99,7 @@ def _version() -> str:
 
 
 def fix() -> list[str]:
-    """Patch the interpreter's four defects (once per process) where Triton is imported, the interpreter is
+    """Patch the interpreter's five defects (once per process) where Triton is imported, the interpreter is
     in use and its version is in :data:`VERIFIED`; the names of the defects fixed. An unverified version is
     probed instead: any defect found raises :class:`InterpreterDefect` naming it."""
     if not _loaded() or not in_use():
@@ -144,11 +147,17 @@ def _patch() -> None:
         return handle.data.view(ml_dtypes.bfloat16).astype(np.float32) if handle.dtype.scalar == tl.bfloat16 \
             else handle.data
 
+    def as_value(handle: Any) -> Any:  # as_float, and float8e4nv codes -> float32 values, NaN codes NaN
+        if handle.dtype.scalar != tl.float8e4nv:
+            return as_float(handle)
+        value = ti._convert_float(handle.data, handle.dtype.scalar, tl.float16, None).view(np.float16)
+        return np.where(handle.data & np.uint8(0x7F) == np.uint8(0x7F), np.float32("nan"), value.astype(np.float32))
+
     def create_dot(self: Any, a: Any, b: Any, d: Any, input_precision: Any, max_num_imprecise_acc: Any) -> Any:
-        if tl.bfloat16 not in (a.dtype.scalar, b.dtype.scalar, d.dtype.scalar):
+        if not {tl.bfloat16, tl.float8e4nv} & {a.dtype.scalar, b.dtype.scalar, d.dtype.scalar}:
             return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         with np.errstate(all="ignore"):  # NaN and infinity propagate, as on a GPU, without a warning
-            acc = np.matmul(as_float(a), as_float(b), dtype=np.float32) + as_float(d)
+            acc = np.matmul(as_value(a), as_value(b), dtype=np.float32) + as_float(d)
         if d.dtype.scalar == tl.bfloat16:  # a bfloat16 accumulator: round once, back to its bits
             return ti.TensorHandle(acc.astype(ml_dtypes.bfloat16).view(np.uint16), d.dtype.scalar)
         return ti.TensorHandle(acc.astype(d.data.dtype), d.dtype.scalar)

@@ -79,8 +79,18 @@ def _probe_range() -> bool:
     return int(y[0]) == 6
 
 
+def _probe_fp8_nan() -> bool:
+    a = torch.ones((16, 16), dtype=torch.float32)
+    a[0, 3] = float("nan")
+    b = torch.ones((16, 16), dtype=torch.float32)
+    c = torch.zeros((16, 16), dtype=torch.float32)
+    _interpreted(_dot)[(1,)](a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn), c, BLOCK=16)
+    return bool(c[0].isnan().all()) and bool(torch.equal(c[1:], torch.full((15, 16), 16.0)))
+
+
 #: defect name -> its probe (True: the interpreter computes what a GPU does)
 PROBES: dict[str, Callable[[], bool]] = {
-    "bf16_dot": _probe_dot, "bf16_cast": _probe_cast, "bool_splat": _probe_splat, "range_int": _probe_range}
+    "bf16_dot": _probe_dot, "bf16_cast": _probe_cast, "bool_splat": _probe_splat, "range_int": _probe_range,
+    "fp8_nan_dot": _probe_fp8_nan}
 
 

@@ -8,3 +8,13 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null
 python -m pip install -q -c constraints.txt -e ".[all,dev]"
+# vLLM's batched experts kernel (the vllm.batched_moe adapter) is read from vLLM's wheel, not installed (its torch
+# pin clashes with ours): download it, without its dependencies, into the cache the adapter looks in. A failed
+# download leaves that adapter n/a, saying how to get the wheel; it does not fail the set-up.
+VLLM_VERSION=0.33.0
+WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/gmm-harness/wheels"
+if ! ls "$WHEELS"/vllm-"$VLLM_VERSION"-*.whl >/dev/null 2>&1; then
+    mkdir -p "$WHEELS" && timeout 600 python -m pip download -q --no-deps --only-binary=:all: \
+        "vllm==$VLLM_VERSION" -d "$WHEELS" >/dev/null 2>&1 \
+        || echo "vLLM $VLLM_VERSION's wheel could not be downloaded into $WHEELS: vllm.batched_moe will be n/a"
+fi

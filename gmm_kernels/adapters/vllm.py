@@ -1,57 +1,274 @@
 """vLLM's batched experts GEMM (``vllm.batched_moe``): ``invoke_moe_batched_triton_kernel``, a Triton kernel.
 
-vLLM and its Triton kernels need a CUDA (or ROCm) GPU: here the adapter says why it cannot run; on a GPU machine
-with vLLM installed it calls the kernel on CUDA tensors, writing into the ``C`` the harness gives it (its rows
-past each expert's token count must keep what ``C`` held).
+vLLM cannot be installed beside the tested torch (its wheel pins another torch), and its package root imports
+far more than this kernel needs. So the adapter reads the kernel's source from vLLM's wheel, untouched
+(:data:`WHEEL_VERSION`, ``pip download --no-deps``; :func:`find_wheel` says where it looks), and runs only what the
+GEMM needs (:func:`load_kernel`): from ``vllm/model_executor/layers/fused_moe/experts/fused_batched_moe.py`` the
+three ``@triton.jit`` functions ``moe_mmk``, ``expert_triton_kernel``, ``batched_triton_kernel`` and the launcher
+``invoke_moe_batched_triton_kernel``; from ``vllm/model_executor/layers/fused_moe/utils.py`` the launcher's helper
+``normalize_batched_scales_shape``. They run with Triton's own ``triton`` and ``triton.language`` in place of
+``vllm.triton_utils``'s, and ``use_tensor_descriptor()`` False (vLLM's TMA path, for Hopper and later, is off: the
+interpreter and any GPU run the pointer path). Each function keeps its file name and line numbers, so a traceback
+points into the wheel's file.
+
+Where torch sees no GPU the kernels run in Triton's interpreter (``gmm_kernels.triton_interpreter``) on CPU
+tensors; on a CUDA GPU with vLLM installed the installed package's function runs, else the wheel's, on CUDA
+tensors. Either way the launch config is the problem's tiling, the convention's ``config`` argument (by default
+``BLOCK_SIZE_M=16, BLOCK_SIZE_K=128, BLOCK_SIZE_N=32``, ``gmm_ref.conventions.vllm``), so that drawn extents
+straddle tile edges. Every form the convention has runs interpreted, FP8 included (the interpreter's ``tl.dot``
+of float8_e4m3fn codes reads NaN codes as finite: the harness fixes it, ``fp8_nan_dot`` in docs/triton.md).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import glob
+import importlib
+import importlib.util
+import linecache
+import os
+import types
+import zipfile
 from typing import Any
 
+import numpy as np
+
+from gmm_kernels import triton_interpreter
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import to_framework
+from gmm_kernels.scope import Limits
 from gmm_ref import Numerics, Problem
 
-__all__ = ["VllmBatchedMoE"]
+__all__ = ["KERNEL_FUNCTIONS", "KERNEL_MEMBER", "UTILS_FUNCTIONS", "UTILS_MEMBER", "WHEEL_ENV", "WHEEL_VERSION",
+           "VllmBatchedMoE", "WheelLayoutError", "find_wheel", "load_kernel", "wheel_cache_dir"]
+
+#: the vLLM release whose kernel is checked (scripts/setup.sh downloads its wheel)
+WHEEL_VERSION = "0.33.0"
+#: a vLLM wheel file (or a folder holding one) to read the kernel from, before the cache
+WHEEL_ENV = "GMM_HARNESS_VLLM_WHEEL"
+KERNEL_MEMBER = "vllm/model_executor/layers/fused_moe/experts/fused_batched_moe.py"
+UTILS_MEMBER = "vllm/model_executor/layers/fused_moe/utils.py"
+KERNEL_FUNCTIONS = ("moe_mmk", "expert_triton_kernel", "batched_triton_kernel", "invoke_moe_batched_triton_kernel")
+UTILS_FUNCTIONS = ("normalize_batched_scales_shape",)
+#: the command that puts the wheel where :func:`find_wheel` looks
+DOWNLOAD = (f'python -m pip download --no-deps --only-binary=:all: vllm=={WHEEL_VERSION} '
+            f'-d "${{XDG_CACHE_HOME:-$HOME/.cache}}/gmm-harness/wheels"')
+
+
+class WheelLayoutError(RuntimeError):
+    """The wheel does not hold the kernel where (or as) this loader expects it."""
+
+
+def wheel_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/gmm-harness/wheels`` (``~/.cache`` without the variable)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "gmm-harness", "wheels")
+
+
+def find_wheel() -> str | None:
+    """The vLLM wheel to read: :data:`WHEEL_ENV` (a wheel, or a folder holding vLLM :data:`WHEEL_VERSION`'s),
+    else :data:`WHEEL_VERSION`'s in :func:`wheel_cache_dir`; None where there is none."""
+    given = os.environ.get(WHEEL_ENV)
+    if given and os.path.isfile(given):
+        return given
+    for folder in (given, wheel_cache_dir()):
+        if folder and os.path.isdir(folder):
+            found = sorted(glob.glob(os.path.join(folder, f"vllm-{WHEEL_VERSION}-*.whl")))
+            if found:
+                return found[-1]
+    return None
+
+
+def _functions(source: str, names: tuple[str, ...], where: str) -> tuple[str, set[str]]:
+    """``source`` with every line outside the top-level functions ``names`` blanked (line numbers kept), and the
+    global names those functions read."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise WheelLayoutError(f"{where} does not parse here: {exc}") from exc
+    found = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise WheelLayoutError(f"{where} has no top-level function {', '.join(missing)}")
+    lines = source.splitlines(keepends=True)
+    keep = [False] * len(lines)
+    reads: set[str] = set()
+    for node in found.values():
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        keep[first - 1:node.end_lineno] = [True] * (node.end_lineno - first + 1)
+        bound = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+        bound |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        reads |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound
+    return "".join(line if k else "\n" for line, k in zip(lines, keep, strict=True)), reads
+
+
+def _no_allocator(*_args: Any, **_kwargs: Any) -> None:
+    raise RuntimeError("vllm.triton_utils.allocation.set_triton_allocator: not loaded (the TMA path is off)")
+
+
+def load_kernel(wheel: str) -> types.ModuleType:
+    """A module holding :data:`KERNEL_FUNCTIONS` and :data:`UTILS_FUNCTIONS` from ``wheel``'s source, run with
+    Triton's ``triton`` and ``tl`` (``@triton.jit`` reads ``TRITON_INTERPRET`` now). Raises
+    :class:`WheelLayoutError` naming what is missing where the wheel's layout differs."""
+    import builtins
+
+    import torch
+    import triton
+    import triton.language as tl
+
+    module = types.ModuleType("gmm_kernels.adapters._vllm_fused_batched_moe")
+    module.__dict__.update(torch=torch, triton=triton, tl=tl, use_tensor_descriptor=lambda: False,
+                           set_triton_allocator=_no_allocator)
+    try:
+        archive = zipfile.ZipFile(wheel)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise WheelLayoutError(f"{wheel} is not a readable wheel: {exc}") from exc
+    with archive:
+        texts = {}
+        for member in (UTILS_MEMBER, KERNEL_MEMBER):
+            try:
+                texts[member] = archive.read(member).decode()
+            except KeyError:
+                raise WheelLayoutError(f"{wheel} has no {member}") from None
+    for member, names in ((UTILS_MEMBER, UTILS_FUNCTIONS), (KERNEL_MEMBER, KERNEL_FUNCTIONS)):
+        where = f"{wheel}:{member}"
+        text, reads = _functions(texts[member], names, where)
+        unknown = sorted(n for n in reads if n not in module.__dict__ and n not in names
+                         and n not in UTILS_FUNCTIONS and not hasattr(builtins, n))
+        if unknown:
+            raise WheelLayoutError(f"{where}: {', '.join(names)} read names this loader does not provide: "
+                                   f"{', '.join(unknown)}")
+        filename = f"{wheel}/{member}"  # inspect.getsource (Triton's @jit) reads it from linecache
+        linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+        exec(compile(text, filename, "exec"), module.__dict__)  # the wheel's own functions, as written
+    return module
+
+
+@functools.cache
+def _loaded(wheel: str, interpreted: bool) -> types.ModuleType:
+    """:func:`load_kernel`, once per wheel and interpreter state (``@triton.jit`` reads it when run)."""
+    return load_kernel(wheel)
+
+
+def _installed() -> bool:
+    """vLLM itself is installed (the CUDA path then runs its function)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class VllmBatchedMoE(KernelAdapter):
-    """``vllm.model_executor.layers.fused_moe.fused_batched_moe.invoke_moe_batched_triton_kernel``."""
+    """``invoke_moe_batched_triton_kernel`` of vLLM's ``fused_batched_moe`` (from its wheel; interpreted where
+    no GPU is seen)."""
 
     name = "vllm.batched_moe"
     convention = "vllm.batched_moe"
-    requires = ("torch", "vllm")
-    needs = "its batched experts are a Triton kernel for CUDA / ROCm GPUs"
+    requires = ("torch", "triton")
+    needs = "vLLM's batched experts are Triton kernels"
     flush_subnormals = True
+
+    def _kernel(self) -> Any:
+        """The launcher: the installed vLLM's on a GPU where it is installed (and imports), else the wheel's."""
+        import torch
+
+        if torch.cuda.is_available() and _installed():
+            for module in ("vllm.model_executor.layers.fused_moe.experts.fused_batched_moe",  # 0.33
+                           "vllm.model_executor.layers.fused_moe.fused_batched_moe"):  # earlier releases
+                try:
+                    return importlib.import_module(module).invoke_moe_batched_triton_kernel
+                except (ImportError, AttributeError):
+                    continue
+        wheel = find_wheel()
+        if wheel is None:
+            raise WheelLayoutError(self._no_wheel())
+        return _loaded(wheel, triton_interpreter.in_use()).invoke_moe_batched_triton_kernel
+
+    def _no_wheel(self) -> str:
+        return (f"no vLLM {WHEEL_VERSION} wheel found ({WHEEL_ENV} unset or holding none, none in "
+                f"{wheel_cache_dir()}): its batched experts kernel is read from it; get it with: {DOWNLOAD}")
 
     def _unavailable(self) -> str | None:
         import torch
 
+        if not torch.cuda.is_available() and not triton_interpreter.use_if_no_gpu():
+            return (f"no GPU here and {triton_interpreter.ENV} is off: vLLM's Triton kernels cannot run (unset "
+                    f"{triton_interpreter.ENV} to run them in Triton's interpreter)")
+        try:
+            self._kernel()
+        except WheelLayoutError as exc:
+            return str(exc)
         if not torch.cuda.is_available():
-            return "vLLM's batched experts are a Triton kernel for CUDA / ROCm GPUs; no GPU here"
+            try:
+                triton_interpreter.fix()
+            except triton_interpreter.InterpreterDefect as exc:  # an unverified Triton whose interpreter errs
+                return str(exc)
         return None
+
+    def large_refusal(self) -> str | None:
+        import torch
+
+        return None if torch.cuda.is_available() else self._runs_interpreted("Triton's interpreter", takes="days")
+
+    def _limits(self) -> Limits:
+        """On a GPU: the convention's. In Triton's interpreter: extents up to 64 (up to 4 row tiles of 16 and 2
+        column tiles of 32 at the default tiling, K within one tile of 128; the grid is experts x row tiles x
+        column tiles, one interpreted program each, the cost grows with it)."""
+        if _gpu():
+            return Limits()
+        return Limits(max_extent=160)
 
     def numerics_for(self, problem: Problem) -> Numerics:
         """FP8: each K tile's ``tl.dot`` of codes in the tensor cores (about 14 bits kept on Hopper), promoted into
         the float32 accumulator with its scales (the block path; the per-tensor and per-token paths are declared
-        the same, which a first run on a GPU confirms or refutes)."""
+        the same, which a first run on a GPU confirms or refutes). float32 on a GPU: ``tl.dot``'s default
+        input precision is TF32 (declared as bfloat16 products, a sound, slightly looser bound); Triton's
+        interpreter multiplies float32 exactly."""
         base = super().numerics_for(problem)
-        if problem.scaled and (self.scope is None or self.scope.numerics is None):
+        if self.scope is not None and self.scope.numerics is not None:
+            return base
+        if problem.scaled:
             tk = (problem.tiling or self.convention_facts.default_tiling)[1]
             return dataclasses.replace(base, promote_every=tk, partial_accumulate=2.0 ** -13)
+        if _gpu() and str(problem.lhs.dtype) == "float32":
+            return dataclasses.replace(base, multiply="bfloat16")
         return base
 
     def call(self, A: Any, B: Any, C: Any, expert_num_tokens: Any, **kwargs: Any) -> Any:
         import torch
-        from vllm.model_executor.layers.fused_moe.fused_batched_moe import invoke_moe_batched_triton_kernel
 
+        kernel = self._kernel()
         (a, b, c, counts), kw = to_framework("torch", (A, B, C, expert_num_tokens), kwargs)
-        kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-        out = c.cuda()
-        invoke_moe_batched_triton_kernel(a.cuda(), b.cuda(), out, counts.cuda(),
-                                         B_zp=None, use_int8_w8a16=False, use_int4_w4a16=False,
-                                         **{"A_scale": None, "B_scale": None, "use_fp8_w8a8": False,
-                                            "per_act_token_quant": False, "block_shape": None, **kw})
-        return out.cpu()
+        args = {"B_zp": None, "use_int8_w8a16": False, "use_int4_w4a16": False, "A_scale": None, "B_scale": None,
+                "use_fp8_w8a8": False, "per_act_token_quant": False, "block_shape": None, **kw}
+        args["compute_type"] = _triton_dtype(args.get("compute_type"), c.dtype)
+        if torch.cuda.is_available():
+            args = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+            out = c.cuda()
+            kernel(a.cuda(), b.cuda(), out, counts.cuda(), **args)
+            return out.cpu()
+        out = c.clone()
+        with np.errstate(all="ignore"):  # the interpreter's NumPy: NaN and Inf propagate, as on a GPU, unwarned
+            kernel(a, b, out, counts, **args)
+        return out
+
+
+def _gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _triton_dtype(given: Any, fallback: Any) -> Any:
+    """vLLM's ``compute_type`` is a ``tl.dtype``: the one of ``given`` (a torch dtype, or None: ``fallback``)."""
+    import torch
+    import triton.language as tl
+
+    if isinstance(given, tl.dtype):
+        return given
+    dt = given if isinstance(given, torch.dtype) else fallback
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dt]
