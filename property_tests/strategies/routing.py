@@ -171,7 +171,7 @@ def _config(shapes: Any, num_experts: Any, top_k: Any, expert_parallel: Any, exp
     top_ks = _ints("top_k", top_k, 1, MAX_TOP_K)
     if distinct and max(experts) < min(top_ks):
         raise InvalidArgument(f"top_k={top_k!r}, but with distinct_experts=True a token lists top_k different "
-                              f"experts, and num_experts={num_experts!r} has at most {max(experts)}")
+                              f"experts, more than the {max(experts)} of num_experts={num_experts!r}")
     static_tokens = None
     if num_tokens is not None and not isinstance(num_tokens, SearchStrategy):
         static_tokens = _ints("num_tokens", num_tokens, 0, MAX_TOKENS)
@@ -319,8 +319,8 @@ def topk_ids(*, num_tokens: int | SearchStrategy[int] | None = None, num_experts
         e = check_int("num_experts", e, minimum=1, maximum=MAX_EXPERTS)
         k = check_int("top_k", k, minimum=1, maximum=MAX_TOP_K)
         if distinct and k > e:
-            raise InvalidArgument(f"top_k={k}, but with distinct_experts=True a token lists top_k different experts "
-                                  f"and num_experts={e}")
+            raise InvalidArgument(f"top_k={k}, but with distinct_experts=True a token lists top_k different experts, "
+                                  f"more than num_experts={e}")
         return t, e, k
 
     if all(not isinstance(v, SearchStrategy) for v in (num_experts, top_k)):

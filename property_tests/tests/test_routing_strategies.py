@@ -126,6 +126,28 @@ def test_static_tokens_and_one_bucket():
     assert len({(r.num_tokens, r.k, r.n, r.num_local_experts, r.expert_layout, r.mul_routed_weight) for r in rs}) <= 3
 
 
+def test_free_static_parameters_and_tokens_from_a_strategy():
+    rs = draws(gst.routings(max_buckets=None, num_tokens=st.integers(2, 3)), 120)
+    assert {r.num_tokens for r in rs} == {2, 3}
+    assert len({(r.k, r.n, r.num_experts, r.num_local_experts, r.top_k, r.expert_layout, str(r.tokens.dtype))
+                for r in rs}) > 20
+    assert all(r.k * r.n <= 16 for r in rs if r.num_experts > 256)
+    for r in rs[:30]:
+        routed_reference(r)
+
+
+def test_the_documented_example_runs():  # docs/routed.md, "Strategies"
+    @settings(max_examples=20, derandomize=True, database=None, deadline=None)
+    @given(gst.routings(dtypes=["bfloat16"], mul_routed_weight=True))
+    def test_my_fused_moe(routing):
+        ref = gmm_ref.routed_reference(routing)
+        out = fused_moe(routing)
+        ok = (out == ref.slots) | (abs(out - ref.slots_exact) <= ref.slot_bound()) | ~ref.slots_mask
+        assert ok.all()
+
+    test_my_fused_moe()
+
+
 def test_topk_ids_and_weights_alone():
     ids = draws(gst.topk_ids(num_experts=6, top_k=3, block_size=4), 120)
     assert all(a.dtype == np.int32 and a.shape[1] == 3 and ((a >= 0) & (a < 6)).all() for a in ids)
