@@ -198,7 +198,8 @@ def fused_moe(r: Routing, broken: str | None = None, block_size: int = BLOCK) ->
 
     ``broken``: ``"drops_past_256"`` (the alignment's scan covers the first 256 experts only: the others'
     slots are never written), ``"computes_foreign"`` (a block of expert -1 computed with ``experts[-1]``,
-    the last local expert, as pointer arithmetic with -1 does), ``"weight_twice"``."""
+    the last local expert, as pointer arithmetic with -1 does), ``"weight_twice"``, ``"weight_without_flag"``
+    (the weight multiplied in whatever ``mul_routed_weight`` says)."""
     t_, top_k = r.topk_ids.shape
     numel = t_ * top_k
     sorted_ids, expert_ids, post = moe_align_block_size(r.topk_ids, block_size, r.num_experts, r.expert_map)
@@ -208,7 +209,8 @@ def fused_moe(r: Routing, broken: str | None = None, block_size: int = BLOCK) ->
             sorted_ids[b * block_size:(b + 1) * block_size] = numel
     out = np.full((numel, r.n), np.nan, np.float32)  # torch.empty: a row nobody writes is garbage
     x = r.tokens.astype(np.float32)
-    w = r.topk_weights.astype(np.float32).reshape(-1) if r.mul_routed_weight else None
+    w = (r.topk_weights.astype(np.float32).reshape(-1) if r.mul_routed_weight or broken == "weight_without_flag"
+         else None)
     for b in range(int(post[0]) // block_size):
         rows = sorted_ids[b * block_size:(b + 1) * block_size]
         rows = rows[rows < numel]
@@ -248,7 +250,7 @@ def check_routed(r: Routing, slots: np.ndarray) -> None:
             where = (f"token {t}, slot {at[1]} (expert {int(r.topk_ids[t, at[1]])}, local "
                      f"{int(r.local_ids[t, at[1]])}), column {at[2]}" if what == "slot" else
                      f"token {t} (experts {r.topk_ids[t].tolist()}), combined column {at[1]}")
-            raise AssertionError(f"{where}: got {a[at]!r}, expected {rounded[at]!r} within {bound[at]:.3g} "
+            raise AssertionError(f"{where}: got {float(a[at])}, expected {float(rounded[at])} within {bound[at]:.3g} "
                                  f"({int((~ok).sum())} elements wrong)")
 
 
@@ -275,6 +277,7 @@ def test_a_correct_numpy_fused_moe_passes():
     ("drops_past_256", r"token \d+, slot \d+ \(expert (25[6-9]|2[6-9]\d|[3-9]\d\d)\b"),
     ("computes_foreign", r"token \d+, slot \d+ \(expert \d+, local -1\)"),
     ("weight_twice", r"token \d+, slot \d+ \(expert \d+, local \d+\)"),
+    ("weight_without_flag", r"token \d+, slot \d+ \(expert \d+, local \d+\)"),
 ])
 def test_broken_fused_moes_fail_naming_the_token_slot_and_expert(broken, named):
     with pytest.raises(AssertionError, match=named):
@@ -289,7 +292,7 @@ def _fails(broken: str, r: Routing) -> bool:
     return False
 
 
-@pytest.mark.parametrize("broken", ["drops_past_256", "computes_foreign", "weight_twice"])
+@pytest.mark.parametrize("broken", ["drops_past_256", "computes_foreign", "weight_twice", "weight_without_flag"])
 def test_a_broken_kernel_shrinks_to_one_token_and_few_slots(broken):
     r = find(ROUTED, functools.partial(_fails, broken), settings=FIND)
     assert r.num_tokens == 1, r
@@ -306,6 +309,8 @@ def _could_fail(broken: str, b) -> bool:
         return b.num_experts > 256
     if broken == "computes_foreign":
         return b.ep == "part"
+    if broken == "weight_without_flag":
+        return not b.mul_routed_weight and b.num_local > 0
     return b.mul_routed_weight and b.num_local > 0
 
 
