@@ -255,6 +255,8 @@ def _pick(rng: np.random.Generator, t: int, top_k: int, cands: np.ndarray, disti
     """``[t, top_k]`` experts chosen among ``cands`` (each token's distinct when ``distinct``)."""
     if not distinct:
         return cands[rng.integers(0, len(cands), size=(t, top_k))]
+    if t * len(cands) > 1 << 20:  # many tokens and experts: one choice per token, not a [t, E] sort
+        return np.array([rng.choice(cands, top_k, replace=False) for _ in range(t)], np.int64).reshape(t, top_k)
     order = np.argsort(rng.random((t, len(cands))), axis=1)[:, :top_k]
     return cands[order]
 
@@ -277,8 +279,7 @@ def draw_ids(draw: Any, t: int, num_experts: int, top_k: int, distinct: bool, bl
         return _pick(rng, t, top_k, cands, distinct)
     if pattern == "under_block":  # slot i to the (i + offset)-th expert of a permutation: at most ceil(t*k/e)
         perm = rng.permutation(e)
-        flat = perm[(np.arange(t * top_k) + int(rng.integers(0, e))) % e].reshape(t, top_k)
-        return flat
+        return perm[(np.arange(t * top_k) + int(rng.integers(0, e))) % e].reshape(t, top_k)
     ids = _pick(rng, t, top_k, np.arange(e), distinct)
     if pattern == "one_expert":  # every token lists expert x (in any slot; in every slot when repeats may be)
         x = draw(st.one_of(integers(0, e - 1), st.just(e - 1)))
