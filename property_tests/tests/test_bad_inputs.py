@@ -164,6 +164,15 @@ STRATEGIES = [
     ("extent range", lambda: gst.extents(min_value=5, max_value=3), "min_value=5 is greater than max_value=3"),
     ("shard groups", lambda: gst.shardings(num_groups=0), "num_groups=0, but it must be at least 1"),
     ("tile range", lambda: gst.tilings(min_tile=0), "min_tile=0, but it must be at least 1"),
+    ("routed top_k", lambda: gst.routings(top_k=9, num_experts=8),
+     "top_k=9, but with distinct_experts=True a token lists top_k different experts, more than the 8"),
+    ("routed dtypes", lambda: gst.routings(dtypes=["int8"]), "dtypes=['int8'], but (int8, int8) is not a float"),
+    ("routed expert_parallel", lambda: gst.routings(expert_parallel="yes"),
+     "expert_parallel='yes', but it must be None, True or False"),
+    ("routed tokens", lambda: gst.routings(num_tokens=[-1]), "num_tokens=-1, but it must be at least 0"),
+    ("topk_ids top_k", lambda: gst.topk_ids(top_k=5, num_experts=3), "top_k=5, but with distinct_experts=True"),
+    ("topk_weights dtype", lambda: gst.topk_weights(num_tokens=2, top_k=1, dtype="int8"),
+     "dtype='int8', but each must be one of ['float32', 'float16', 'bfloat16']"),
 ]
 
 CHECK_KERNEL = [
