@@ -122,13 +122,14 @@ class Call:
         src = x if owner is x or x.flags.c_contiguous or x.flags.f_contiguous else owner
         if not (src.flags.c_contiguous or src.flags.f_contiguous):  # an odd owner (negative strides, ...)
             src = x = np.array(x, copy=True, order="K")
-        inner = np.array(src, copy=True, order="K")
-        base, lo = self._base(name, inner.size, inner.dtype, src)
-        base[lo:lo + inner.size] = inner.reshape(-1, order="F" if not inner.flags.c_contiguous else "C")
+        base, lo = self._base(name, src.size, src.dtype, src)
+        body = base[lo:lo + src.size]  # src copied straight in, in its own memory order (no second copy of it)
+        inner = body.reshape(src.shape) if src.flags.c_contiguous else body.reshape(src.shape[::-1]).T
+        inner[...] = src
         if src is x:
-            return np.ndarray(inner.shape, inner.dtype, buffer=base, offset=lo * inner.itemsize, strides=inner.strides)
+            return inner
         offset = x.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
-        return np.ndarray(x.shape, x.dtype, buffer=base, offset=lo * inner.itemsize + offset, strides=x.strides)
+        return np.ndarray(x.shape, x.dtype, buffer=base, offset=lo * x.itemsize + offset, strides=x.strides)
 
     def empty(self, name: str, shape: tuple[int, ...], dtype: Any,
               strides: tuple[int, ...] | None = None) -> np.ndarray:
