@@ -188,3 +188,17 @@ class TestTriton:
     def test_the_right_kernel_stays_silent(self):
         report = check_kernel(self.SPEC + "grouped_mm", modes=["exact", "poisoned"], max_examples=10)
         assert report.ok, report.summary()
+
+
+def test_the_plugin_names_the_buffer(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--pyargs", "property_tests",
+         "--gmm-kernel=property_tests.tests.test_guards:batched_writes_past_c", "--gmm-convention=vllm.batched_moe",
+         "--hypothesis-profile=gmm-dev", "-k", "test_kernel_matches_reference and exact"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=dict(os.environ), check=False)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "wrote 16 elements past the end of C" in proc.stdout, proc.stdout[-3000:]
