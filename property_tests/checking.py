@@ -146,7 +146,7 @@ def _name_guarded_reads(adapter: KernelAdapter, exc: BaseException) -> None:
     """Make the shrunk failure ``exc`` a ``read_out_of_bounds`` one, its first line naming the operand, where the
     guard regions tell that the kernel read outside one (``KernelAdapter.guarded_reads``: reruns of the failing
     example, once, after shrinking); else leave it."""
-    out = getattr(exc, "_guarded_output", None)
+    out = vars(exc).pop("_guarded_output", None) if hasattr(exc, "__dict__") else None  # not kept alive after this
     problem = failures.recipe_problem(exc, None)
     if not isinstance(exc, gmm_ref.Mismatch) or out is None or problem is None:
         return
