@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gmm_kernels import autodiff, inputs
+from gmm_kernels import autodiff, guards, inputs
 from gmm_kernels.known_issues import xla_nan_leak_issues
 from gmm_kernels.scope import KnownIssue, Limits, Scope
 from gmm_ref import Numerics, Problem, Reference, conventions, reference
@@ -328,14 +328,80 @@ class KernelAdapter:
 
     @contextlib.contextmanager
     def arguments(self, problem: Problem) -> Iterator[tuple[tuple, dict]]:
-        """Fresh copies of ``problem``'s arguments for one call; on leaving, ``gmm_ref.Mismatch``
-        if the kernel changed any of them (``gmm_kernels.inputs``)."""
+        """Fresh copies of ``problem``'s arguments for one call, each inside a guarded base (``gmm_kernels.guards``);
+        on leaving, ``gmm_ref.Mismatch`` if the kernel wrote past a buffer into its guard region
+        (``gmm_kernels.guards``) or changed any of its inputs (``gmm_kernels.inputs``)."""
         pristine = self.convention_facts.arguments(self._own(problem))
-        given = inputs.fresh(*pristine)
-        for observer in tuple(_observers):
-            observer(self, problem)
-        yield given
+        with guards.call(self.name) as call:
+            given = inputs.fresh(*pristine, convention=self.convention_facts, guard=call)
+            for observer in tuple(_observers):
+                observer(self, problem)
+            yield given
+        call.check()
         inputs.modified(self.name, self.convention_facts, pristine, given)
+
+    def guarded_reads(self, problem: Problem, out: Any, bad: np.ndarray | None) -> list[str]:
+        """What a failing call read outside its operands, told by their guard regions (``gmm_kernels.guards``);
+        ``out`` the call's output, ``bad`` the mask of its wrong elements. Empty where nothing is told.
+
+        The call is rerun with one operand's margins made neutral (zeros) at a time (then all the float ones at
+        once): a float operand is blamed where wrong elements that are NaN in ``out`` are no longer NaN with its
+        margins neutral (its NaN guard reached the output); an integer operand (offsets, group sizes) where the
+        wrong elements change with only its sentinel margins changed. A correct kernel's output does not depend on
+        memory outside its operands, so it is never blamed, and one more rerun with the margins as they were must
+        give the same failing elements again (a kernel whose failures vary from call to call is blamed for nothing).
+        Costs nothing on a passing call: it is only called on a failure."""
+        out = np.asarray(out)
+        if bad is None or bad.shape != out.shape or not bad.any():
+            return []
+        pristine = self.convention_facts.arguments(self._own(problem))
+        with guards.call(self.name) as probe:
+            inputs.fresh(*pristine, convention=self.convention_facts, guard=probe)
+        floats = [g.name for g in probe.guards if g.poison == "NaN"]
+        ints = [g.name for g in probe.guards if g.poison != "NaN"]
+
+        def rerun(neutral: dict[str, tuple[str, ...]]) -> np.ndarray | None:
+            try:
+                with guards.neutral(neutral), np.errstate(all="ignore"):
+                    return np.asarray(self.run(problem))
+            except Exception:  # noqa: BLE001 - a rerun that fails tells nothing
+                return None
+
+        def nan(x: np.ndarray) -> np.ndarray:
+            return np.isnan(x.astype(np.float64)) if x.dtype.kind not in "iub" else np.zeros(x.shape, bool)
+
+        def bits(x: np.ndarray) -> bytes:
+            return np.ascontiguousarray(x[bad]).tobytes()
+
+        both = ("before", "after")
+        poisoned = bad & nan(out)
+        lines = []
+        if poisoned.any():
+            def cleared(o: np.ndarray | None) -> int:
+                return int((~nan(o)[poisoned]).sum()) if o is not None and o.shape == out.shape else 0
+
+            blamed = [n for n in floats if cleared(rerun({n: both}))]
+            joint = not blamed and len(floats) > 1 and cleared(rerun(dict.fromkeys(floats, both))) > 0
+            again = rerun({}) if blamed or joint else None
+            if again is not None and again.shape == out.shape and nan(again)[poisoned].all():
+                if joint:
+                    lines.append(f"read outside several of {', '.join(floats)} (their NaN guards reached the output: "
+                                 f"{int(poisoned.sum())} wrong elements are NaN, fewer when all their guard regions "
+                                 "hold zeros, not when one does)")
+                for n in blamed:
+                    side = ("past the end of" if cleared(rerun({n: ("after",)})) else
+                            "before the start of" if cleared(rerun({n: ("before",)})) else "outside")
+                    lines.append(f"read {side} {n} (its NaN guard reached the output: {int(poisoned.sum())} wrong "
+                                 f"elements are NaN, {cleared(rerun({n: both}))} of them not when {n}'s guard "
+                                 "region holds zeros)")
+        changed = [n for n in ints if (o := rerun({n: both})) is not None and o.shape == out.shape
+                   and bits(o) != bits(out)]
+        if changed:
+            again = rerun({})
+            if again is not None and again.shape == out.shape and bits(again) == bits(out):
+                lines += [f"read outside {n} (the wrong elements change when only the sentinel "
+                          f"0x{guards.SENTINEL:02X} bytes around {n} change)" for n in changed]
+        return lines
 
     def primitives(self, problem: Problem) -> frozenset[str]:
         """The jax primitives or torch operators the kernel calls on ``problem`` (to match failures with known

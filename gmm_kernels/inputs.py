@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from gmm_kernels import guards
 from gmm_ref import Mismatch
 from gmm_ref.conventions import Convention
 
@@ -42,9 +43,22 @@ def _copy(x: Any) -> Any:
     return np.ndarray(x.shape, x.dtype, buffer=buf, offset=offset, strides=x.strides)
 
 
-def fresh(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Writable copies of every array among the arguments (same layout), other values as they are."""
-    return tuple(_copy(a) for a in args), {k: _copy(v) for k, v in kwargs.items()}
+def fresh(args: tuple, kwargs: dict, *, convention: Convention | None = None,
+          guard: guards.Call | None = None) -> tuple[tuple, dict]:
+    """Writable copies of every array among the arguments (same layout), other values as they are. With ``guard``
+    (and the ``convention`` that names the arguments) each copy sits inside a guarded base (``gmm_kernels.guards``),
+    named as the reports name it (``mat_a``, ``lhs.scale``)."""
+    if guard is None or convention is None:
+        return tuple(_copy(a) for a in args), {k: _copy(v) for k, v in kwargs.items()}
+    params = list(inspect.signature(convention.parse).parameters)
+
+    def one(name: str, x: Any) -> Any:
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return type(x)(*(one(f"{name}.{f}", v) for f, v in zip(x._fields, x, strict=True)))
+        return guard.copy(name, x) if isinstance(x, np.ndarray) else x
+
+    return (tuple(one(params[i] if i < len(params) else f"argument {i}", a) for i, a in enumerate(args)),
+            {k: one(k, v) for k, v in kwargs.items()})
 
 
 def _names(convention: Convention, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:

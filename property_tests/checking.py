@@ -7,6 +7,7 @@ reproducer. Both functions return the result model of ``gmm_kernels.results``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import zlib
 from collections import Counter
@@ -126,7 +127,11 @@ def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode,
     numerics = adapter.numerics_for(problem)
     try:
         out = adapter.run(problem)
-        gmm_ref.assert_matches_reference(out, ref, numerics=numerics, kernel=adapter.name)
+        try:
+            gmm_ref.assert_matches_reference(out, ref, numerics=numerics, kernel=adapter.name)
+        except gmm_ref.Mismatch as exc:
+            exc._guarded_output = out  # type: ignore[attr-defined]  # for _name_guarded_reads, once shrunk
+            raise
         if mode.deterministic_repeat and adapter.deterministic:
             gmm_ref.assert_deterministic(out, adapter.run(problem), ref, kernel=adapter.name)
     except Exception as exc:
@@ -135,6 +140,21 @@ def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode,
         if before:
             exc.add_note(failures.replay_note(problem, before))
         raise
+
+
+def _name_guarded_reads(adapter: KernelAdapter, exc: BaseException) -> None:
+    """Make the shrunk failure ``exc`` a ``read_out_of_bounds`` one, its first line naming the operand, where the
+    guard regions tell that the kernel read outside one (``KernelAdapter.guarded_reads``: reruns of the failing
+    example, once, after shrinking); else leave it."""
+    out = vars(exc).pop("_guarded_output", None) if hasattr(exc, "__dict__") else None  # not kept alive after this
+    problem = failures.recipe_problem(exc, None)
+    if not isinstance(exc, gmm_ref.Mismatch) or out is None or problem is None:
+        return
+    lines = adapter.guarded_reads(problem, out, exc.comparison.bad)
+    if lines:
+        message = f"kernel {adapter.name} read out of bounds: " + "; ".join(lines) + "\n" + str(exc)
+        exc.args = (message,)
+        exc.comparison = dataclasses.replace(exc.comparison, kind="read_out_of_bounds", message=message)
 
 
 class _Tally:
@@ -298,6 +318,7 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
     except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
         exc, distinct = failures.primary(caught)
+        _name_guarded_reads(adapter, exc)
         hints = failures.finish(exc, adapter, mode.name)
         where = mode.name + (f" [{family}]" if family else "")
         run.record_raised(adapter, exc, where)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels import triton_interpreter
+from gmm_kernels import guards, triton_interpreter
 from gmm_kernels.adapters._torchao import quiet_torchao_import
 from gmm_kernels.base import KernelAdapter, dtype_name, import_failure
 from gmm_kernels.convert import to_framework
@@ -269,7 +269,8 @@ def _grouped_mm_bf16_cpu(a: Any, b: Any, offs: Any, out_dtype: Any) -> Any:
 
     if out_dtype is not None and out_dtype != a.dtype:
         raise RuntimeError("Grouped gemm output dtype must match `mat_a` dtype")
-    out = api._create_output(a, b, offs, a.dtype)
+    made = api._create_output(a, b, offs, a.dtype)  # its shape; the buffer is a guarded one (gmm_kernels.guards)
+    out = guards.torch_empty("out", made.shape, made.dtype, made.stride())
     if out.numel() == 0:
         return out
     k = a.shape[-1]

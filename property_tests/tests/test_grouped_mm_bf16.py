@@ -3,8 +3,9 @@
 Its 3d x 2d kernel reads past ``mat_a`` for the columns past ``offs[-1]``: each column's program finds its group
 by a binary search of ``offs`` that gives ``G`` for those columns, and loads ``mat_a[G]`` unmasked (0.1.7,
 ``_grouped_mm_3d2d_kernel``). Those columns are undefined in ``torch._grouped_mm``'s convention, so no mode fails
-on it and no known issue is declared; on a GPU it is an out-of-bounds read (docs/conventions.md). The test below
-pins it: the day upstream masks the load, it fails and says to drop the note.
+on it and no known issue is declared; on a GPU it is an out-of-bounds read (docs/conventions.md). The first two
+tests pin it (the second through the adapter, where mat_a's guard region makes those columns NaN): the day upstream
+masks the load, they fail and say to drop the note.
 """
 
 from __future__ import annotations
@@ -36,6 +37,29 @@ def test_3d2d_reads_past_mat_a_for_the_columns_past_the_last_group():
     assert out[0, 1].item() == 64, (
         "grouped_mm_bf16's 3d2d kernel no longer reads mat_a[G] (past mat_a) for a column past offs[-1]: "
         f"upstream fixed it (column 1 = {out[0, 1].item()}); drop the note in docs/conventions.md and this test")
+
+
+def test_the_guard_regions_see_that_read_in_the_columns_the_convention_leaves_undefined():
+    """The adapter's runs give mat_a a NaN guard (gmm_kernels.guards): the columns past offs[-1] come out NaN,
+    read from past mat_a, and pass, being undefined; the defined columns are right. The day upstream masks the
+    load, they stop being NaN and this fails: drop the note in docs/conventions.md with the test above."""
+    import ml_dtypes
+    import numpy as np
+
+    import gmm_ref
+    from gmm_kernels import get
+    from gmm_ref.conventions import get as convention
+
+    a = np.ones((1, 2, 32), ml_dtypes.bfloat16)  # 3d x 2d: mat_a [G, M, K], mat_b [K, N], offs over N
+    b = np.ones((32, 16), ml_dtypes.bfloat16)
+    ref = convention("torch.grouped_mm").reference(a, b, np.array([8], np.int32))
+    adapter = get("grouped_mm_bf16[3d2d]")
+    out = adapter.run(ref.problem).astype(np.float32)
+    assert (out[:, :8] == 32).all()
+    assert np.isnan(out[:, 8:]).all(), (
+        f"grouped_mm_bf16's 3d2d kernel no longer reads past mat_a for the columns past offs[-1] ({out[:, 8:]}): "
+        "upstream fixed it; drop the note in docs/conventions.md and the tests that pin it")
+    gmm_ref.assert_matches_reference(out.astype(ml_dtypes.bfloat16), ref, numerics=adapter.numerics_for(ref.problem))
 
 
 def test_unavailable_where_the_interpreter_is_switched_off(monkeypatch):

@@ -1,4 +1,4 @@
-"""A small bfloat16 Triton grouped matmul in ``torch._grouped_mm``'s 2d x 3d form, and two broken copies.
+"""A small bfloat16 Triton grouped matmul in ``torch._grouped_mm``'s 2d x 3d form, and broken copies.
 
 ``mat_a [sum M, K] x mat_b [G, K, N] -> [sum M, N]``, ``offs`` the int32 cumulative group ends. One fixed
 block config (32 x 32 x 32); each program computes one tile of rows and columns, group by group, for the
@@ -8,13 +8,14 @@ package too): import it only once ``TRITON_INTERPRET`` is decided (the harness s
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 import gmm_kernels
+from gmm_kernels.guards import torch_empty
 
-__all__ = ["grouped_mm", "grouped_mm_boundary_off_by_one", "grouped_mm_no_k_tail"]
+__all__ = ["grouped_mm", "grouped_mm_boundary_off_by_one", "grouped_mm_no_k_tail", "grouped_mm_reads_past_a",
+           "grouped_mm_writes_past_out"]
 
 _BLOCK = 32
 LAUNCHES = [0]  # kernel launches so far: a check whose every problem was empty launched nothing
@@ -24,7 +25,8 @@ LAUNCHES = [0]  # kernel launches so far: a check whose every problem was empty 
 def _grouped_mm_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, G, N, K,
                        stride_am, stride_ak, stride_bg, stride_bk, stride_bn, stride_cm, stride_cn,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       START_SHIFT: tl.constexpr, K_TAIL: tl.constexpr):
+                       START_SHIFT: tl.constexpr, K_TAIL: tl.constexpr, MASK_A_K: tl.constexpr,
+                       MASK_STORE_END: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -40,25 +42,28 @@ def _grouped_mm_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, G, N, K,
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for k0 in tl.range(0, k_end, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
-                a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak,
-                            mask=live[:, None] & (ks < K)[None, :], other=0.0)
+                a_mask = live[:, None] & (ks < K)[None, :] if MASK_A_K else live[:, None] & (ks >= 0)[None, :]
+                a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak, mask=a_mask, other=0.0)
                 b = tl.load(b_ptr + gi * stride_bg + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
                             mask=(ks < K)[:, None] & (cols < N)[None, :], other=0.0)
                 acc = tl.dot(a, b, acc)
+            stored = live if MASK_STORE_END else rows >= start
             tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn,
-                     acc.to(c_ptr.dtype.element_ty), mask=live[:, None] & (cols < N)[None, :])
+                     acc.to(c_ptr.dtype.element_ty), mask=stored[:, None] & (cols < N)[None, :])
 
 
-def _launch(mat_a, mat_b, offs, out_dtype, *, start_shift=0, k_tail=True):
+def _launch(mat_a, mat_b, offs, out_dtype, *, start_shift=0, k_tail=True, mask_a_k=True, mask_store_end=True):
     m, k = mat_a.shape
     groups, _, n = mat_b.shape
-    out = torch.empty((m, n), dtype=out_dtype or mat_a.dtype)
+    # the output through the harness (a guarded buffer when the harness calls it; torch.empty else)
+    out = torch_empty("out", (m, n), out_dtype or mat_a.dtype)
     if out.numel() == 0 or groups == 0:
         return out
     grid = (triton.cdiv(m, _BLOCK), triton.cdiv(n, _BLOCK))
     LAUNCHES[0] += 1
     _grouped_mm_kernel[grid](mat_a, mat_b, out, offs, groups, n, k, *mat_a.stride(), *mat_b.stride(), *out.stride(),
-                             BLOCK_M=_BLOCK, BLOCK_N=_BLOCK, BLOCK_K=_BLOCK, START_SHIFT=start_shift, K_TAIL=k_tail)
+                             BLOCK_M=_BLOCK, BLOCK_N=_BLOCK, BLOCK_K=_BLOCK, START_SHIFT=start_shift, K_TAIL=k_tail,
+                             MASK_A_K=mask_a_k, MASK_STORE_END=mask_store_end)
     return out
 
 
@@ -78,3 +83,19 @@ def grouped_mm_boundary_off_by_one(mat_a, mat_b, offs=None, bias=None, out_dtype
 def grouped_mm_no_k_tail(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """Wrong: the K loop stops at the last whole block, dropping the tail of K (K not a multiple of 32)."""
     return _launch(mat_a, mat_b, offs, out_dtype, k_tail=False)
+
+
+@gmm_kernels.declare("torch.grouped_mm", families=["ragged_m"], dtypes=["bfloat16"])
+def grouped_mm_reads_past_a(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Wrong: the K tail of mat_a is loaded unmasked. A row reads its K-tail block past its last element (the next
+    row's first ones, times mat_b's masked zeros: harmless while finite); the last row reads past mat_a's end. On a
+    GPU that read finds whatever lies there (times zero: nothing shows); in the harness it finds mat_a's NaN guard."""
+    return _launch(mat_a, mat_b, offs, out_dtype, mask_a_k=False)
+
+
+@gmm_kernels.declare("torch.grouped_mm", families=["ragged_m"], dtypes=["bfloat16"])
+def grouped_mm_writes_past_out(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Wrong: the store drops the group's end from its mask. The rows past a group's end in its last tile are
+    written (and rewritten by the next group, or undefined past the last); those past the output's last row land
+    past the end of the buffer it allocated (through ``gmm_kernels.guards.torch_empty``)."""
+    return _launch(mat_a, mat_b, offs, out_dtype, mask_store_end=False)
