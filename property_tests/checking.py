@@ -7,6 +7,7 @@ reproducer. Both functions return the result model of ``gmm_kernels.results``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from collections import Counter
@@ -21,6 +22,7 @@ from hypothesis.errors import InvalidArgument
 
 import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
+from gmm_kernels import device as devices
 from property_tests import compile_cache, failures
 from property_tests import example_db as example_dbs
 from property_tests.modes import MODES, Mode, Unsupported, mode_covering, mode_of
@@ -369,6 +371,7 @@ def check_kernel(
     seed: int | None = None,
     raise_on_failure: bool = True,
     example_db: Any = None,
+    device: str | None = None,
 ) -> Report:
     """Check a kernel in every mode (or ``modes``) its convention allows; one :class:`Result` per mode.
 
@@ -386,6 +389,9 @@ def check_kernel(
     ``example_db`` (an ``ExampleDatabase``, a directory, ``redis://HOST:PORT``, several joined by ``,``;
     default ``$GMM_HARNESS_EXAMPLE_DB``, else none) saves every failing example and replays the saved
     ones first on every run that shares it (``property_tests.example_db``).
+    ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``; default: the process's selection,
+    ``gmm_kernels.device``, else auto) is the device a torch-convention kernel's operands are made on for
+    this call; a bad value, or a CUDA device torch does not see, is a ``ValueError`` naming ``device``.
 
     Compilations go to the persistent compilation cache that the CLI and the pytest plugin use
     (``property_tests.compile_cache``: ``$GMM_HARNESS_COMPILE_CACHE``, else ``~/.cache/gmm-harness/jax``),
@@ -397,29 +403,30 @@ def check_kernel(
     A ``$GMM_HARNESS_COMPILE_CACHE`` that cannot be written is a ``ValueError``.
     """
     __tracebackhide__ = True
-    adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name, scope=scope,
-                             option="kernel", convention_option="convention")
-    chosen = _modes(modes)
-    _check_options(max_examples, profile, seed)
-    check_known_issue_modes(adapter, option="scope")
-    database = example_dbs.resolve(example_db)
-    compile_cache.ensure()  # the CLI's and the plugin's cache, unless jax's is yours (see above)
-    why = adapter.available()
-    if why:
-        raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")
-    results = []
-    run = failures.CheckRun()  # an exception the kernel raises is reported in the first mode that finds it
-    for m in chosen:
-        result = check_mode(adapter, m, max_examples=max_examples, profile=profile, seed=seed, example_db=database,
-                            run=run)
-        if raise_on_failure and result.status is Status.FAILED:
-            failures.raise_failure(result)
-        results.append(result)
-    if all(r.status is Status.UNSUPPORTED for r in results):
-        reasons = "; ".join(f"{r.check}: {r.detail}" for r in results)
-        raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked ({reasons}); "
-                         "check its convention, tiling and declared scope")
-    return Report(adapter.name, tuple(results))
+    with contextlib.nullcontext() if device is None else devices.using(device, option="device"):
+        adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name,
+                                 scope=scope, option="kernel", convention_option="convention")
+        chosen = _modes(modes)
+        _check_options(max_examples, profile, seed)
+        check_known_issue_modes(adapter, option="scope")
+        database = example_dbs.resolve(example_db)
+        compile_cache.ensure()  # the CLI's and the plugin's cache, unless jax's is yours (see above)
+        why = adapter.available()
+        if why:
+            raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")
+        results = []
+        run = failures.CheckRun()  # an exception the kernel raises is reported in the first mode that finds it
+        for m in chosen:
+            result = check_mode(adapter, m, max_examples=max_examples, profile=profile, seed=seed, example_db=database,
+                                run=run)
+            if raise_on_failure and result.status is Status.FAILED:
+                failures.raise_failure(result)
+            results.append(result)
+        if all(r.status is Status.UNSUPPORTED for r in results):
+            reasons = "; ".join(f"{r.check}: {r.detail}" for r in results)
+            raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked "
+                             f"({reasons}); check its convention, tiling and declared scope")
+        return Report(adapter.name, tuple(results))
 
 
 def _modes(modes: Iterable[str] | None) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from gmm_kernels import device
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import to_framework
 from gmm_ref import Numerics, Problem
@@ -31,7 +32,7 @@ class VllmBatchedMoE(KernelAdapter):
 
         if not torch.cuda.is_available():
             return "vLLM's batched experts are a Triton kernel for CUDA / ROCm GPUs; no GPU here"
-        return None
+        return device.cuda_only("vLLM's batched experts")
 
     def numerics_for(self, problem: Problem) -> Numerics:
         """FP8: each K tile's ``tl.dot`` of codes in the tensor cores (about 14 bits kept on Hopper), promoted into
@@ -44,14 +45,13 @@ class VllmBatchedMoE(KernelAdapter):
         return base
 
     def call(self, A: Any, B: Any, C: Any, expert_num_tokens: Any, **kwargs: Any) -> Any:
-        import torch
         from vllm.model_executor.layers.fused_moe.fused_batched_moe import invoke_moe_batched_triton_kernel
 
         (a, b, c, counts), kw = to_framework("torch", (A, B, C, expert_num_tokens), kwargs)
-        kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-        out = c.cuda()
-        invoke_moe_batched_triton_kernel(a.cuda(), b.cuda(), out, counts.cuda(),
+        kw = {k: device.place(v) for k, v in kw.items()}  # to_framework made them on the selected device
+        out = device.place(c)
+        invoke_moe_batched_triton_kernel(device.place(a), device.place(b), out, device.place(counts),
                                          B_zp=None, use_int8_w8a16=False, use_int4_w4a16=False,
                                          **{"A_scale": None, "B_scale": None, "use_fp8_w8a8": False,
                                             "per_act_token_quant": False, "block_shape": None, **kw})
-        return out.cpu()
+        return out
