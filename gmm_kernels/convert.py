@@ -134,7 +134,7 @@ def device_copy(a: np.ndarray, device: Any) -> Any:
     if shared is not None and key in shared:
         buf = shared[key][1]
     else:
-        buf = torch.from_numpy(raw).to(device)
+        buf = torch.from_numpy(raw).to(device, copy=True)  # a copy on the CPU too (a test device)
         if shared is not None:
             shared[key] = (raw, buf)
     return torch.as_strided(buf.view(dtype), a.shape, [s // item for s in a.strides], offset // item)

@@ -165,7 +165,8 @@ def _check_options(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--gmm-convention: expected one of {conventions.names()}, got {convention!r}"
                                 f"{did_you_mean(convention, conventions.names())}")
     _tiling(config)
-    _device(config)
+    if config.getoption("--gmm-device") is not None:  # else auto, resolved where a kernel first needs it
+        _device(config)
     if kernels:
         selected_kernels(config)  # fail fast on a bad import path
 
