@@ -21,7 +21,7 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import InvalidArgument
 
 import gmm_ref
-from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
+from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, cuda_graph, resolve_kernel
 from gmm_kernels import device as devices
 from property_tests import compile_cache, failures
 from property_tests import example_db as example_dbs
@@ -119,6 +119,20 @@ def _check_calls(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...], 
     __tracebackhide__ = True
     for i, problem in enumerate(problems):
         _check_forward(adapter, problem, mode, before=tuple(p.group_sizes for p in problems[:i]))
+    if len(problems) > 1 and adapter.convention_facts.framework == "torch" and devices.on_cuda():
+        _check_graph_replays(adapter, problems)
+
+
+def _check_graph_replays(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...]) -> None:
+    """On a CUDA device, the calls again as replays of one captured CUDA graph (``gmm_kernels.cuda_graph``);
+    ``cuda_graph.NotCapturable`` where the call cannot be captured (the property declines the problem)."""
+    __tracebackhide__ = True
+
+    def attach(exc: BaseException, problem: gmm_ref.Problem, replay: int) -> None:
+        before = tuple(p.group_sizes for p in problems[:replay - 1])
+        failures.attach(exc, problem=problem, numerics=adapter.numerics_for(problem), **failures.replayed(before))
+
+    cuda_graph.check_replays(adapter, problems, capture=cuda_graph.cuda_capture, on_failure=attach)
 
 
 def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode, before: tuple = ()) -> None:
@@ -215,6 +229,9 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
             if not mode.gradient:
                 raise
             tally.declined.append(str(exc))
+            return
+        except cuda_graph.NotCapturable as exc:  # a refusal: its eager calls passed (docs/semantics.md)
+            tally.declined.append(f"{adapter.name} {exc}")
             return
         except Exception as exc:
             where = run.seen_before(adapter, exc)
