@@ -216,19 +216,23 @@ def _to_jax_value(v: Any) -> Any:
     return to_jax(v)
 
 
-def _to_torch_value(v: Any) -> Any:
+def _to_torch_value(v: Any, device: Any = None) -> Any:
     if isinstance(v, tuple) and hasattr(v, "_fields"):
-        return type(v)(*(_to_torch_value(x) for x in v))
+        return type(v)(*(_to_torch_value(x, device) for x in v))
     if isinstance(v, np.dtype):
         return torch_dtype(v)
     if isinstance(v, np.ndarray):
-        return to_torch(v)
+        return to_torch(v) if device is None else to_torch(v, device)
     return v
 
 
-def to_framework(framework: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A convention's NumPy arguments as a ``framework`` ("jax" or "torch") kernel receives them."""
-    convert = {"jax": _to_jax_value, "torch": _to_torch_value}[framework]
+def to_framework(framework: str, args: tuple, kwargs: dict, device: Any = None) -> tuple[tuple, dict]:
+    """A convention's NumPy arguments as a ``framework`` ("jax" or "torch") kernel receives them; torch tensors on
+    ``device`` (default: the selected one, ``gmm_kernels.device``)."""
+    if framework == "torch":
+        return (tuple(_to_torch_value(a, device) for a in args),
+                {k: _to_torch_value(v, device) for k, v in kwargs.items()})
+    convert = {"jax": _to_jax_value}[framework]
     return tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()}
 
 

@@ -115,25 +115,25 @@ class TorchScaledMMLoop(KernelAdapter):
 
         if offs is None:  # 3d-3d
             return torch.stack([mm(a[g], b[g], sa[g], sb[g]) for g in range(a.shape[0])]) if a.shape[0] else \
-                torch.zeros((0, a.shape[1], b.shape[2]), dtype=out_dtype)
+                torch.zeros((0, a.shape[1], b.shape[2]), dtype=out_dtype, device=a.device)
         ends = [0, *np.asarray(offs).astype(np.int64).tolist()]
         groups = range(len(ends) - 1)
         if a.ndim == 2 and b.ndim == 3:  # ragged M; rows past the groups stay unwritten (zeros here)
-            out = torch.zeros((a.shape[0], b.shape[2]), dtype=out_dtype)
+            out = torch.zeros((a.shape[0], b.shape[2]), dtype=out_dtype, device=a.device)
             for g in groups:
                 lo, hi = ends[g], ends[g + 1]
                 if hi > lo:
                     out[lo:hi] = mm(a[lo:hi], b[g], sa[lo:hi], sb[g])
             return out
         if a.ndim == 3:  # ragged N
-            out = torch.zeros((a.shape[1], b.shape[1]), dtype=out_dtype)
+            out = torch.zeros((a.shape[1], b.shape[1]), dtype=out_dtype, device=a.device)
             for g in groups:
                 lo, hi = ends[g], ends[g + 1]
                 if hi > lo:
                     out[:, lo:hi] = mm(a[g], b[:, lo:hi], sa[g], sb[lo:hi])
             return out
         m, n = a.shape[0], b.shape[1]  # ragged K: one [M, N] block per group
-        out = torch.zeros((len(groups), m, n), dtype=out_dtype)
+        out = torch.zeros((len(groups), m, n), dtype=out_dtype, device=a.device)
         for g in groups:
             lo, hi = ends[g], ends[g + 1]
             if hi > lo:
