@@ -65,17 +65,19 @@ def test_cuda_where_torch_sees_none_and_an_index_past_the_devices_are_errors(mon
         device.resolve("cuda:2")
 
 
-def _cli(tmp_path: Path, *argv: str, kernels: str = "") -> subprocess.CompletedProcess:
+def _cli(tmp_path: Path, *argv: str, kernels: str = "", command: str = "check") -> subprocess.CompletedProcess:
     (tmp_path / "devkernels.py").write_text(kernels)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    return subprocess.run([sys.executable, "-m", "property_tests.main", "check", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "property_tests.main", command, *argv], capture_output=True,
                           text=True, timeout=600, cwd=tmp_path, env=env)
 
 
-def test_the_cli_takes_a_bad_device_as_a_usage_error(tmp_path):
-    proc = _cli(tmp_path, "--kernel", "torch.grouped_mm", "--device", "gpu")
+@pytest.mark.parametrize("command", ["check", "coverage"])
+def test_the_cli_takes_a_bad_device_as_a_usage_error(tmp_path, command):
+    proc = _cli(tmp_path, "--kernel", "torch.grouped_mm", "--device", "gpu", command=command)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "--device: expected auto, cpu, cuda or cuda:N (N a CUDA device index), got 'gpu'" in proc.stderr
+    assert f"gmm-harness {command}: error: --device: expected auto, cpu, cuda or cuda:N (N a CUDA device index), " \
+           "got 'gpu'" in proc.stderr
 
 
 @pytest.mark.skipif(GPU, reason="torch sees a CUDA device here: --device cuda is no usage error")
