@@ -261,3 +261,18 @@ def test_the_shards_merge_keeps_each_kernels_device():
     merged = _unique([{"name": "k", "device": "cpu"}, {"name": "k", "device": "cuda:0"}, {"name": "j"},
                       {"name": "k", "device": "cpu"}])
     assert merged == [{"name": "k", "device": "cpu, cuda:0"}, {"name": "j"}]
+
+
+def test_the_golden_cli_takes_a_bad_device_as_a_usage_error(capsys):
+    from golden.cli import main
+
+    assert main(["check", "--kernel", "torch.grouped_mm", "--device", "gpu"]) == 2
+    assert "--device: expected auto, cpu, cuda or cuda:N" in capsys.readouterr().err
+
+
+def test_a_torch_golden_is_made_on_the_selected_device(monkeypatch):
+    from gmm_kernels import get
+    from golden.producers import kernel_producer
+
+    device.select("cpu")
+    assert kernel_producer(get("torch.grouped_mm"))["platform"].endswith("/cpu")
