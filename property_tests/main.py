@@ -233,12 +233,10 @@ def _shape_unit(cell: Cell) -> tuple[Any, ...]:
 
 def _header(kernels: list[KernelAdapter], asked: str, request: WorkRequest, devices: dict[str, str]) -> str:
     """The lines above the table: the device of every kernel, declared scopes, versions, modes."""
-    by: dict[str, list[str]] = {}
-    for k in kernels:
-        by.setdefault(devices[k.name], []).append(k.name)
-    lines = ["devices: " + "; ".join(f"{d}: {', '.join(names)}" for d, names in by.items())
-             + f" (torch conventions: --device {asked}" + (f" = {request.device}" if asked != request.device else "")
-             + "; jax conventions: jax's default device)"]
+    by = {k.convention_facts.framework: devices[k.name] for k in kernels}  # the table's column: each kernel's
+    how = {"torch": f"--device {asked}", "jax": "jax's default device"}
+    lines = ["devices: " + "; ".join(f"{fw} conventions on {d} ({how.get(fw, fw)})" for fw, d in sorted(by.items(),
+                                                                                                     reverse=True))]
     for k in kernels:
         if k.scope is not None:
             lines.append(f"{k.name} ({k.convention}) declared scope: {k.scope.describe()}")
