@@ -276,3 +276,20 @@ def test_a_torch_golden_is_made_on_the_selected_device(monkeypatch):
 
     device.select("cpu")
     assert kernel_producer(get("torch.grouped_mm"))["platform"].endswith("/cpu")
+
+
+@pytest.mark.skipif(GPU, reason="torch sees a CUDA device here: a worker asked for cuda:0 would select it")
+def test_a_worker_selects_the_device_of_its_request(tmp_path):
+    """The worker selects the request's device as it is (not its own auto): asked for cuda:0 on a machine without
+    one, its setup ends with that error, before any cell."""
+    from property_tests.shards import Cell
+
+    request = WorkRequest(kernels=("torch.grouped_mm",), modes=("exact",), device="cuda:0",
+                          cells=(Cell("torch.grouped_mm", "ragged_m", "exact"),))
+    (tmp_path / "request.json").write_text(json.dumps(request.to_json()))
+    events = tmp_path / "events"
+    proc = subprocess.run([sys.executable, "-m", "property_tests.worker", str(tmp_path / "request.json"),
+                           str(events)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    ended = [json.loads(line) for line in events.read_text().splitlines()]
+    assert proc.returncode == 1 and ended[-1]["event"] == "error", ended
+    assert "the request's device: 'cuda:0' asked for, but torch sees no CUDA device" in ended[-1]["text"]
