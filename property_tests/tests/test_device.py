@@ -293,3 +293,24 @@ def test_a_worker_selects_the_device_of_its_request(tmp_path):
     ended = [json.loads(line) for line in events.read_text().splitlines()]
     assert proc.returncode == 1 and ended[-1]["event"] == "error", ended
     assert "the request's device: 'cuda:0' asked for, but torch sees no CUDA device" in ended[-1]["text"]
+
+
+def test_the_plugin_header_names_each_kernels_device(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\ngmm_harness = true\n")
+    proc = _pytest(tmp_path, "-v", "--gmm-device=cpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gmm kernel jax.ragged_dot (ragged_dot) on cpu: available" in proc.stdout
+
+
+def test_the_table_has_a_device_column_where_the_devices_are_known():
+    from gmm_kernels import Status
+    from property_tests.table import CellOutcome, Table, render
+
+    table = Table()
+    table.plan([("k", "ragged_m", "exact")])
+    table.add(("k", "ragged_m", "exact"), CellOutcome(Status.PASSED, examples=2))
+    assert "device" not in render(table.as_rows(), ["exact"]).splitlines()[0]  # shards written before it: none
+    table.devices = {"k": "cuda:0"}
+    head, _, row, *_ = render(table.as_rows(), ["exact"]).splitlines()
+    assert [c.strip() for c in head.split("|")] == ["kernel", "family", "device", "exact"]
+    assert [c.strip() for c in row.split("|")] == ["k", "ragged_m", "cuda:0", "pass (2)"]
