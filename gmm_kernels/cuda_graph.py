@@ -16,6 +16,11 @@ mode declines its problems with that reason (a refusal: such a kernel cannot be
 used in a captured graph, and its replays cannot go stale; its eager calls,
 checked before the capture, still pass or fail).
 
+Only arrays are rewritten between replays: a host argument (a Python int such
+as DeepGEMM's ``expected_m``, a dtype) keeps its captured value, as in a
+serving loop that replays a graph. The replays are judged on their outputs;
+writes to the inputs are the eager calls' check (``gmm_kernels.inputs``).
+
 The capture (:func:`cuda_capture`) needs a GPU; everything else takes the
 capture as an argument (:func:`check_replays`), so that it is checked on the
 CPU with a stand-in capture.
