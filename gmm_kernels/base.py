@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gmm_kernels import autodiff, guards, inputs
+from gmm_kernels import autodiff, convert, device, guards, inputs
 from gmm_kernels.known_issues import xla_nan_leak_issues
 from gmm_kernels.scope import KnownIssue, Limits, Scope
 from gmm_ref import Numerics, Problem, Reference, conventions, reference
@@ -322,21 +322,27 @@ class KernelAdapter:
         as NumPy. ``gmm_ref.Mismatch`` if the kernel wrote to an input."""
         with self.arguments(problem) as (args, kwargs):
             out = self.call(*args, **kwargs)
+            if self.convention_facts.framework == "torch":
+                device.synchronize()  # on CUDA: the kernel's queued work done (and its errors raised) before judging
             if out is None and self.convention_facts.out_argument is not None:  # it wrote its output buffer in place
-                out = self.convention_facts.out_value(args, kwargs)
+                out = self.convention_facts.out_value(args, kwargs)  # a host array: the device's copied back on exit
         return as_numpy(out, name=f"output of {self.name}")
 
     @contextlib.contextmanager
     def arguments(self, problem: Problem) -> Iterator[tuple[tuple, dict]]:
         """Fresh copies of ``problem``'s arguments for one call, each inside a guarded base (``gmm_kernels.guards``);
         on leaving, ``gmm_ref.Mismatch`` if the kernel wrote past a buffer into its guard region
-        (``gmm_kernels.guards``) or changed any of its inputs (``gmm_kernels.inputs``)."""
+        (``gmm_kernels.guards``) or changed any of its inputs (``gmm_kernels.inputs``). Where they were given to the
+        kernel as device tensors (``gmm_kernels.convert.device_copy``: a view's whole guarded base travels), what
+        those hold after the call is copied back into the host copies first (``convert.written_back``), and both
+        checks look there."""
         pristine = self.convention_facts.arguments(self._own(problem))
         with guards.call(self.name) as call:
             given = inputs.fresh(*pristine, convention=self.convention_facts, guard=call)
             for observer in tuple(_observers):
                 observer(self, problem)
-            yield given
+            with convert.written_back():
+                yield given
         call.check()
         inputs.modified(self.name, self.convention_facts, pristine, given)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import gmm_ref
-from gmm_kernels import configure, load_object, resolve_kernel
+from gmm_kernels import configure, device, load_object, resolve_kernel
 from gmm_ref.numerics import parse_numerics
 from golden.case import Case, GoldenError, select
 from golden.cases import CASES
@@ -78,6 +78,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                              "(default: its adapter's, or docs/numerics.md's default for a function)")
         sp.add_argument("--kernel-version", default=None,
                         help="version recorded for the kernel (goldens match bit for bit only on the same one)")
+        sp.add_argument("--device", default=None, metavar="auto|cpu|cuda|cuda:N",
+                        help="the device a torch-convention kernel runs on (default: auto, CUDA where torch sees a "
+                             "GPU, else cpu; gmm_kernels.device)")
 
     sp = sub.add_parser("regenerate", help="recompute goldens (reference, or --kernel)")
     common(sp)
@@ -175,6 +178,8 @@ def main(argv: Sequence[str] | None = None, *, corpus: Sequence[Case] | None = N
     where = (f" --dir {args.dir}" if args.dir else "") + (f" --corpus {args.corpus}" if args.corpus else "")
     directory = Path(args.dir or default_dir or default_directory())
     try:
+        if getattr(args, "device", None) is not None:  # the commands that run a kernel; a ValueError names it
+            device.select(args.device, option="--device")
         if args.corpus:
             cor = load_corpus(args.corpus)
         elif corpus is not None:

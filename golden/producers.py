@@ -53,9 +53,12 @@ def _device(framework: str) -> str:
             importlib.import_module(framework)
         if framework == "jax":
             return sys.modules["jax"].devices()[0].device_kind
-        if framework == "torch":
-            torch = sys.modules["torch"]
-            return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        if framework == "torch":  # the selected device (gmm_kernels.device: --device), where torch kernels run
+            from gmm_kernels import device
+
+            if not device.on_cuda():
+                return "cpu"
+            return sys.modules["torch"].cuda.get_device_name(device.torch_device())
     return ""
 
 

@@ -7,6 +7,7 @@ reproducer. Both functions return the result model of ``gmm_kernels.results``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import zlib
@@ -21,7 +22,8 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import InvalidArgument
 
 import gmm_ref
-from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
+from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, cuda_graph, resolve_kernel
+from gmm_kernels import device as devices
 from property_tests import compile_cache, failures
 from property_tests import example_db as example_dbs
 from property_tests.modes import MODES, Mode, Unsupported, mode_covering, mode_of
@@ -118,6 +120,20 @@ def _check_calls(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...], 
     __tracebackhide__ = True
     for i, problem in enumerate(problems):
         _check_forward(adapter, problem, mode, before=tuple(p.group_sizes for p in problems[:i]))
+    if len(problems) > 1 and adapter.convention_facts.framework == "torch" and devices.on_cuda():
+        _check_graph_replays(adapter, problems)
+
+
+def _check_graph_replays(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...]) -> None:
+    """On a CUDA device, the calls again as replays of one captured CUDA graph (``gmm_kernels.cuda_graph``);
+    ``cuda_graph.NotCapturable`` where the call cannot be captured (the property declines the problem)."""
+    __tracebackhide__ = True
+
+    def attach(exc: BaseException, problem: gmm_ref.Problem, replay: int) -> None:
+        before = tuple(p.group_sizes for p in problems[:replay - 1])
+        failures.attach(exc, problem=problem, numerics=adapter.numerics_for(problem), **failures.replayed(before))
+
+    cuda_graph.check_replays(adapter, problems, capture=cuda_graph.cuda_capture, on_failure=attach)
 
 
 def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode, before: tuple = ()) -> None:
@@ -233,6 +249,9 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
             if not mode.gradient:
                 raise
             tally.declined.append(str(exc))
+            return
+        except cuda_graph.NotCapturable as exc:  # a refusal: its eager calls passed (docs/semantics.md)
+            tally.declined.append(f"{adapter.name} {exc}")
             return
         except Exception as exc:
             where = run.seen_before(adapter, exc)
@@ -390,6 +409,7 @@ def check_kernel(
     seed: int | None = None,
     raise_on_failure: bool = True,
     example_db: Any = None,
+    device: str | None = None,
 ) -> Report:
     """Check a kernel in every mode (or ``modes``) its convention allows; one :class:`Result` per mode.
 
@@ -407,6 +427,9 @@ def check_kernel(
     ``example_db`` (an ``ExampleDatabase``, a directory, ``redis://HOST:PORT``, several joined by ``,``;
     default ``$GMM_HARNESS_EXAMPLE_DB``, else none) saves every failing example and replays the saved
     ones first on every run that shares it (``property_tests.example_db``).
+    ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``; default: the process's selection,
+    ``gmm_kernels.device``, else auto) is the device a torch-convention kernel's operands are made on for
+    this call; a bad value, or a CUDA device torch does not see, is a ``ValueError`` naming ``device``.
 
     Compilations go to the persistent compilation cache that the CLI and the pytest plugin use
     (``property_tests.compile_cache``: ``$GMM_HARNESS_COMPILE_CACHE``, else ``~/.cache/gmm-harness/jax``),
@@ -418,29 +441,30 @@ def check_kernel(
     A ``$GMM_HARNESS_COMPILE_CACHE`` that cannot be written is a ``ValueError``.
     """
     __tracebackhide__ = True
-    adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name, scope=scope,
-                             option="kernel", convention_option="convention")
-    chosen = _modes(modes)
-    _check_options(max_examples, profile, seed)
-    check_known_issue_modes(adapter, option="scope")
-    database = example_dbs.resolve(example_db)
-    compile_cache.ensure()  # the CLI's and the plugin's cache, unless jax's is yours (see above)
-    why = adapter.available()
-    if why:
-        raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")
-    results = []
-    run = failures.CheckRun()  # an exception the kernel raises is reported in the first mode that finds it
-    for m in chosen:
-        result = check_mode(adapter, m, max_examples=max_examples, profile=profile, seed=seed, example_db=database,
-                            run=run)
-        if raise_on_failure and result.status is Status.FAILED:
-            failures.raise_failure(result)
-        results.append(result)
-    if all(r.status is Status.UNSUPPORTED for r in results):
-        reasons = "; ".join(f"{r.check}: {r.detail}" for r in results)
-        raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked ({reasons}); "
-                         "check its convention, tiling and declared scope")
-    return Report(adapter.name, tuple(results))
+    with contextlib.nullcontext() if device is None else devices.using(device, option="device"):
+        adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name,
+                                 scope=scope, option="kernel", convention_option="convention")
+        chosen = _modes(modes)
+        _check_options(max_examples, profile, seed)
+        check_known_issue_modes(adapter, option="scope")
+        database = example_dbs.resolve(example_db)
+        compile_cache.ensure()  # the CLI's and the plugin's cache, unless jax's is yours (see above)
+        why = adapter.available()
+        if why:
+            raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")
+        results = []
+        run = failures.CheckRun()  # an exception the kernel raises is reported in the first mode that finds it
+        for m in chosen:
+            result = check_mode(adapter, m, max_examples=max_examples, profile=profile, seed=seed, example_db=database,
+                                run=run)
+            if raise_on_failure and result.status is Status.FAILED:
+                failures.raise_failure(result)
+            results.append(result)
+        if all(r.status is Status.UNSUPPORTED for r in results):
+            reasons = "; ".join(f"{r.check}: {r.detail}" for r in results)
+            raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked "
+                             f"({reasons}); check its convention, tiling and declared scope")
+        return Report(adapter.name, tuple(results))
 
 
 def _modes(modes: Iterable[str] | None) -> list[str]:

@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gmm_kernels import FunctionAdapter, KernelAdapter, Result, Status, resolve_kernels
+from gmm_kernels import FunctionAdapter, KernelAdapter, Result, Status, device, resolve_kernels
 from gmm_ref import conventions
 from property_tests.checking import coverage
 from property_tests.modes import MODES, Unsupported, mode_covering
-from property_tests.options import modes_option
+from property_tests.options import add_device_option, modes_option
 
 __all__ = ["add_parser", "run"]
 
@@ -37,6 +37,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--max-examples", type=int, default=None,
                    help="examples per mode (default: the gmm-ci profile's, what the pytest plugin runs)")
     c.add_argument("--seed", type=int, default=None, help="draw with this seed (default: derandomized gmm-ci)")
+    add_device_option(c.add_argument)  # no kernel runs, but what a torch kernel takes may depend on the device
     c.add_argument("-v", "--verbose", action="store_true",
                    help="list the pairs never reached and the relations a convention cannot express")
 
@@ -80,6 +81,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     modes = modes_option(args.modes, MODES, parser.error)
     if args.max_examples is not None and args.max_examples < 1:
         parser.error(f"--max-examples: expected a positive integer, got {args.max_examples}")
+    try:
+        device.select(args.device or "auto", option="--device")
+    except ValueError as exc:
+        parser.error(str(exc))
     targets = _targets(parser, args)
     profile = "gmm-ci" if args.seed is None else None
     width = max(len(t.name) for t in targets) + 2

@@ -35,13 +35,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gmm_kernels import KernelAdapter, Status, triton_interpreter
+from gmm_kernels import KernelAdapter, Status, device, triton_interpreter
 from gmm_ref import conventions
 from gmm_ref.names import did_you_mean
 from property_tests import compile_cache, coverage, example_db, paths, shards
 from property_tests.failures import CheckRun
 from property_tests.modes import ALL_MODES, MODES
-from property_tests.options import SCOPE_OPTIONS, add_scope_options, modes_option
+from property_tests.options import SCOPE_OPTIONS, add_device_option, add_scope_options, modes_option
 from property_tests.request import WorkRequest, resolve_request
 from property_tests.shards import Cell
 from property_tests.supervisor import Supervisor
@@ -97,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: none)")
     c.add_argument("--timeout", type=_positive(float), default=900.0,
                    help="seconds one cell may run before the kernel is reported as hung (default 900)")
+    add_device_option(c.add_argument, action=_Once)
     c.add_argument("--in-process", action="store_true", help="run the kernels in this process (no isolation)")
     c.add_argument("--jobs", "-j", type=_positive(int), default=None, action=_Once,
                    help="kernels checked at once, each in its own worker (default: the CPU count, at most one "
@@ -160,6 +161,11 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
         if args.example_db is not None:
             example_db.open_database(args.example_db, option_name="--example-db")
     except (ValueError, TypeError, ImportError) as exc:
+        parser.error(str(exc))
+    try:
+        args.device_asked = args.device or "auto"
+        args.device = device.select(args.device_asked, option="--device")  # this process's, and the workers'
+    except ValueError as exc:
         parser.error(str(exc))
     if args.shard is not None and args.json is None:
         parser.error("--shard: given without --json, which gmm-harness merge joins the shards from")
@@ -225,8 +231,12 @@ def _shape_unit(cell: Cell) -> tuple[Any, ...]:
     return (kernel, family, column if mode.changes_shapes else "the exact mode's shapes")
 
 
-def _header(kernels: list[KernelAdapter], request: WorkRequest) -> str:
-    lines = []
+def _header(kernels: list[KernelAdapter], asked: str, request: WorkRequest, devices: dict[str, str]) -> str:
+    """The lines above the table: the device of every kernel, declared scopes, versions, modes."""
+    by = {k.convention_facts.framework: devices[k.name] for k in kernels}  # the table's column: each kernel's
+    how = {"torch": f"--device {asked}", "jax": "jax's default device"}
+    lines = ["devices: " + "; ".join(f"{fw} conventions on {d} ({how.get(fw, fw)})" for fw, d in sorted(by.items(),
+                                                                                                     reverse=True))]
     for k in kernels:
         if k.scope is not None:
             lines.append(f"{k.name} ({k.convention}) declared scope: {k.scope.describe()}")
@@ -304,6 +314,7 @@ def _merge(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         except (ValueError, KeyError, TypeError) as exc:
             parser.error(f"a shard's cell is not a result: {type(exc).__name__}: {exc}: {c}")
     table.details, table.coverage = doc["failures"], doc["coverage"]
+    table.devices = {k["name"]: k["device"] for k in doc["kernels"] if k.get("device")}  # shards before it: none
     columns = doc["modes"] + ([GOLDENS] if doc["goldens"] else [])
     n = len(doc["shards"])
     run = _run_text(doc["seed"], doc.get("budget"))
@@ -337,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           modes=tuple(modes), scope=scope_values, max_examples=args.max_examples, seed=args.seed,
                           golden_dir=None if args.golden_dir is None else str(Path(args.golden_dir).resolve()),
                           kernel_version=args.kernel_version, require_own=args.kernel_version is not None,
-                          example_db=args.example_db, environ=_ENVIRON)
+                          example_db=args.example_db, environ=_ENVIRON, device=args.device)
     try:
         kernels = resolve_request(request)
     except (ValueError, TypeError, ImportError) as exc:
@@ -348,7 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                            unit=_shape_unit)[args.shard[0] - 1]
     t0 = time.perf_counter()
     table = Table()
-    header = _header(kernels, request)
+    devices = {k.name: device.of(k) for k in kernels}
+    table.devices = devices
+    header = _header(kernels, args.device_asked, request, devices)
     if args.verbose:
         header = "\n".join(filter(None, [header, cache_line, example_db.describe(args.example_db)]))
     if header or args.shard is not None:
@@ -356,7 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _run(args, request, {k.name: k for k in kernels}, plan, cells, table)
     columns = modes + ([] if args.no_goldens else [GOLDENS])
     doc = {"format": shards.FORMAT, "kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
-                        "scope": None if k.scope is None else k.scope.to_json()} for k in kernels],
+                        "scope": None if k.scope is None else k.scope.to_json(), "device": devices[k.name]}
+                       for k in kernels],
            "requested": bool(args.kernel), "modes": list(request.modes), "goldens": not args.no_goldens,
            "max_examples": request.max_examples, "seed": request.seed, "budget": args.budget,
            "golden_dir": request.golden_dir, "shard": list(args.shard) if args.shard else None,

@@ -23,8 +23,8 @@ from gmm_ref import FAMILIES, MXQuantizer
 from gmm_ref.names import did_you_mean
 from gmm_ref.numerics import parse_numerics
 
-__all__ = ["SCOPE_OPTIONS", "add_scope_options", "apply_scope", "modes_option", "parse_multiples", "parse_numerics",
-           "parse_quantizes", "scope_fields", "split_list", "suggestions"]
+__all__ = ["SCOPE_OPTIONS", "add_device_option", "add_scope_options", "apply_scope", "modes_option",
+           "parse_multiples", "parse_numerics", "parse_quantizes", "scope_fields", "split_list", "suggestions"]
 
 #: the axes an extent option names
 AXES = ("m", "k", "n")
@@ -49,6 +49,14 @@ def add_scope_options(add: Callable[..., Any], prefix: str = "--") -> None:
     for name, kwargs in SCOPE_OPTIONS:
         extra = {} if kwargs.get("action") else {"default": None}
         add(prefix + name, **kwargs, **extra)
+
+
+def add_device_option(add: Callable[..., Any], prefix: str = "--", **extra: Any) -> None:
+    """Register the device option (``--device``; the plugin's ``--gmm-device``) with ``add``; its values are
+    ``gmm_kernels.device``'s to parse and resolve."""
+    add(prefix + "device", default=None, metavar="auto|cpu|cuda|cuda:N", **extra,
+        help="the device torch-convention kernels run on: their operands, offsets and outputs are made there "
+             "(default: auto, CUDA where torch sees a GPU, else cpu); jax kernels run on jax's default device")
 
 
 def split_list(text: str | None, option: str) -> list[str] | None:

@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 
-from property_tests.options import SCOPE_OPTIONS, add_scope_options
+from property_tests.options import SCOPE_OPTIONS, add_device_option, add_scope_options
 from property_tests.profiles import DEFAULT, register_profiles
 
 __all__: list[str] = []
@@ -79,6 +79,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="tiling the kernel uses; strategies draw extents around its tile edges",
     )
     add_scope_options(group.addoption, prefix="--gmm-")
+    add_device_option(group.addoption, prefix="--gmm-")
     group.addoption(
         "--gmm-compile-cache", default=None, metavar="DIR|off",
         help="JAX persistent compilation cache shared by the xdist workers and later runs "
@@ -138,6 +139,17 @@ def _scope_values(config: pytest.Config) -> dict[str, Any]:
     return {name: config.getoption("--gmm-" + name) for name, _ in SCOPE_OPTIONS}
 
 
+def _device(config: pytest.Config) -> str:
+    """The device of ``--gmm-device`` (default auto), selected for this process (``gmm_kernels.device``); a usage
+    error naming the option for a bad value or a CUDA device torch does not see."""
+    from gmm_kernels import device
+
+    try:
+        return device.select(config.getoption("--gmm-device") or "auto", option="--gmm-device")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
 def _check_options(config: pytest.Config) -> None:
     """Every --gmm-* option is checked whenever it is given: one usage error, before collection."""
     from gmm_ref import conventions
@@ -153,6 +165,8 @@ def _check_options(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--gmm-convention: expected one of {conventions.names()}, got {convention!r}"
                                 f"{did_you_mean(convention, conventions.names())}")
     _tiling(config)
+    if config.getoption("--gmm-device") is not None:  # else auto, resolved where a kernel first needs it
+        _device(config)
     if kernels:
         selected_kernels(config)  # fail fast on a bad import path
 
@@ -192,10 +206,13 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     if not in_use(config):
         return []
+    from gmm_kernels import device
+
     lines = []
     for k in selected_kernels(config):
         why = k.available()
-        lines.append(f"gmm kernel {k.name} ({k.convention}): " + ("available" if why is None else f"SKIPPED: {why}"))
+        lines.append(f"gmm kernel {k.name} ({k.convention}) on {device.of(k)}: "
+                     + ("available" if why is None else f"SKIPPED: {why}"))
         if k.scope is not None:
             lines.append(f"gmm kernel {k.name} declared scope: {k.scope.describe()}")
     tiling = _tiling(config)

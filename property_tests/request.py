@@ -45,6 +45,9 @@ class WorkRequest:
     example_db: str | None = None
     #: environment variables the worker sets before anything imports a framework
     environ: Mapping[str, str] = field(default_factory=dict)
+    #: the device torch-convention kernels run on, resolved by the main job (``cpu``, ``cuda:0``;
+    #: ``gmm_kernels.device``): the worker selects it as it is, so ``--device auto`` means the same there
+    device: str = "cpu"
     #: ``time.time()`` until which the kernel's time budget adds rounds of examples; None: no budget
     deadline: float | None = None
     cells: tuple[Cell, ...] = ()

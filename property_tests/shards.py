@@ -168,7 +168,12 @@ def _cells(n: int, total: int) -> str:
 
 
 def _unique(kernels: Any) -> list[dict[str, Any]]:
+    """One entry per kernel (the first shard's); a kernel whose shards ran it on different devices names them
+    all (``cpu, cuda:0``)."""
     out: dict[str, dict[str, Any]] = {}
     for k in kernels:
-        out.setdefault(k["name"], k)
+        first = out.setdefault(k["name"], dict(k))
+        devices = [d for d in str(first.get("device") or "").split(", ") if d]
+        if k.get("device") and k["device"] not in devices:
+            first["device"] = ", ".join([*devices, k["device"]])
     return list(out.values())

@@ -264,6 +264,8 @@ class Table:
     details: list[str] = field(default_factory=list)
     #: per cell, what its examples reached of the covering design (``Result.coverage_report``)
     coverage: list[str] = field(default_factory=list)
+    #: kernel -> the device it runs on (``gmm_kernels.device.of``): the table's device column
+    devices: dict[str, str] = field(default_factory=dict)
 
     def plan(self, cells: Iterable[Cell]) -> None:
         for kernel, family, _ in cells:
@@ -293,6 +295,7 @@ class Table:
         """Append another table's rows, reports and coverage (a kernel checked in a lane of its own)."""
         for key, row in other.rows.items():
             self.rows.setdefault(key, {}).update(row)
+        self.devices.update(other.devices)
         self.details += other.details
         self.coverage += other.coverage
 
@@ -307,13 +310,14 @@ class Table:
                    for o in row.values())
 
     def as_rows(self) -> list[dict[str, Any]]:
-        return [{"kernel": k, "family": f, **row} for (k, f), row in self.rows.items()]
+        return [{"kernel": k, "family": f, **({"device": self.devices[k]} if k in self.devices else {}), **row}
+                for (k, f), row in self.rows.items()]
 
 
 def render(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """The table of ``rows`` (``kernel``, ``family`` and a :class:`CellOutcome` per column); a FAIL, n/a or
-    known-bug cell (and a goldens pass with cases out of scope) shows a footnote number, the footnotes (the
-    cells' texts) follow."""
+    """The table of ``rows`` (``kernel``, ``family``, where known the kernel's ``device``, and a
+    :class:`CellOutcome` per column); a FAIL, n/a or known-bug cell (and a goldens pass with cases out of scope)
+    shows a footnote number, the footnotes (the cells' texts) follow."""
     notes: dict[str, int] = {}
 
     def cell(o: CellOutcome | None) -> str:
@@ -322,8 +326,10 @@ def render(rows: list[dict[str, Any]], columns: list[str]) -> str:
         shown, noted = o.shown()
         return f"{shown} [{notes.setdefault(o.text, len(notes) + 1)}]" if noted else shown
 
-    table = [["kernel", "family", *columns]]
-    table += [[r["kernel"], r["family"], *[cell(r.get(c)) for c in columns]] for r in rows]
+    device = ["device"] if any("device" in r for r in rows) else []
+    table = [["kernel", "family", *device, *columns]]
+    table += [[r["kernel"], r["family"], *([r.get("device", "?")] if device else []),
+               *[cell(r.get(c)) for c in columns]] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     out = [" | ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) for line in table]
     out.insert(1, "-+-".join("-" * w for w in widths))

@@ -49,6 +49,7 @@ def _work(request: WorkRequest, emit: Callable[..., None]) -> None:
     from gmm_kernels import triton_interpreter
 
     triton_interpreter.use_if_no_gpu()  # before a kernel's module is imported (its @triton.jit reads it)
+    from gmm_kernels import device
     from gmm_kernels.base import observe_calls
     from property_tests.failures import CheckRun
     from property_tests.profiles import register_profiles
@@ -56,6 +57,7 @@ def _work(request: WorkRequest, emit: Callable[..., None]) -> None:
     from property_tests.table import Cell, CellOutcome, check_cells, run_cell
 
     register_profiles()
+    device.select(request.device, option="the request's device")
     kernels = {k.name: k for k in resolve_request(request)}
     checks = CheckRun()  # the worker's cells: an exception a kernel raises is reported in its first cell
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from gmm_kernels import device
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import to_framework
 from gmm_ref import Numerics, Problem
@@ -30,8 +31,12 @@ def _cuda_reason(major: int = 9) -> str | None:
 
     if not torch.cuda.is_available():
         return "DeepGEMM runs on CUDA GPUs only (SM90 / SM100); no CUDA device here"
-    if torch.cuda.get_device_capability()[0] < major:
-        return f"DeepGEMM needs compute capability {major}.0 or newer, got {torch.cuda.get_device_capability()}"
+    reason = device.cuda_only("DeepGEMM")
+    if reason is not None:
+        return reason
+    capability = torch.cuda.get_device_capability(device.torch_device())
+    if capability[0] < major:
+        return f"DeepGEMM needs compute capability {major}.0 or newer, got {capability}"
     return None
 
 
@@ -54,20 +59,14 @@ class _DeepGemm(KernelAdapter):
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
         import deep_gemm
-        import torch
 
-        (a, b, d, *rest), kw = to_framework("torch", args, kwargs)
-
-        def cuda(x: Any) -> Any:
-            if isinstance(x, tuple):
-                return tuple(cuda(v) for v in x)
-            return x.cuda() if isinstance(x, torch.Tensor) else x
-
+        (a, b, d, *rest), kw = to_framework("torch", args, kwargs)  # on the selected (CUDA) device
+        place = device.place
         fp8 = isinstance(a, tuple)
         fn = getattr(deep_gemm, self.functions[0 if fp8 else 1])
-        out = cuda(d)
-        fn(cuda(a), cuda(b), out, *(cuda(r) for r in rest), **kw)
-        return out.cpu()
+        out = place(d)
+        fn(place(a), place(b), out, *(place(r) for r in rest), **kw)
+        return out
 
 
 class DeepGemmContiguous(_DeepGemm):

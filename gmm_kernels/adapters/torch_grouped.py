@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels import guards, triton_interpreter
+from gmm_kernels import device, guards, triton_interpreter
 from gmm_kernels.adapters._torchao import quiet_torchao_import
 from gmm_kernels.base import KernelAdapter, dtype_name, import_failure
 from gmm_kernels.convert import to_framework
@@ -71,14 +71,15 @@ class TorchGroupedMM(KernelAdapter):
         return None
 
     def dtype_refusal(self, lhs: Any, rhs: Any, out: Any) -> str | None:
-        """As the base class says; on CPU also an output dtype other than the input's."""
+        """As the base class says; where torch's CPU path runs (the selected device is the CPU,
+        ``gmm_kernels.device.cpu_only``) also an output dtype other than the input's."""
         reason = super().dtype_refusal(lhs, rhs, out)
         if reason is None and dtype_name(out) != dtype_name(lhs):
             try:
                 import torch
             except ImportError:  # not installed: the adapter is unavailable and says so
                 return None
-            if not torch.cuda.is_available():
+            if device.cpu_only():
                 return (f"torch {torch.__version__}'s CPU _grouped_mm refuses out_dtype {dtype_name(out)} for "
                         f"{dtype_name(lhs)} inputs ('Grouped gemm output dtype must match mat_a dtype'); "
                         "its CUDA path takes float32 from bfloat16")
@@ -96,10 +97,9 @@ class TorchGroupedMM(KernelAdapter):
         product; float32 inputs keep them)."""
         import dataclasses
 
-        import torch
 
         numerics = super().numerics_for(problem)
-        if (self.scope is None or self.scope.numerics is None) and not torch.cuda.is_available() \
+        if (self.scope is None or self.scope.numerics is None) and device.cpu_only() \
                 and str(problem.lhs.dtype) in ("bfloat16", "float16"):
             numerics = dataclasses.replace(numerics, flush_subnormals=True)
         return numerics
@@ -210,6 +210,9 @@ class GroupedMMBf16(KernelAdapter):
         if not torch.cuda.is_available() and not triton_interpreter.use_if_no_gpu():
             return (f"no GPU here and {triton_interpreter.ENV} is off: grouped_mm_bf16's Triton kernels cannot run "
                     f"(unset {triton_interpreter.ENV} to run them in Triton's interpreter)")
+        if torch.cuda.is_available() and not device.on_cuda():
+            return (f"grouped_mm_bf16's Triton kernels are compiled for the GPU here (Triton's interpreter is off "
+                    f"where a GPU is seen); the selected device is {device.selected()} (--device)")
         reason = import_failure("grouped_mm_bf16.kernels", "grouped_mm_2d3d", "grouped_mm_bf16's kernels")
         if reason is None and not torch.cuda.is_available():
             import grouped_mm_bf16.kernels as kernels
@@ -225,9 +228,7 @@ class GroupedMMBf16(KernelAdapter):
         return reason
 
     def large_refusal(self) -> str | None:
-        import torch
-
-        return None if torch.cuda.is_available() else self._runs_interpreted("Triton's interpreter", takes="days")
+        return None if device.on_cuda() else self._runs_interpreted("Triton's interpreter", takes="days")
 
     def _limits(self) -> Limits:
         """Ragged M, ragged K and batch (2d3d, 2d2d, 3d3d), extents up to 64 (two of the convention's 32-wide
@@ -235,17 +236,15 @@ class GroupedMMBf16(KernelAdapter):
         return Limits(families=("ragged_m", "ragged_k", "batch"), max_extent=64)
 
     def call(self, mat_a: Any, mat_b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any:
-        import torch
 
         if bias is not None:
             raise ValueError("grouped_mm_bf16: bias is not supported")
         (a, b), kw = to_framework("torch", (mat_a, mat_b), {"offs": offs, "out_dtype": out_dtype})
         with _environment(GMM_BF16_2D3D_CONFIG):
-            if torch.cuda.is_available():
+            if device.on_cuda():  # the operands are on the selected CUDA device (to_framework)
                 from grouped_mm_bf16 import grouped_mm
 
-                o = None if kw["offs"] is None else kw["offs"].cuda()
-                return grouped_mm(a.cuda(), b.cuda(), o, out_dtype=kw["out_dtype"]).cpu()
+                return grouped_mm(a, b, kw["offs"], out_dtype=kw["out_dtype"])
             with np.errstate(all="ignore"):  # the interpreter's NumPy: NaN and Inf propagate, as on a GPU, unwarned
                 return _grouped_mm_bf16_cpu(a, b, kw["offs"], kw["out_dtype"])
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from gmm_kernels import device
 from gmm_kernels.base import KernelAdapter, import_failure
 from gmm_kernels.convert import to_framework
 from gmm_kernels.scope import Limits, Scope
@@ -51,12 +52,12 @@ class TorchScaledGroupedMM(KernelAdapter):
         if not torch.cuda.is_available():
             return (f"torch {torch.__version__}'s _scaled_grouped_mm has no CPU kernel (CUDA only, compute "
                     "capability 9.0+); torch.scaled_mm[loop] checks the same contract here")
-        return None
+        return device.cuda_only("torch._scaled_grouped_mm")
 
     def _refusal(self, problem: Problem) -> str | None:
         import torch
 
-        if problem.lhs_quant == MXFP8 and torch.cuda.get_device_capability()[0] < 10:
+        if problem.lhs_quant == MXFP8 and torch.cuda.get_device_capability(device.torch_device())[0] < 10:
             return "torch's MXFP8 grouped mm needs compute capability 10.0 (Blackwell) or newer"
         return None
 
@@ -66,7 +67,7 @@ class TorchScaledGroupedMM(KernelAdapter):
 
         (a, b, sa, sb), kw = to_framework("torch", (mat_a, mat_b, scale_a, scale_b),
                                           {"offs": offs, "out_dtype": out_dtype})
-        dev = torch.device("cuda")
+        dev = device.torch_device()
         b = b.to(dev).transpose(-2, -1).contiguous().transpose(-2, -1)  # column-major, as the kernel wants
         kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
         return torch._scaled_grouped_mm(a.to(dev), b, sa.to(dev), sb.to(dev), **kw)
@@ -114,25 +115,25 @@ class TorchScaledMMLoop(KernelAdapter):
 
         if offs is None:  # 3d-3d
             return torch.stack([mm(a[g], b[g], sa[g], sb[g]) for g in range(a.shape[0])]) if a.shape[0] else \
-                torch.zeros((0, a.shape[1], b.shape[2]), dtype=out_dtype)
+                torch.zeros((0, a.shape[1], b.shape[2]), dtype=out_dtype, device=a.device)
         ends = [0, *np.asarray(offs).astype(np.int64).tolist()]
         groups = range(len(ends) - 1)
         if a.ndim == 2 and b.ndim == 3:  # ragged M; rows past the groups stay unwritten (zeros here)
-            out = torch.zeros((a.shape[0], b.shape[2]), dtype=out_dtype)
+            out = torch.zeros((a.shape[0], b.shape[2]), dtype=out_dtype, device=a.device)
             for g in groups:
                 lo, hi = ends[g], ends[g + 1]
                 if hi > lo:
                     out[lo:hi] = mm(a[lo:hi], b[g], sa[lo:hi], sb[g])
             return out
         if a.ndim == 3:  # ragged N
-            out = torch.zeros((a.shape[1], b.shape[1]), dtype=out_dtype)
+            out = torch.zeros((a.shape[1], b.shape[1]), dtype=out_dtype, device=a.device)
             for g in groups:
                 lo, hi = ends[g], ends[g + 1]
                 if hi > lo:
                     out[:, lo:hi] = mm(a[g], b[:, lo:hi], sa[g], sb[lo:hi])
             return out
         m, n = a.shape[0], b.shape[1]  # ragged K: one [M, N] block per group
-        out = torch.zeros((len(groups), m, n), dtype=out_dtype)
+        out = torch.zeros((len(groups), m, n), dtype=out_dtype, device=a.device)
         for g in groups:
             lo, hi = ends[g], ends[g + 1]
             if hi > lo:
@@ -216,9 +217,10 @@ class TorchScaledGroupedMMv2(KernelAdapter):
         if not torch.cuda.is_available():
             return (f"torch {torch.__version__}'s scaled_grouped_mm has no CPU kernel; its NVFP4 form needs a CUDA "
                     "GPU of compute capability 10.0 (Blackwell)")
-        if torch.cuda.get_device_capability()[0] < 10:
+        reason = device.cuda_only("torch.nn.functional.scaled_grouped_mm")
+        if reason is None and torch.cuda.get_device_capability(device.torch_device())[0] < 10:
             return "torch's NVFP4 grouped mm needs compute capability 10.0 (Blackwell) or newer"
-        return None
+        return reason
 
     def call(self, mat_a: Any, mat_b: Any, scale_a: Any, scale_recipe_a: Any, scale_b: Any, scale_recipe_b: Any,
              swizzle_a: Any = None, swizzle_b: Any = None, bias: Any = None, offs: Any = None,
@@ -230,12 +232,12 @@ class TorchScaledGroupedMMv2(KernelAdapter):
         from gmm_kernels.convert import to_torch
 
         def fp4(x: Any, transposed: bool) -> Any:
-            t = to_torch(np.ascontiguousarray(np.swapaxes(x, -1, -2)) if transposed else x).cuda()
+            t = to_torch(np.ascontiguousarray(np.swapaxes(x, -1, -2)) if transposed else x)  # the selected device
             t = t.view(torch.float4_e2m1fn_x2)
             return t.transpose(-2, -1) if transposed else t  # mat_b: a transposed view of [G, N, K/2]
 
         def scales(pair: Any) -> list[Any]:
-            return [to_torch(np.asarray(v)).cuda() for v in pair]
+            return [to_torch(np.asarray(v)) for v in pair]
 
         def enums(kind: Any, names: Any) -> list[Any]:
             return [getattr(kind, n) for n in names]
@@ -243,5 +245,5 @@ class TorchScaledGroupedMMv2(KernelAdapter):
         return F.scaled_grouped_mm(
             fp4(mat_a, False), fp4(mat_b, True), scales(scale_a), enums(ScalingType, scale_recipe_a),
             scales(scale_b), enums(ScalingType, scale_recipe_b), swizzle_a=enums(SwizzleType, swizzle_a),
-            swizzle_b=enums(SwizzleType, swizzle_b), offs=to_torch(np.asarray(offs)).cuda(),
+            swizzle_b=enums(SwizzleType, swizzle_b), offs=to_torch(np.asarray(offs)),
             output_dtype=torch.bfloat16)

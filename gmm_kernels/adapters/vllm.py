@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels import triton_interpreter
+from gmm_kernels import device, triton_interpreter
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.convert import to_framework
 from gmm_kernels.scope import Limits
@@ -196,6 +196,9 @@ class VllmBatchedMoE(KernelAdapter):
         if not torch.cuda.is_available() and not triton_interpreter.use_if_no_gpu():
             return (f"no GPU here and {triton_interpreter.ENV} is off: vLLM's Triton kernels cannot run (unset "
                     f"{triton_interpreter.ENV} to run them in Triton's interpreter)")
+        if torch.cuda.is_available() and not device.on_cuda():
+            return (f"vLLM's Triton kernels are compiled for the GPU here (Triton's interpreter is off where a GPU "
+                    f"is seen); the selected device is {device.selected()} (--device)")
         try:
             self._kernel()
         except WheelLayoutError as exc:
@@ -208,15 +211,13 @@ class VllmBatchedMoE(KernelAdapter):
         return None
 
     def large_refusal(self) -> str | None:
-        import torch
-
-        return None if torch.cuda.is_available() else self._runs_interpreted("Triton's interpreter", takes="days")
+        return None if device.on_cuda() else self._runs_interpreted("Triton's interpreter", takes="days")
 
     def _limits(self) -> Limits:
         """On a GPU: the convention's. In Triton's interpreter: extents up to 64 (up to 4 row tiles of 16 and 2
         column tiles of 32 at the default tiling, K within one tile of 128; the grid is experts x row tiles x
         column tiles, one interpreted program each, the cost grows with it)."""
-        if _gpu():
+        if device.on_cuda():
             return Limits()
         return Limits(max_extent=160)
 
@@ -232,35 +233,24 @@ class VllmBatchedMoE(KernelAdapter):
         if problem.scaled:
             tk = (problem.tiling or self.convention_facts.default_tiling)[1]
             return dataclasses.replace(base, promote_every=tk, partial_accumulate=2.0 ** -13)
-        if _gpu() and str(problem.lhs.dtype) == "float32":
+        if device.on_cuda() and str(problem.lhs.dtype) == "float32":
             return dataclasses.replace(base, multiply="bfloat16")
         return base
 
     def call(self, A: Any, B: Any, C: Any, expert_num_tokens: Any, **kwargs: Any) -> Any:
-        import torch
-
         kernel = self._kernel()
         (a, b, c, counts), kw = to_framework("torch", (A, B, C, expert_num_tokens), kwargs)
         args = {"B_zp": None, "use_int8_w8a16": False, "use_int4_w4a16": False, "A_scale": None, "B_scale": None,
                 "use_fp8_w8a8": False, "per_act_token_quant": False, "block_shape": None, **kw}
         args["compute_type"] = _triton_dtype(args.get("compute_type"), c.dtype)
-        if torch.cuda.is_available():
-            args = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-            out = c.cuda()
-            kernel(a.cuda(), b.cuda(), out, counts.cuda(), **args)
-            return out.cpu()
-        out = c.clone()
+        # the kernel writes the C it is given (a view into its guarded buffer: a write past it is seen there); on
+        # CUDA to_framework made the operands on the selected device
+        if device.on_cuda():
+            kernel(a, b, c, counts, **{k: device.place(v) for k, v in args.items()})
+            return c
         with np.errstate(all="ignore"):  # the interpreter's NumPy: NaN and Inf propagate, as on a GPU, unwarned
-            kernel(a, b, out, counts, **args)
-        return out
-
-
-def _gpu() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+            kernel(a, b, c, counts, **args)
+        return c
 
 
 def _triton_dtype(given: Any, fallback: Any) -> Any:
