@@ -58,6 +58,9 @@ class TorchGroupedMM(KernelAdapter):
 
         if not hasattr(torch, "_grouped_mm"):
             return f"torch {torch.__version__} has no torch._grouped_mm"
+        if device.cpu_only() and _torch_release(torch.__version__) < (2, 13):
+            return (f"torch {torch.__version__}'s _grouped_mm has no CPU path (torch >= 2.13 has one); the selected "
+                    f"device is {device.selected()} (--device)")
         return None
 
     def _refusal(self, problem: Problem) -> str | None:
@@ -260,6 +263,14 @@ class GroupedMMBf16RaggedN(GroupedMMBf16):
     def _limits(self) -> Limits:
         """Ragged N (3d2d) only, extents up to 48 and at most 6 groups."""
         return Limits(families=("ragged_n",), max_extent=48, max_groups=6)
+
+
+def _torch_release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a torch version string (``2.11.0+cu130`` -> ``(2, 11)``)."""
+    from packaging.version import Version
+
+    release = Version(version).release
+    return release[0], release[1] if len(release) > 1 else 0
 
 
 def _grouped_mm_bf16_cpu(a: Any, b: Any, offs: Any, out_dtype: Any) -> Any:

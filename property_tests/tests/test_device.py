@@ -255,6 +255,22 @@ def test_the_cpu_only_refusals_apply_only_where_the_cpu_path_runs(monkeypatch):
     assert not TORCH_CPU_RAGGED_K_LEAK.applies()  # torch's CPU bug, where its CPU path does not run
 
 
+@pytest.mark.parametrize(("version", "cpu_path"), [("2.11.0+cu130", False), ("2.12.1", False), ("2.13.0+cpu", True),
+                                                     ("2.14.1+cu130", True)])
+def test_torch_grouped_mm_needs_213_for_its_cpu_path_and_not_on_cuda(monkeypatch, version, cpu_path):
+    from gmm_kernels import get
+
+    k = get("torch.grouped_mm")
+    monkeypatch.setattr(torch, "__version__", version)
+    device.select("cpu")
+    reason = k._unavailable()
+    assert (reason is None) == cpu_path
+    if not cpu_path:
+        assert f"torch {version}'s _grouped_mm has no CPU path (torch >= 2.13 has one)" in reason
+    monkeypatch.setattr(device, "_selected", "cuda:0")  # the GPU image's torch 2.11 runs its CUDA path
+    assert k._unavailable() is None
+
+
 def test_the_shards_merge_keeps_each_kernels_device():
     from property_tests.shards import _unique
 
