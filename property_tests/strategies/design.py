@@ -52,7 +52,8 @@ from gmm_ref.conventions.base import has_tail
 from gmm_ref.problem import STORAGES, Problem
 from property_tests.strategies._static import Config, Static, axis_multiple, fits
 
-__all__ = ["EXTENT_LEVELS", "SPAN_LEVELS", "Cell", "Design", "Factor", "design", "observe", "pairs_of"]
+__all__ = ["EXTENT_LEVELS", "SPAN_LEVELS", "Cell", "Design", "Factor", "design", "observe", "pairs_of", "static_levels",
+           "static_rows"]
 
 EXTENT_LEVELS = ("zero", "below", "aligned", "unaligned")
 GROUP_LEVELS = ("one", "few", "more_than_tiles", "many")
@@ -490,6 +491,45 @@ def design(cfg: Config, family: str, tail_ok: bool, all_empty: bool, seed: int =
         assert not isinstance(cell, str), cell
         cells.append(cell)
     return Design(family, space.factors, tuple(cells), frozenset(wanted), tuple(inexpressible))
+
+
+# ------------------------------------------------------------ the static pass alone
+@functools.lru_cache(maxsize=256)
+def static_rows(cfg: Config, family: str, tail_ok: bool, seed: int = 0
+                ) -> tuple[tuple[Static, frozenset[frozenset[tuple[str, str]]]], ...]:
+    """The signatures of a covering array of the static factors alone (the first pass of :func:`design`,
+    cheaper than the whole design), first those that cover the most pairs, each with the pairs of
+    static relations it holds; what ``problems()`` chooses its buckets from."""
+    space = _Space(cfg, family, tail_ok, False)
+    space.factors = tuple(f for f in space.factors if f.static)
+    wanted, inexpressible = _candidate_pairs(space)
+    rows = _cover(space, set(wanted), wanted, inexpressible, random.Random(seed), list(space.factors), [{}])
+    out = []
+    for row in rows:
+        v = space.values(row)
+        assert not isinstance(v, str), v
+        out.append((space.static(row, v), frozenset(pairs_of(row) & wanted)))
+    return tuple(out)
+
+
+def static_levels(s: Static, cfg: Config) -> dict[str, frozenset[str]]:
+    """The static relations of a signature: those :func:`observe` finds in every problem of it, whatever
+    its group sizes (the ragged extent taken as the signature's)."""
+    t = cfg.tiling
+    m, k, n = s.mkn
+    g = s.groups
+    groups = {"one"} if g == 1 else {"few"} if g <= 4 else set()
+    if g >= 9:
+        groups.add("many")
+    facts = families.get(s.family)
+    if facts.ragged is not None and g > -(-s.mkn["mkn".index(facts.ragged)] // t["mkn".index(facts.ragged)]):
+        groups.add("more_than_tiles")
+    one = {"dtype": f"{np.dtype(s.in_dtype)}->{np.dtype(s.out_dtype)}", "layout": layout_name(s.layout),
+           "m": _extent_level(m, t[0]), "k": _extent_level(k, t[1]), "n": _extent_level(n, t[2]),
+           "k_eq_n": "yes" if k == n else "no", "sharded": "yes" if s.shards > 1 else "no",
+           "existing": "yes" if s.existing else "no",
+           "batch": "none" if not s.batch else "batched_sizes" if s.sizes_batched else "one"}
+    return {**{f: frozenset({v}) for f, v in one.items()}, "groups": frozenset(groups)}
 
 
 # ------------------------------------------------------------ observed relations

@@ -70,8 +70,10 @@ def problems(
 
     Static parameters (family, layout, batch shape, ``(M, K, N)``, G, shard
     count, dtypes, whether ``existing_out`` is passed) come from at most
-    ``max_buckets`` fixed signatures per strategy (``None``: drawn freely,
-    as reference-only tests that compile nothing may prefer);
+    ``max_buckets`` fixed signatures per strategy, chosen from the covering
+    design's so that each pair of static relations they can hold is held by
+    three (docs/coverage.md, "What gst.problems reaches"; ``None``: drawn
+    freely, as reference-only tests that compile nothing may prefer);
     extents sit around the edges of ``tiling`` (multiples, +-1, below one
     tile) unless ``shapes`` lists them. Group sizes (see :func:`group_sizes`),
     the shard offset and values vary freely. ``dtypes`` lists input dtypes or
