@@ -497,30 +497,21 @@ def design(cfg: Config, family: str, tail_ok: bool, all_empty: bool, seed: int =
 @functools.lru_cache(maxsize=256)
 def static_rows(cfg: Config, family: str, tail_ok: bool, seed: int = 0
                 ) -> tuple[tuple[Static, frozenset[frozenset[tuple[str, str]]]], ...]:
-    """The signatures of a covering array of the static factors alone (the first pass of :func:`design`,
-    cheaper than the whole design), first those that cover the most pairs, each with the pairs of
-    static relations it holds; what ``problems()`` chooses its buckets from."""
+    """The signatures of a covering array of the static factors alone (:func:`design`'s first pass), those
+    covering the most pairs first, each with the pairs it holds: what ``problems()``'s buckets come from."""
     space = _Space(cfg, family, tail_ok, False)
     space.factors = tuple(f for f in space.factors if f.static)
     wanted, inexpressible = _candidate_pairs(space)
     rows = _cover(space, set(wanted), wanted, inexpressible, random.Random(seed), list(space.factors), [{}])
-    out = []
-    for row in rows:
-        v = space.values(row)
-        assert not isinstance(v, str), v
-        out.append((space.static(row, v), frozenset(pairs_of(row) & wanted)))
-    return tuple(out)
+    return tuple((space.static(r, space.values(r)), frozenset(pairs_of(r) & wanted)) for r in rows)
 
 
 def static_levels(s: Static, cfg: Config) -> dict[str, frozenset[str]]:
-    """The static relations of a signature: those :func:`observe` finds in every problem of it, whatever
-    its group sizes (the ragged extent taken as the signature's)."""
+    """The static relations :func:`observe` finds in every problem of signature ``s``."""
     t = cfg.tiling
     m, k, n = s.mkn
     g = s.groups
-    groups = {"one"} if g == 1 else {"few"} if g <= 4 else set()
-    if g >= 9:
-        groups.add("many")
+    groups = {"one"} if g == 1 else {"few"} if g <= 4 else {"many"} if g >= 9 else set()
     facts = families.get(s.family)
     if facts.ragged is not None and g > -(-s.mkn["mkn".index(facts.ragged)] // t["mkn".index(facts.ragged)]):
         groups.add("more_than_tiles")

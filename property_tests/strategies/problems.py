@@ -19,7 +19,8 @@ from gmm_ref.dtypes import standin_codes
 from gmm_ref.problem import STORAGES
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, integers, resolve, sampled
 from property_tests.strategies._config import config
-from property_tests.strategies._static import Config, Static, buckets, draw_free_static
+from property_tests.strategies._plan import buckets
+from property_tests.strategies._static import Config, Static, draw_free_static
 from property_tests.strategies.design import Cell, Design, design
 from property_tests.strategies.sizes import draw_serving_sizes, draw_sizes, draw_span_sizes
 from property_tests.strategies.values import (

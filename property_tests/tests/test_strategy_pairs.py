@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from gmm_ref import conventions
 from property_tests import strategies as gst
 from property_tests.profiles import profile
-from property_tests.strategies._static import _walked_buckets, plan
+from property_tests.strategies._plan import plan
+from property_tests.strategies._static import walked_buckets
 from property_tests.strategies.design import observe, pairs_of, static_levels, static_rows
 from property_tests.strategies.problems import _drawer
 
@@ -69,12 +70,12 @@ def test_the_buckets_hold_more_of_the_design_than_the_walked_ones_and_keep_plain
             return {(s.family, p) for s in signatures for p in pairs_of(static_levels(s, cfg))} & wanted
 
         assert len(chosen) <= cfg.max_buckets and planned <= held(chosen)
-        now, before = now + len(held(chosen)), before + len(held(_walked_buckets(cfg)))
+        now, before = now + len(held(chosen)), before + len(held(walked_buckets(cfg)))
         # the simplest bucket first: the fewest groups, the smallest extents, plain
         first = chosen[0]
         assert first.groups == min(cfg.group_counts) and not first.existing and first.shards == 1, first
         assert first.layout == cfg.rules.layouts_of(first.family)[0], first
-        assert first.mkn == min((s.mkn for s in _walked_buckets(cfg)), key=sum), first
+        assert first.mkn == min((s.mkn for s in walked_buckets(cfg)), key=sum), first
     assert now > before  # pairs held at least once (a convention of four families may hold a few less)
 
 
@@ -87,6 +88,6 @@ def test_few_buckets_keep_the_plain_ones_first():
     assert len(chosen) == 3 and [s.groups for s in chosen][:2] == [1, 2]
 
 
-def test_given_shapes_keep_the_walked_buckets():
+def test_given_shapes_keep_thewalked_buckets():
     cfg = _drawer(convention="ragged_dot", shapes=[(8, 8, 8), (16, 8, 24)]).config(None)
-    assert plan(cfg) == (_walked_buckets(cfg), frozenset())
+    assert plan(cfg) == (walked_buckets(cfg), frozenset())
