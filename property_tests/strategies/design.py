@@ -117,8 +117,9 @@ def pairs_of(levels: dict[str, Any]) -> set[frozenset[tuple[str, str]]]:
 class _Space:
     """The factors of one configuration and the concrete values a (partial) row of levels implies."""
 
-    def __init__(self, cfg: Config, family: str, tail_ok: bool, all_empty: bool) -> None:
+    def __init__(self, cfg: Config, family: str, tail_ok: bool, all_empty: bool, one_tile: bool = False) -> None:
         self.cfg, self.family, self.tail_ok, self.all_empty = cfg, family, tail_ok, all_empty
+        self.one_tile = one_tile  # off the ragged axis, the smallest extent of a level first (cheaper examples)
         self.rules = cfg.rules
         self.facts = families.get(family)
         self.ragged = self.facts.ragged
@@ -182,6 +183,8 @@ class _Space:
             first, second = (minus, plus) if axis == "k" else (plus, minus)
             cands = [v for pair in itertools.zip_longest(first, second) for v in pair if v is not None]
         cands = [v for v in dict.fromkeys(cands) if 0 < v <= hi and _extent_level(v, t) == level]
+        if self.one_tile and axis != self.ragged:
+            cands.sort()
         if not cands:
             return f"no {axis.upper()} <= max_extent={hi} is {level} for a tile of {t} in steps of {u}"
         return tuple(cands)
@@ -499,7 +502,7 @@ def static_rows(cfg: Config, family: str, tail_ok: bool, seed: int = 0
                 ) -> tuple[tuple[Static, frozenset[frozenset[tuple[str, str]]]], ...]:
     """The signatures of a covering array of the static factors alone (:func:`design`'s first pass), those
     covering the most pairs first, each with the pairs it holds: what ``problems()``'s buckets come from."""
-    space = _Space(cfg, family, tail_ok, False)
+    space = _Space(cfg, family, tail_ok, False, one_tile=True)
     space.factors = tuple(f for f in space.factors if f.static)
     wanted, inexpressible = _candidate_pairs(space)
     rows = _cover(space, set(wanted), wanted, inexpressible, random.Random(seed), list(space.factors), [{}])
