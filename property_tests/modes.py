@@ -164,7 +164,7 @@ MODES: dict[str, Mode] = {
                         "mode"),
         Mode("many_groups", "9 to 64 groups: more groups than tiles, indices past small fixed tables",
              {"values": "exact", "min_groups": 9, "max_groups": 64},
-             routed_why="routed: 8 to 513 experts (past 256) are drawn in every mode"),
+             routed_why="routed: many experts (by default up to 513, past 256) are drawn in every mode"),
         Mode("sharded", "group_offset / num_local_groups without an existing output",
              {"values": "exact", "sharding": True}, needs_sharding=True,
              routed_why="routed: expert parallelism (an expert_map, other ranks' experts) is drawn in every mode"),

@@ -289,9 +289,9 @@ def test_a_users_broken_fused_moe_fails_naming_token_slot_and_expert(bug):
 def test_a_routed_convention_refuses_grouped_numerics_and_a_scope():
     from gmm_kernels import Scope, wrap
 
-    with pytest.raises(TypeError, match="numerics: expected a gmm_ref.RoutedNumerics"):
+    with pytest.raises(TypeError, match=r"numerics: expected a gmm_ref\.RoutedNumerics"):
         wrap(torch_fused_moe, "vllm.fused_moe", numerics=gmm_ref.Numerics())
-    with pytest.raises(ValueError, match="scope: the routed convention 'vllm.fused_moe' takes no declared scope"):
+    with pytest.raises(ValueError, match=r"scope: the routed convention 'vllm\.fused_moe' takes no declared scope"):
         wrap(torch_fused_moe, "vllm.fused_moe", scope=Scope())
 
 
