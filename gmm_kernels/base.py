@@ -46,7 +46,8 @@ _observers: list[Callable[[Any, Problem], None]] = []
 
 
 def observe_calls(observer: Callable[[Any, Problem], None]) -> Callable[[], None]:
-    """Call ``observer(adapter, problem)`` before every kernel call; returns the function that stops it.
+    """Call ``observer(adapter, problem)`` before every kernel call (a routed kernel: ``observer(adapter, routing)``);
+    returns the function that stops it.
 
     The main job records the last problem given to a kernel, so that a kernel which hangs or
     kills the process is reported with it."""
@@ -466,6 +467,8 @@ class RoutedKernelAdapter(KernelAdapter):
         conv = self.convention_facts
         pristine = conv.arguments(routing)
         given = inputs.fresh(*pristine)
+        for observer in tuple(_observers):  # the main job's worker: the last routing given, if the kernel crashes
+            observer(self, routing)
         out = self.call(*given[0], **given[1])
         if out is None and conv.out_argument is not None:
             out = conv.out_value(*given)

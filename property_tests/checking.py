@@ -271,10 +271,8 @@ def _routing_note(r: gmm_ref.Routing) -> str:
     """What a routed failure was drawn on: the routing's static facts and its ids (the values are the drawn ones)."""
     with np.printoptions(threshold=200, linewidth=120):
         emap = "none" if r.expert_map is None else np.array2string(r.expert_map, separator=", ")
-        return (f"Routing: T={r.num_tokens}, K={r.k}, N={r.n}, {r.num_experts} experts ({r.num_local_experts} local), "
-                f"top_k={r.top_k}, {r.tokens.dtype} -> {np.dtype(r.out_dtype)}, mul_routed_weight="
-                f"{r.mul_routed_weight}, foreign={r.foreign!r}\ntopk_ids = "
-                f"{np.array2string(r.topk_ids, separator=', ')}\nexpert_map = {emap}")
+        return (f"{r.describe()}\ntopk_ids = {np.array2string(r.topk_ids, separator=', ')}\n"
+                f"expert_map = {emap}")
 
 
 def _check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) -> None:
