@@ -335,13 +335,11 @@ class VllmFusedMoE(RoutedKernelAdapter):
         return _unavailable_here(self._kernel)
 
     def routed_limits(self) -> RoutedLimits:
-        """On a GPU: none. In Triton's interpreter: up to 24 tokens, (K, N) of (16, 8) and (32, 40) (two column
-        tiles of 32, K in one or two tiles of 32), 8, 60 and 257 experts (past 256: where the alignment's
-        one-block scan stops), top_k up to 4; the grid is live row blocks x column tiles, one interpreted
-        program each."""
-        if _gpu():
-            return RoutedLimits()
-        return RoutedLimits(max_tokens=24, num_experts=(8, 60, 257), extents=((16, 8), (32, 40)), max_top_k=4)
+        """The strategies' defaults (up to 40 tokens, 8 to 513 experts, top_k up to 8) with ``(K, N)`` extents
+        around the launch config's tiles: ``(4, 4)``, ``(16, 8)`` (within one tile) and ``(40, 40)`` (K and N past
+        one 32-wide tile, a masked tail each). Interpreted, a call costs about 10 ms per live program (live row
+        blocks x column tiles)."""
+        return RoutedLimits(extents=((4, 4), (16, 8), (40, 40)))
 
     def call(self, A: Any, B: Any, C: Any, topk_weights: Any, sorted_token_ids: Any, expert_ids: Any,
              num_tokens_post_padded: Any, mul_routed_weight: bool, top_k: int, config: Any = None,

@@ -134,6 +134,13 @@ def test_the_wheels_kernel_passes_every_routed_mode_and_the_others_say_why_not(m
     assert all(r.examples >= 40 for r in report if r.status is Status.PASSED)
 
 
+def test_the_row_reaches_past_256_experts_top_k_8_and_the_tile_edges():
+    limits = get("vllm.fused_moe").routed_limits()
+    assert limits.num_experts is None and limits.max_top_k is None and limits.max_tokens is None
+    assert (40, 40) in limits.extents  # K and N past one 32-wide tile of FUSED_MOE_CONFIG
+    assert FUSED_MOE_CONFIG["BLOCK_SIZE_K"] < 40 and FUSED_MOE_CONFIG["BLOCK_SIZE_N"] < 40
+
+
 # the wheel's kernel, one line of fused_moe_kernel edited (each old text occurs once in the kernel's body)
 WHEEL_EDITS = {
     # the padding sentinel T*top_k not skipped: wrapped into C's rows, token 0's slot 0 is read and overwritten
