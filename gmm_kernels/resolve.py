@@ -61,6 +61,12 @@ def configure(adapter: KernelAdapter, *, origin: str | None = None, tiling: Any 
     changes: dict[str, Any] = {}
     if origin is not None:
         changes["origin"] = str(origin)
+    if adapter.routed and tiling is not None:
+        raise ValueError(f"{option.replace('kernel', 'tiling')}: {adapter.name} is a routed MoE kernel: its launch "
+                         "config is its convention's (docs/routed.md), not a tiling")
+    if adapter.routed and (scope is not None or numerics is not None):
+        raise ValueError(f"scope: {adapter.name} is a routed MoE kernel: it takes no declared scope or numerics here "
+                         "yet (docs/routed.md)")
     if tiling is not None:
         changes["tiling"] = as_tiling(tiling, name=option.replace("kernel", "tiling"))
     if scope is not None and not isinstance(scope, Scope):

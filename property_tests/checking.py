@@ -432,6 +432,9 @@ def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = N
     if mode.fixed_problem is not None:  # one fixed problem, no drawn examples: nothing to cover
         return Result(status=Status.UNSUPPORTED, detail=f"the {mode.name} mode draws no examples (one fixed problem)",
                       **common)
+    if adapter.routed:
+        return Result(status=Status.UNSUPPORTED, detail="routed: no covering design of routed relations yet (the "
+                      "routings are drawn in one cell)", **common)
     try:
         tally = _run_property(adapter, mode, family, max_examples, profile, seed, dry=True)
     except Unsupported as exc:

@@ -311,3 +311,25 @@ def test_the_cli_takes_a_users_kernel_in_the_routed_convention(capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "| routed |" in out and "pass (5)" in out and "inference kernel" in out
+
+
+def test_coverage_says_a_routed_convention_has_no_covering_design_yet(capsys):
+    from property_tests.main import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["coverage", "--convention", "vllm.fused_moe"])
+    assert info.value.code == 2
+    assert "routed MoE convention: no covering design of routed relations yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--dtypes", "bfloat16"], "--dtypes: vllm.fused_moe is a routed MoE kernel: it takes no declared scope yet"),
+    (["--tiling", "16,32,32"], "--tiling: vllm.fused_moe is a routed MoE kernel: its launch config is its "
+                               "convention's"),
+])
+def test_the_cli_refuses_a_scope_or_tiling_for_a_routed_kernel(argv, words, capsys):
+    from property_tests.main import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--kernel", "vllm.fused_moe", "--modes", "normal", *argv])
+    assert info.value.code == 2 and words in capsys.readouterr().err
