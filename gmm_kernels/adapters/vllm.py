@@ -1,4 +1,6 @@
-"""vLLM's batched experts GEMM (``vllm.batched_moe``): ``invoke_moe_batched_triton_kernel``, a Triton kernel.
+"""vLLM's batched experts GEMM (``vllm.batched_moe``): ``invoke_moe_batched_triton_kernel``, a Triton kernel; and
+vLLM's fused MoE (``vllm.fused_moe``, a routed kernel: :class:`VllmFusedMoE`), read from the same wheel by the same
+loader (:func:`load_functions`).
 
 vLLM cannot be installed beside the tested torch (its wheel pins another torch), and its package root imports
 far more than this kernel needs. So the adapter reads the kernel's source from vLLM's wheel, untouched

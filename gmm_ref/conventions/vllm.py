@@ -1,4 +1,6 @@
-"""vLLM's batched (masked) MoE experts: ``invoke_moe_batched_triton_kernel`` (``vllm.batched_moe``).
+"""vLLM's batched (masked) MoE experts: ``invoke_moe_batched_triton_kernel`` (``vllm.batched_moe``); and vLLM's
+fused MoE, ``invoke_fused_moe_triton_kernel`` (``vllm.fused_moe``, a routed convention: :data:`FUSED_MOE`, whose
+arguments come from a ``gmm_ref.Routing``; docs/routed.md).
 
 ``invoke_moe_batched_triton_kernel(A, B, C, expert_num_tokens, compute_type, A_scale, B_scale, B_zp,
 use_fp8_w8a8, use_int8_w8a16, use_int4_w4a16, config, per_act_token_quant, block_shape=None)``, the GEMM of
