@@ -46,7 +46,8 @@ _observers: list[Callable[[Any, Problem], None]] = []
 
 
 def observe_calls(observer: Callable[[Any, Problem], None]) -> Callable[[], None]:
-    """Call ``observer(adapter, problem)`` before every kernel call; returns the function that stops it.
+    """Call ``observer(adapter, problem)`` before every kernel call (a routed kernel: ``observer(adapter, routing)``);
+    returns the function that stops it.
 
     The main job records the last problem given to a kernel, so that a kernel which hangs or
     kills the process is reported with it."""
@@ -143,6 +144,8 @@ class KernelAdapter:
     #: float32 products follow jax's DEFAULT precision (bfloat16 passes on TPU, TF32 on GPU)
     default_precision: ClassVar[bool] = False
     deterministic: ClassVar[bool] = True
+    #: a routed MoE kernel (:class:`RoutedKernelAdapter`): checked on routings, not grouped problems
+    routed: ClassVar[bool] = False
     #: a per-mode example budget for slow kernels (None: the profile's)
     max_examples: ClassVar[int | None] = None
     #: upstream bugs that make the kernel fail some modes, with the versions they are known on
@@ -476,3 +479,75 @@ class VariantAdapter(KernelAdapter):
         if self.implementation != "xla" or not self.xla_via:
             return ()
         return xla_nan_leak_issues(self.xla_via)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutedLimits:
+    """What a routed MoE kernel takes within its routed convention, as facts (a slow kernel's cheap extents):
+    the most tokens ``T``, the global expert counts and ``(K, N)`` extents it is checked at, the largest
+    ``top_k`` (None: the strategies' own)."""
+
+    max_tokens: int | None = None
+    num_experts: tuple[int, ...] | None = None
+    extents: tuple[tuple[int, int], ...] | None = None
+    max_top_k: int | None = None
+
+
+class RoutedKernelAdapter(KernelAdapter):
+    """An adapter of a routed MoE kernel (docs/routed.md): its convention is a
+    :class:`gmm_ref.conventions.base.RoutedConvention`, it runs on a :class:`gmm_ref.Routing` and returns the
+    per-slot output ``[T, top_k, N]``, held to :func:`gmm_ref.routed_reference` within the bound of its
+    :meth:`numerics_for` (a :class:`gmm_ref.RoutedNumerics`). Its row in the main job is its convention's
+    ``family`` (``routed``)."""
+
+    #: a routed kernel (``property_tests.checking`` draws routings for it, not grouped problems)
+    routed: ClassVar[bool] = True
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return (self.convention_facts.family,)
+
+    def supports(self, routing: Any) -> str | None:  # type: ignore[override]
+        """None when the kernel can take ``routing``, else the reason it cannot."""
+        return (self.convention_facts.refusal(routing)
+                or self.dtype_refusal(routing.tokens.dtype, routing.experts.dtype, routing.out_dtype)
+                or self._refusal(routing))
+
+    def routed_limits(self) -> RoutedLimits:
+        """What the kernel takes within its convention (:class:`RoutedLimits`; none of its own by default)."""
+        return RoutedLimits()
+
+    def limits(self) -> Limits:
+        return Limits()
+
+    def numerics_for(self, routing: Any) -> Any:  # type: ignore[override]
+        """The kernel's :class:`gmm_ref.RoutedNumerics` for ``routing`` (the product's default numerics, the
+        weight multiplied into the accumulator, subnormals flushed where :attr:`flush_subnormals`)."""
+        from gmm_ref import RoutedNumerics
+
+        product = Numerics.default_for(routing.tokens.dtype, routing.experts.dtype, routing.out_dtype)
+        return RoutedNumerics(product=dataclasses.replace(product, flush_subnormals=self.flush_subnormals))
+
+    def reference_for(self, routing: Any) -> Any:  # type: ignore[override]
+        from gmm_ref import routed_reference
+
+        return routed_reference(routing)
+
+    def run(self, routing: Any) -> np.ndarray:  # type: ignore[override]
+        """Run the kernel on fresh copies of its convention's arguments for ``routing``; the per-slot output as
+        NumPy. ``gmm_ref.Mismatch`` if the kernel wrote to an input."""
+        conv = self.convention_facts
+        pristine = conv.arguments(routing)
+        with guards.call(self.name) as call:  # as KernelAdapter.arguments: guarded copies, device copies written back
+            given = inputs.fresh(*pristine, convention=conv, guard=call)
+            for observer in tuple(_observers):  # the main job's worker: the last routing given, if it crashes
+                observer(self, routing)
+            with convert.written_back():
+                out = self.call(*given[0], **given[1])
+                if conv.framework == "torch":
+                    device.synchronize()
+                if out is None and conv.out_argument is not None:  # a host array: the device's copied back on exit
+                    out = conv.out_value(*given)
+        call.check()
+        inputs.modified(self.name, conv, pristine, given)
+        return as_numpy(out, name=f"output of {self.name}")

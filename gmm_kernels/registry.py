@@ -34,10 +34,10 @@ from gmm_kernels.adapters.torch_scaled import (
     TorchScaledMMLoop,
 )
 from gmm_kernels.adapters.torchao import TorchaoNVFP4GroupedMM
-from gmm_kernels.adapters.vllm import VllmBatchedMoE
+from gmm_kernels.adapters.vllm import VllmBatchedMoE, VllmFusedMoE
 from gmm_kernels.base import KernelAdapter
 
-__all__ = ["ENTRY_POINT_GROUP", "get", "names", "registry"]
+__all__ = ["ENTRY_POINT_GROUP", "get", "names", "registry", "routed"]
 
 ENTRY_POINT_GROUP = "gmm_harness.kernels"
 
@@ -91,18 +91,25 @@ def _entry_points() -> list[KernelAdapter]:
 
 
 def registry() -> list[KernelAdapter]:
-    """Every known adapter, available here or not (check ``available()``)."""
+    """Every known adapter of a grouped GEMM, available here or not (check ``available()``); the routed MoE
+    kernels are :func:`routed`'s."""
     return _builtin() + _entry_points()
 
 
+def routed() -> list[KernelAdapter]:
+    """The routed MoE kernels (``gmm_kernels.base.RoutedKernelAdapter``, docs/routed.md): named like any other
+    (``gmm-harness check --kernel vllm.fused_moe``), not in the default run's :func:`registry` yet."""
+    return [VllmFusedMoE()]
+
+
 def names() -> list[str]:
-    """The names of the known adapters."""
-    return [a.name for a in registry()]
+    """The names of the known adapters (the routed ones last)."""
+    return [a.name for a in registry() + routed()]
 
 
 def get(name: str) -> KernelAdapter:
     """The adapter called ``name`` (KeyError listing the names otherwise)."""
-    for a in registry():
+    for a in registry() + routed():
         if a.name == name:
             return a
     raise KeyError(f"no kernel adapter {name!r}; known: {names()}")

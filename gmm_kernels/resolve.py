@@ -20,7 +20,7 @@ from typing import Any
 
 from gmm_kernels import triton_interpreter
 from gmm_kernels.base import KernelAdapter
-from gmm_kernels.registry import registry
+from gmm_kernels.registry import registry, routed
 from gmm_kernels.scope import Scope
 from gmm_kernels.user import wrap
 from gmm_ref import Numerics, as_tiling, conventions
@@ -61,6 +61,12 @@ def configure(adapter: KernelAdapter, *, origin: str | None = None, tiling: Any 
     changes: dict[str, Any] = {}
     if origin is not None:
         changes["origin"] = str(origin)
+    if adapter.routed and tiling is not None:
+        raise ValueError(f"{option.replace('kernel', 'tiling')}: {adapter.name} is a routed MoE kernel: its launch "
+                         "config is its convention's (docs/routed.md), not a tiling")
+    if adapter.routed and (scope is not None or numerics is not None):
+        raise ValueError(f"scope: {adapter.name} is a routed MoE kernel: it takes no declared scope or numerics here "
+                         "yet (docs/routed.md)")
     if tiling is not None:
         changes["tiling"] = as_tiling(tiling, name=option.replace("kernel", "tiling"))
     if scope is not None and not isinstance(scope, Scope):
@@ -123,7 +129,7 @@ def resolve_kernel(spec: Any, *, convention: str | None = None, tiling: Any = No
             adapter = _adapter(obj) or _from_callable(obj, convention, name or spec, numerics, option,
                                                       convention_option, spec)
         else:
-            builtin = {a.name: a for a in registry()}
+            builtin = {a.name: a for a in registry() + routed()}
             if spec not in builtin:
                 raise ValueError(f"{option}: {spec!r} is neither a built-in adapter nor an import path "
                                  f"pkg.module:fn{did_you_mean(spec, builtin)} (built-in: {sorted(builtin)})")

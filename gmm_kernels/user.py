@@ -14,12 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 from gmm_kernels import inputs
-from gmm_kernels.base import KernelAdapter
+from gmm_kernels.base import KernelAdapter, RoutedKernelAdapter
 from gmm_kernels.convert import jax_primitives, jax_x64, to_framework, uses_64bit
 from gmm_kernels.scope import Scope
-from gmm_ref import Numerics, Problem, conventions
+from gmm_ref import Numerics, Problem, RoutedNumerics, conventions
+from gmm_ref.conventions.base import RoutedConvention
 
-__all__ = ["FunctionAdapter", "wrap"]
+__all__ = ["FunctionAdapter", "RoutedFunctionAdapter", "wrap"]
 
 
 class FunctionAdapter(KernelAdapter):
@@ -81,6 +82,44 @@ class FunctionAdapter(KernelAdapter):
         return out
 
 
-def wrap(fn: Callable[..., Any], convention: str, **options: Any) -> FunctionAdapter:
-    """``fn`` as an adapter for ``convention`` (options: name, numerics, deterministic, scope)."""
+class RoutedFunctionAdapter(RoutedKernelAdapter):
+    """An adapter around a user function ``fn`` taking a routed convention's arguments (``vllm.fused_moe``:
+    torch tensors), returning the per-slot output or writing the convention's output buffer in place. Unless
+    ``numerics`` (a :class:`gmm_ref.RoutedNumerics`) is given, the kernel is held to the default: exact products
+    accumulated in float32 (or the widest dtype involved), the routed weight multiplied into the accumulator,
+    subnormals possibly flushed. A routed kernel takes no declared scope yet."""
+
+    flush_subnormals = True
+
+    def __init__(self, fn: Callable[..., Any], convention: str, *, name: str | None = None,
+                 numerics: RoutedNumerics | None = None, deterministic: bool = True, scope: Scope | None = None
+                 ) -> None:
+        if not callable(fn):
+            raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+        if numerics is not None and not isinstance(numerics, RoutedNumerics):
+            raise TypeError(f"numerics: expected a gmm_ref.RoutedNumerics for the routed convention {convention!r}, "
+                            f"got {type(numerics).__name__}")
+        if scope is not None:
+            raise ValueError(f"scope: the routed convention {convention!r} takes no declared scope yet")
+        self.convention = conventions.get(convention).name  # type: ignore[misc]
+        self.fn = fn
+        self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"  # type: ignore[misc]
+        self.numerics = numerics
+        self.deterministic = deterministic  # type: ignore[misc]
+
+    def numerics_for(self, routing: Any) -> RoutedNumerics:
+        return self.numerics if self.numerics is not None else super().numerics_for(routing)
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        conv = self.convention_facts
+        a, kw = to_framework(conv.framework, args, kwargs)
+        out = self.fn(*a, **kw)
+        return conv.out_value(a, kw) if out is None and conv.out_argument is not None else out
+
+
+def wrap(fn: Callable[..., Any], convention: str, **options: Any) -> KernelAdapter:
+    """``fn`` as an adapter for ``convention`` (options: name, numerics, deterministic, scope); a routed
+    convention's (``vllm.fused_moe``) is a :class:`RoutedFunctionAdapter`."""
+    if isinstance(conventions.get(convention), RoutedConvention):
+        return RoutedFunctionAdapter(fn, convention, **options)
     return FunctionAdapter(fn, convention, **options)

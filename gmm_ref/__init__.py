@@ -19,7 +19,14 @@ numerics.md, scaled.md).
 """
 
 from gmm_ref import conventions, families
-from gmm_ref.compare import Comparison, Mismatch, assert_deterministic, assert_matches_reference, check
+from gmm_ref.compare import (
+    Comparison,
+    Mismatch,
+    assert_deterministic,
+    assert_matches_reference,
+    assert_routed_matches,
+    check,
+)
 from gmm_ref.conventions import arguments, problem_from_arguments
 from gmm_ref.conventions.deep_gemm import deep_gemm_m_grouped_contiguous, deep_gemm_m_grouped_masked
 from gmm_ref.conventions.megablox import gmm, tgmm
@@ -67,6 +74,7 @@ __all__ = [
     "as_tiling",
     "assert_deterministic",
     "assert_matches_reference",
+    "assert_routed_matches",
     "check",
     "conventions",
     "deep_gemm_m_grouped_contiguous",

@@ -20,8 +20,8 @@ from gmm_ref.numerics import Numerics
 from gmm_ref.problem import Problem
 from gmm_ref.repro import fenced, reproducer
 
-__all__ = ["REPRODUCE", "Comparison", "Mismatch", "assert_deterministic", "assert_matches_reference", "check",
-           "group_of", "group_span", "groups_of", "scale_blocks_of"]
+__all__ = ["REPRODUCE", "Comparison", "Mismatch", "assert_deterministic", "assert_matches_reference",
+           "assert_routed_matches", "check", "group_of", "group_span", "groups_of", "scale_blocks_of"]
 
 DEFAULT_TILE = (128, 128, 128)
 MAX_LISTED = 8
@@ -372,3 +372,37 @@ def assert_deterministic(first: Any, second: Any, problem_or_expected: Problem |
             a[ref.mask].view(np.uint8), b[ref.mask].view(np.uint8)):
         raise Mismatch(f"kernel {kernel or '?'} is declared deterministic but two runs of "
                        f"{ref.problem.describe()} differ bit-wise", kind="determinism")
+
+
+# ------------------------------------------------------------------------ routed MoE
+def assert_routed_matches(actual: Any, ref: Any, *, numerics: Any = None, kernel: str = "kernel") -> None:
+    """Raise :class:`Mismatch` unless the per-slot output ``actual [T, top_k, N]`` of a routed MoE kernel matches
+    ``ref`` (a :class:`gmm_ref.RoutedReference`): each defined element equal to the once-rounded value or within
+    ``ref.slot_bound(numerics)`` of the exact one (NaN where the exact value is NaN). The report names the token,
+    the slot, its global and local expert and the column of the first wrong element, and counts the wrong ones."""
+    __tracebackhide__ = True
+    r = ref.routing
+    shape = (r.num_tokens, r.top_k, r.n)
+    a = np.asarray(actual)
+    if a.shape != shape or a.dtype != np.dtype(r.out_dtype):
+        raise Mismatch(f"shape/dtype: {kernel} returned {a.dtype} {a.shape}, expected {np.dtype(r.out_dtype)} "
+                       f"{shape} ([T, top_k, N])", kind="shape")
+    a64 = _dt.as_numpy(a, name="actual").astype(np.float64) if a.size else np.zeros(shape)
+    bound = ref.slot_bound(numerics)
+    with np.errstate(invalid="ignore"):
+        ok = (a64 == ref.slots.astype(np.float64)) | (np.abs(a64 - ref.slots_exact) <= bound)
+        ok |= np.isnan(a64) & np.isnan(ref.slots_exact)
+    ok |= ~ref.slots_mask
+    bad = np.argwhere(~ok)
+    if not bad.size:
+        return
+    t, j, c = (int(i) for i in bad[0])
+    slots = {(int(x), int(y)) for x, y, _ in bad}
+    local = int(r.local_ids[t, j])
+    raise Mismatch(
+        f"token {t}, slot {j} (expert {int(r.topk_ids[t, j])}, local {local}"
+        f"{', on another rank' if local < 0 else ''}), column {c}: got {float(a64[t, j, c])!r}, expected "
+        f"{float(ref.slots[t, j, c])!r} within {float(bound[t, j, c]):.3g}\n"
+        f"{kernel} differs from the routed reference in {len(bad)} elements of {len(slots)} slots "
+        f"(of {r.num_tokens * r.top_k}); wrong (token, slot): {sorted(slots)[:8]}{' ...' if len(slots) > 8 else ''}",
+        kind="values")

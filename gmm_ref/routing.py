@@ -190,6 +190,13 @@ class Routing:
         s = np.sort(self.topk_ids, axis=1)
         return bool((s[:, 1:] == s[:, :-1]).any())
 
+    def describe(self) -> str:
+        """One line: the routing's static facts (extents, expert counts, top_k, dtypes, flags)."""
+        return (f"Routing: T={self.num_tokens}, K={self.k}, N={self.n}, {self.num_experts} experts "
+                f"({self.num_local_experts} local), top_k={self.top_k}, {self.tokens.dtype} -> "
+                f"{np.dtype(self.out_dtype)}, {self.expert_layout}, mul_routed_weight={bool(self.mul_routed_weight)}, "
+                f"foreign={self.foreign!r}")
+
     def weights64(self) -> np.ndarray:
         """``[T, top_k]`` float64: the weight each slot is multiplied by (1 without ``mul_routed_weight``)."""
         if not self.mul_routed_weight:

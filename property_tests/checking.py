@@ -26,7 +26,7 @@ from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, cuda_graph
 from gmm_kernels import device as devices
 from property_tests import compile_cache, failures
 from property_tests import example_db as example_dbs
-from property_tests.modes import MODES, Mode, Unsupported, mode_covering, mode_of
+from property_tests.modes import MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
 from property_tests.profiles import PROFILES
 from property_tests.profiles import profile as profile_settings
 from property_tests.strategies.design import observe, pairs_of
@@ -306,6 +306,89 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
     return tally
 
 
+def _routing_note(r: gmm_ref.Routing) -> str:
+    """What a routed failure was drawn on: the routing's static facts and its ids (the values are the drawn ones)."""
+    with np.printoptions(threshold=200, linewidth=120):
+        emap = "none" if r.expert_map is None else np.array2string(r.expert_map, separator=", ")
+        return (f"{r.describe()}\ntopk_ids = {np.array2string(r.topk_ids, separator=', ')}\n"
+                f"expert_map = {emap}")
+
+
+def _check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) -> None:
+    """A routed kernel's per-slot output against the routed reference (``gmm_ref.assert_routed_matches``: the
+    token, slot and expert of the first wrong element named); run twice for a deterministic kernel in a mode that
+    asks, bit for bit."""
+    __tracebackhide__ = True
+    ref = adapter.reference_for(routing)
+    numerics = adapter.numerics_for(routing)
+    try:
+        out = adapter.run(routing)
+        gmm_ref.assert_routed_matches(out, ref, numerics=numerics, kernel=adapter.name)
+        if mode.deterministic_repeat and adapter.deterministic:
+            again = adapter.run(routing)
+            bits = f"u{out.dtype.itemsize}"
+            differ = np.argwhere(np.ascontiguousarray(out).view(bits) != np.ascontiguousarray(again).view(bits))
+            if differ.size:
+                t, j, c = (int(i) for i in differ[0][:3])
+                raise gmm_ref.Mismatch(f"token {t}, slot {j} (expert {int(routing.topk_ids[t, j])}), column {c}: "
+                                       f"a second call returned other bits ({adapter.name} declares itself "
+                                       "deterministic)", kind="determinism")
+    except Exception as exc:
+        exc.add_note(_routing_note(routing))
+        raise
+
+
+def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, profile: str | None,
+                seed: int | None = None, database: ExampleDatabase | None = None,
+                run: failures.CheckRun | None = None) -> _Tally:
+    """Run ``mode``'s property on a routed kernel: routings drawn by ``gst.routings`` within its convention and
+    declared limits (``modes.mode_routings``, :class:`Unsupported` where the mode has no routed form), each
+    checked by :func:`_check_routed`. One cell (no covering design of routed relations yet)."""
+    __tracebackhide__ = True
+    strategy = mode_routings(adapter, mode)
+    tally = _Tally()
+    tally.cells = (1, 1)
+    run = run if run is not None else failures.CheckRun()
+    n = _budgets(max_examples, profile, adapter.max_examples, 1)[0]
+
+    def check(routing: gmm_ref.Routing) -> None:
+        __tracebackhide__ = True
+        reason = adapter.supports(routing)
+        if reason is not None:
+            tally.declined.append(reason)
+            return
+        try:
+            _check_routed(adapter, routing, mode)
+        except Exception as exc:
+            where = run.seen_before(adapter, exc)
+            if where is None:
+                raise
+            tally.repeated.append((where, exc))
+            return
+        tally.checked += 1
+
+    def routed(routing: gmm_ref.Routing) -> None:
+        check(routing)
+
+    prop = given(routing=strategy)(routed)
+    cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} routed"
+    if seed is not None or profile_settings(profile).derandomize:
+        prop = _settings(profile, n, True, database, cell)(hypothesis_seed(zlib.crc32(cell.encode()) ^ (seed or 0))(
+            prop))
+    else:
+        prop = _settings(profile, n, False, database, cell)(prop)
+    prop()
+    if tally.repeated:
+        where, exc = tally.repeated[0]
+        raise failures.Repeated(
+            f"raised again in {len(tally.repeated)} of {len(tally.repeated) + tally.checked} examples, as in "
+            f"{where} (reported there; not shrunk again): {failures.one_line(exc)}")
+    if tally.checked == 0:
+        reason = max(set(tally.declined), key=tally.declined.count) if tally.declined else "no routing drawn"
+        raise Unsupported(f"{adapter.name} declined every routing: {reason}")
+    return tally
+
+
 def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
                max_examples: int | None = None, profile: str | None = None, seed: int | None = None,
                example_db: Any = None, run: failures.CheckRun | None = None) -> Result:
@@ -329,10 +412,13 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     t0 = time.perf_counter()
     common = dict(kernel=adapter.name, check=mode.name, family=family,
                   setting=_run_setting(profile, seed, max_examples))
-    if mode.fixed_problem is not None:
+    if mode.fixed_problem is not None and not adapter.routed:
         return _check_fixed(adapter, mode, t0, common)
     try:
-        tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run)
+        if adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
+            tally = _run_routed(adapter, mode, max_examples, profile, seed, database=database, run=run)
+        else:
+            tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run)
     except Unsupported as exc:
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
     except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
@@ -386,6 +472,9 @@ def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = N
     if mode.fixed_problem is not None:  # one fixed problem, no drawn examples: nothing to cover
         return Result(status=Status.UNSUPPORTED, detail=f"the {mode.name} mode draws no examples (one fixed problem)",
                       **common)
+    if adapter.routed:
+        return Result(status=Status.UNSUPPORTED, detail="routed: no covering design of routed relations yet (the "
+                      "routings are drawn in one cell)", **common)
     try:
         tally = _run_property(adapter, mode, family, max_examples, profile, seed, dry=True)
     except Unsupported as exc:

@@ -12,7 +12,7 @@ from typing import Any
 from gmm_kernels import KernelAdapter
 from gmm_kernels.scope import Limits
 
-__all__ = ["FEATURE_OPTIONS", "limits_options", "problem_options"]
+__all__ = ["FEATURE_OPTIONS", "limits_options", "problem_options", "routing_options"]
 
 #: a feature a kernel may refuse (``gmm_kernels.scope.FEATURES``) -> the ``problems()`` keyword that draws it
 FEATURE_OPTIONS: dict[str, str] = {"sharding": "sharding", "existing_out": "existing_out"}
@@ -47,3 +47,24 @@ def problem_options(adapter: KernelAdapter) -> dict[str, Any]:
     """Options for ``property_tests.strategies.problems`` (with ``convention=adapter.convention``) that draw
     only problems ``adapter`` takes: its :meth:`~gmm_kernels.KernelAdapter.limits` as keywords."""
     return limits_options(adapter.limits())
+
+
+def routing_options(adapter: KernelAdapter) -> dict[str, Any]:
+    """The ``routings()`` keywords of a routed kernel (``gmm_kernels.base.RoutedKernelAdapter``): its routed
+    convention's facts (layouts, dtypes, weight dtypes, distinct experts, the alignment's block) narrowed by its
+    dtype declarations and its ``routed_limits()`` (cheap extents)."""
+    conv = adapter.convention_facts
+    pairs = tuple(pr for pr in conv.dtype_pairs if adapter.dtype_refusal(pr[0], pr[0], pr[1]) is None)
+    opts: dict[str, Any] = dict(expert_layouts=conv.expert_layouts, dtypes=pairs, weight_dtypes=conv.weight_dtypes,
+                                distinct_experts=conv.distinct_experts, block_size=conv.block_size,
+                                foreign=(conv.foreign, "undefined") if conv.foreign != "undefined" else ("undefined",))
+    lim = adapter.routed_limits()
+    if lim.max_tokens is not None:
+        opts["max_tokens"] = lim.max_tokens
+    if lim.num_experts is not None:
+        opts["num_experts"] = lim.num_experts
+    if lim.extents is not None:
+        opts["shapes"] = lim.extents
+    if lim.max_top_k is not None:
+        opts["top_k"] = tuple(k for k in (1, 2, 3, 4, 8) if k <= lim.max_top_k)
+    return opts

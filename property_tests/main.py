@@ -144,9 +144,10 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
         ("--convention", args.convention), ("--kernel-version", args.kernel_version)) if v is not None]
     if given and not args.kernel:
         parser.error(f"{given[0]}: given without --kernel, which it applies to")
-    if args.convention is not None and args.convention not in conventions.names():
-        parser.error(f"--convention: expected one of {', '.join(conventions.names())}, got {args.convention!r}"
-                     f"{did_you_mean(args.convention, conventions.names())}")
+    known = (*conventions.names(), *conventions.routed_names())
+    if args.convention is not None and args.convention not in known:
+        parser.error(f"--convention: expected one of {', '.join(known)}, got {args.convention!r}"
+                     f"{did_you_mean(args.convention, known)}")
     if args.kernel_version is not None and len(args.kernel) != 1:
         parser.error("--kernel-version: applies to one --kernel, got " + str(len(args.kernel)))
     if args.jobs is not None and args.in_process:

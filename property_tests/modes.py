@@ -29,11 +29,11 @@ from gmm_ref import families
 from gmm_ref.problem import SERVING_FAMILIES
 from property_tests import large
 from property_tests import strategies as gst
-from property_tests.declared import problem_options
+from property_tests.declared import problem_options, routing_options
 from property_tests.strategies.problems import Covering
 
 __all__ = ["ALL_MODES", "MODES", "OPT_IN_MODES", "Mode", "Unsupported", "mode_arguments", "mode_covering",
-           "mode_strategy"]
+           "mode_routings", "mode_strategy"]
 
 
 class Unsupported(Exception):
@@ -61,7 +61,9 @@ class Mode:
       e.g. a launch plan cached by shape or a captured CUDA graph replayed with stale sizes, fails the later
       ones); 1: one call per problem;
     - ``refuse``: ``(adapter, family) -> reason or None``, why the mode does not apply to a kernel (beyond
-      what its strategy cannot draw).
+      what its strategy cannot draw);
+    - ``routed_values``: for a routed MoE kernel (``gmm_kernels.base.RoutedKernelAdapter``), the values kind
+      ``gst.routings`` draws in this mode; None: the mode does not apply to one, ``routed_why`` says why.
     """
 
     name: str
@@ -73,6 +75,8 @@ class Mode:
     fixed_problem: Callable[[KernelAdapter], gmm_ref.Problem] | None = None
     replays: int = 1
     refuse: Callable[[KernelAdapter, str | None], str | None] | None = None
+    routed_values: str | None = None
+    routed_why: str = "no routed form of this mode"
 
     def applicable(self, adapter: KernelAdapter, family: str | None = None) -> str | None:
         """Why this mode does not apply to ``adapter`` (checked on ``family``, or all its families), or None."""
@@ -148,28 +152,36 @@ MODES: dict[str, Mode] = {
     m.name: m
     for m in (
         Mode("exact", "small integers: the result is exact, so it must match bit for bit",
-             {"values": "exact"}, deterministic_repeat=True),
-        Mode("normal", "normal values within the per-element bound", {"values": "normal"}),
+             {"values": "exact"}, deterministic_repeat=True, routed_values="exact"),
+        Mode("normal", "normal values within the per-element bound", {"values": "normal"}, routed_values="normal"),
         Mode("wide", "subnormals up to values near the output's overflow, within the bound",
-             {"values": "wide"}),
+             {"values": "wide"}, routed_values="wide"),
         Mode("poisoned", "NaN/Inf in rows and columns of no group must not reach the output",
-             {"values": "poisoned"}),
+             {"values": "poisoned"}, routed_values="poisoned"),
         Mode("all_empty", "every group empty: the output is all tail / all zero blocks",
-             {"values": "exact", "all_empty": True}),
+             {"values": "exact", "all_empty": True},
+             routed_why="routed: T = 0, experts without slots and ranks without local experts are drawn in every "
+                        "mode"),
         Mode("many_groups", "9 to 64 groups: more groups than tiles, indices past small fixed tables",
-             {"values": "exact", "min_groups": 9, "max_groups": 64}),
+             {"values": "exact", "min_groups": 9, "max_groups": 64},
+             routed_why="routed: many experts (by default up to 513, past 256) are drawn in every mode"),
         Mode("sharded", "group_offset / num_local_groups without an existing output",
-             {"values": "exact", "sharding": True}, needs_sharding=True),
+             {"values": "exact", "sharding": True}, needs_sharding=True,
+             routed_why="routed: expert parallelism (an expert_map, other ranks' experts) is drawn in every mode"),
         Mode("sharded_existing", "sharded groups writing into an existing output",
              {"values": "exact", "sharding": True, "existing_out": True},
-             needs_sharding=True),
+             needs_sharding=True, routed_why="routed: the kernel writes every slot of its output (no existing "
+                                             "output to keep)"),
         Mode("grad", "reverse-mode gradients w.r.t. lhs, rhs and existing_out, against gmm_ref.gradients",
-             {"values": "normal", "dtypes": ("float32", "bfloat16", "float16")}, gradient=True, refuse=_no_gradient),
+             {"values": "normal", "dtypes": ("float32", "bfloat16", "float16")}, gradient=True, refuse=_no_gradient,
+             routed_why="routed: an inference kernel (no gradient model of the routed family)"),
         Mode("out_dtype", "every output dtype the convention takes, exact shape and dtype",
-             {"values": "normal", "vary_out_dtype": True}),
+             {"values": "normal", "vary_out_dtype": True},
+             routed_why="routed: every (input, output) dtype pair of the convention is drawn in every mode"),
         Mode("graph", "one shape, 4 group-size vectors in turn on the same kernel: later calls must not reuse "
              "the first call's group sizes (a launch plan cached by shape, a replayed CUDA graph)",
-             {"values": "exact"}, replays=4, refuse=_no_group_sizes),
+             {"values": "exact"}, replays=4, refuse=_no_group_sizes,
+             routed_why="routed: several routings of one shape in turn are not drawn yet (issue 29)"),
     )
 }
 
@@ -177,7 +189,8 @@ MODES: dict[str, Mode] = {
 #: modes a run leaves out unless asked for by name (``--modes large``, ``check_kernel(modes=[...])``)
 OPT_IN_MODES: dict[str, Mode] = {
     "large": Mode("large", "an operand past 2**31 elements, where int32 offsets overflow (opt-in; several GiB; "
-                  "property_tests.large)", fixed_problem=_large_problem, refuse=_large_family),
+                  "property_tests.large)", fixed_problem=_large_problem, refuse=_large_family,
+                  routed_why="routed: no routed problem past 2**31 elements is built yet"),
 }
 ALL_MODES: dict[str, Mode] = {**MODES, **OPT_IN_MODES}
 
@@ -269,3 +282,12 @@ def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None 
     if mode.replays > 1:  # replays vary the group sizes of one problem's operands: problems that can have others
         kwargs.update(_replayable(adapter, kwargs))
     return dict(convention=adapter.convention, **kwargs)
+
+
+def mode_routings(adapter: KernelAdapter, mode: Mode | str) -> st.SearchStrategy:
+    """The routings (``gst.routings``) ``mode`` draws for a routed kernel, within its convention and declared
+    limits; :class:`Unsupported` naming why where the mode does not apply to a routed kernel."""
+    mode = mode_of(mode)
+    if mode.routed_values is None:
+        raise Unsupported(mode.routed_why)
+    return gst.routings(values=mode.routed_values, **routing_options(adapter))

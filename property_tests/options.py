@@ -155,6 +155,9 @@ def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str =
     nothing is left."""
     if not fields:
         return adapter
+    if adapter.routed:
+        raise ValueError(f"{prefix}{next(iter(fields)).replace('_', '-')}: {adapter.name} is a routed MoE kernel: it "
+                         "takes no declared scope yet (docs/routed.md)")
     try:
         return configure(adapter, scope=dataclasses.replace(adapter.scope or Scope(), **fields))
     except ValueError as exc:

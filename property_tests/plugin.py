@@ -161,9 +161,10 @@ def _check_options(config: pytest.Config) -> None:
     if given and not kernels:
         raise pytest.UsageError(f"{given[0]}: given without --gmm-kernel, which it applies to")
     convention = config.getoption("--gmm-convention")
-    if convention is not None and convention not in conventions.names():
-        raise pytest.UsageError(f"--gmm-convention: expected one of {conventions.names()}, got {convention!r}"
-                                f"{did_you_mean(convention, conventions.names())}")
+    known = (*conventions.names(), *conventions.routed_names())
+    if convention is not None and convention not in known:
+        raise pytest.UsageError(f"--gmm-convention: expected one of {known}, got {convention!r}"
+                                f"{did_you_mean(convention, known)}")
     _tiling(config)
     if config.getoption("--gmm-device") is not None:  # else auto, resolved where a kernel first needs it
         _device(config)

@@ -1,4 +1,6 @@
-"""vLLM's batched experts GEMM (``vllm.batched_moe``): ``invoke_moe_batched_triton_kernel``, a Triton kernel.
+"""vLLM's batched experts GEMM (``vllm.batched_moe``): ``invoke_moe_batched_triton_kernel``, a Triton kernel; and
+vLLM's fused MoE (``vllm.fused_moe``, a routed kernel: :class:`VllmFusedMoE`), read from the same wheel by the same
+loader (:func:`load_functions`).
 
 vLLM cannot be installed beside the tested torch (its wheel pins another torch), and its package root imports
 far more than this kernel needs. So the adapter reads the kernel's source from vLLM's wheel, untouched
@@ -36,13 +38,14 @@ from typing import Any
 import numpy as np
 
 from gmm_kernels import device, triton_interpreter
-from gmm_kernels.base import KernelAdapter
+from gmm_kernels.base import KernelAdapter, RoutedKernelAdapter, RoutedLimits
 from gmm_kernels.convert import to_framework
 from gmm_kernels.scope import Limits
 from gmm_ref import Numerics, Problem
 
 __all__ = ["KERNEL_FUNCTIONS", "KERNEL_MEMBER", "UTILS_FUNCTIONS", "UTILS_MEMBER", "WHEEL_ENV", "WHEEL_VERSION",
-           "VllmBatchedMoE", "WheelLayoutError", "find_wheel", "load_kernel", "wheel_cache_dir"]
+           "VllmBatchedMoE", "VllmFusedMoE", "WheelLayoutError", "find_wheel", "load_functions", "load_fused_moe",
+           "load_kernel", "wheel_cache_dir"]
 
 #: the vLLM release whose kernel is checked (scripts/setup.sh downloads its wheel)
 WHEEL_VERSION = "0.33.0"
@@ -52,6 +55,9 @@ KERNEL_MEMBER = "vllm/model_executor/layers/fused_moe/experts/fused_batched_moe.
 UTILS_MEMBER = "vllm/model_executor/layers/fused_moe/utils.py"
 KERNEL_FUNCTIONS = ("moe_mmk", "expert_triton_kernel", "batched_triton_kernel", "invoke_moe_batched_triton_kernel")
 UTILS_FUNCTIONS = ("normalize_batched_scales_shape",)
+FUSED_MOE_MEMBER = "vllm/model_executor/layers/fused_moe/fused_moe.py"
+#: the fused MoE GEMM of ``TritonExperts``: the kernel, its helper for other ranks' experts, and its launcher
+FUSED_MOE_FUNCTIONS = ("write_zeros_to_output", "fused_moe_kernel", "invoke_fused_moe_triton_kernel")
 #: the command that puts the wheel where :func:`find_wheel` looks
 DOWNLOAD = (f'python -m pip download --no-deps --only-binary=:all: vllm=={WHEEL_VERSION} '
             f'-d "${{XDG_CACHE_HOME:-$HOME/.cache}}/gmm-harness/wheels"')
@@ -98,7 +104,7 @@ def _functions(source: str, names: tuple[str, ...], where: str) -> tuple[str, se
     for node in found.values():
         first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
         keep[first - 1:node.end_lineno] = [True] * (node.end_lineno - first + 1)
-        bound = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+        bound = {a.arg for a in ast.walk(node) if isinstance(a, ast.arg)}  # lambdas' too
         bound |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         reads |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound
     return "".join(line if k else "\n" for line, k in zip(lines, keep, strict=True)), reads
@@ -108,35 +114,36 @@ def _no_allocator(*_args: Any, **_kwargs: Any) -> None:
     raise RuntimeError("vllm.triton_utils.allocation.set_triton_allocator: not loaded (the TMA path is off)")
 
 
-def load_kernel(wheel: str) -> types.ModuleType:
-    """A module holding :data:`KERNEL_FUNCTIONS` and :data:`UTILS_FUNCTIONS` from ``wheel``'s source, run with
-    Triton's ``triton`` and ``tl`` (``@triton.jit`` reads ``TRITON_INTERPRET`` now). Raises
-    :class:`WheelLayoutError` naming what is missing where the wheel's layout differs."""
+def load_functions(wheel: str, members: tuple[tuple[str, tuple[str, ...]], ...], provided: dict[str, Any],
+                   module_name: str) -> types.ModuleType:
+    """A module holding the top-level functions ``members`` lists (``(member, names)`` pairs, loaded in that order,
+    a later member's functions may read an earlier one's) from ``wheel``'s source, untouched, with ``provided`` as
+    their globals (Triton's ``triton`` and ``tl`` added; ``@triton.jit`` reads ``TRITON_INTERPRET`` now). Each
+    function keeps its file name and line numbers. Raises :class:`WheelLayoutError` naming what is missing where
+    the wheel's layout differs, or a global the functions read that ``provided`` lacks."""
     import builtins
 
-    import torch
     import triton
     import triton.language as tl
 
-    module = types.ModuleType("gmm_kernels.adapters._vllm_fused_batched_moe")
-    module.__dict__.update(torch=torch, triton=triton, tl=tl, use_tensor_descriptor=lambda: False,
-                           set_triton_allocator=_no_allocator)
+    module = types.ModuleType(module_name)
+    module.__dict__.update(triton=triton, tl=tl, **provided)
     try:
         archive = zipfile.ZipFile(wheel)
     except (OSError, zipfile.BadZipFile) as exc:
         raise WheelLayoutError(f"{wheel} is not a readable wheel: {exc}") from exc
     with archive:
         texts = {}
-        for member in (UTILS_MEMBER, KERNEL_MEMBER):
+        for member, _ in members:
             try:
                 texts[member] = archive.read(member).decode()
             except KeyError:
                 raise WheelLayoutError(f"{wheel} has no {member}") from None
-    for member, names in ((UTILS_MEMBER, UTILS_FUNCTIONS), (KERNEL_MEMBER, KERNEL_FUNCTIONS)):
+    every = {n for _, names in members for n in names}
+    for member, names in members:
         where = f"{wheel}:{member}"
         text, reads = _functions(texts[member], names, where)
-        unknown = sorted(n for n in reads if n not in module.__dict__ and n not in names
-                         and n not in UTILS_FUNCTIONS and not hasattr(builtins, n))
+        unknown = sorted(n for n in reads if n not in module.__dict__ and n not in every and not hasattr(builtins, n))
         if unknown:
             raise WheelLayoutError(f"{where}: {', '.join(names)} read names this loader does not provide: "
                                    f"{', '.join(unknown)}")
@@ -146,10 +153,49 @@ def load_kernel(wheel: str) -> types.ModuleType:
     return module
 
 
+def load_kernel(wheel: str) -> types.ModuleType:
+    """A module holding :data:`KERNEL_FUNCTIONS` and :data:`UTILS_FUNCTIONS` from ``wheel``'s source, run with
+    Triton's ``triton`` and ``tl`` (:func:`load_functions`)."""
+    import torch
+
+    return load_functions(wheel, ((UTILS_MEMBER, UTILS_FUNCTIONS), (KERNEL_MEMBER, KERNEL_FUNCTIONS)),
+                          dict(torch=torch, use_tensor_descriptor=lambda: False, set_triton_allocator=_no_allocator),
+                          "gmm_kernels.adapters._vllm_fused_batched_moe")
+
+
+class _Logger:
+    """vLLM's logger where the loaded launcher warns (the TD path it would warn about is off)."""
+
+    def warning_once(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    warning = info = debug = warning_once
+
+
+def load_fused_moe(wheel: str) -> types.ModuleType:
+    """A module holding :data:`FUSED_MOE_FUNCTIONS` from ``wheel``'s ``fused_moe.py`` (:func:`load_functions`):
+    the launcher ``invoke_fused_moe_triton_kernel`` with vLLM's tensor-descriptor path off
+    (``resolve_moe_use_td()`` False, as vLLM resolves it on CUDA unless ``VLLM_TRITON_USE_TD`` is set) and
+    ``SWAP_AB`` off (``enable_swap_ab`` is False for unquantized operands in vLLM too: it is read under FP8 only)."""
+    import torch
+
+    return load_functions(wheel, ((FUSED_MOE_MEMBER, FUSED_MOE_FUNCTIONS),),
+                          dict(torch=torch, Any=Any, set_triton_allocator=_no_allocator,
+                               resolve_moe_use_td=lambda: False, enable_swap_ab=lambda *_a: False,
+                               warn_if_moe_use_td_ineffective=lambda *_a, **_k: None, logger=_Logger()),
+                          "gmm_kernels.adapters._vllm_fused_moe")
+
+
 @functools.cache
 def _loaded(wheel: str, interpreted: bool) -> types.ModuleType:
     """:func:`load_kernel`, once per wheel and interpreter state (``@triton.jit`` reads it when run)."""
     return load_kernel(wheel)
+
+
+@functools.cache
+def _loaded_fused(wheel: str, interpreted: bool) -> types.ModuleType:
+    """:func:`load_fused_moe`, once per wheel and interpreter state."""
+    return load_fused_moe(wheel)
 
 
 def _installed() -> bool:
@@ -191,24 +237,7 @@ class VllmBatchedMoE(KernelAdapter):
                 f"{wheel_cache_dir()}): its batched experts kernel is read from it; get it with: {DOWNLOAD}")
 
     def _unavailable(self) -> str | None:
-        import torch
-
-        if not torch.cuda.is_available() and not triton_interpreter.use_if_no_gpu():
-            return (f"no GPU here and {triton_interpreter.ENV} is off: vLLM's Triton kernels cannot run (unset "
-                    f"{triton_interpreter.ENV} to run them in Triton's interpreter)")
-        if torch.cuda.is_available() and not device.on_cuda():
-            return (f"vLLM's Triton kernels are compiled for the GPU here (Triton's interpreter is off where a GPU "
-                    f"is seen); the selected device is {device.selected()} (--device)")
-        try:
-            self._kernel()
-        except WheelLayoutError as exc:
-            return str(exc)
-        if not torch.cuda.is_available():
-            try:
-                triton_interpreter.fix()
-            except triton_interpreter.InterpreterDefect as exc:  # an unverified Triton whose interpreter errs
-                return str(exc)
-        return None
+        return _unavailable_here(self._kernel)
 
     def large_refusal(self) -> str | None:
         return None if device.on_cuda() else self._runs_interpreted("Triton's interpreter", takes="days")
@@ -250,6 +279,84 @@ class VllmBatchedMoE(KernelAdapter):
             return c
         with np.errstate(all="ignore"):  # the interpreter's NumPy: NaN and Inf propagate, as on a GPU, unwarned
             kernel(a, b, c, counts, **args)
+        return c
+
+
+def _unavailable_here(kernel: Any) -> str | None:
+    """Why a kernel of vLLM's wheel cannot run here (``kernel()`` loads it), or None."""
+    import torch
+
+    if not torch.cuda.is_available() and not triton_interpreter.use_if_no_gpu():
+        return (f"no GPU here and {triton_interpreter.ENV} is off: vLLM's Triton kernels cannot run (unset "
+                f"{triton_interpreter.ENV} to run them in Triton's interpreter)")
+    if torch.cuda.is_available() and not device.on_cuda():
+        return (f"vLLM's Triton kernels are compiled for the GPU here (Triton's interpreter is off where a GPU "
+                f"is seen); the selected device is {device.selected()} (--device)")
+    try:
+        kernel()
+    except WheelLayoutError as exc:
+        return str(exc)
+    if not torch.cuda.is_available():
+        try:
+            triton_interpreter.fix()
+        except triton_interpreter.InterpreterDefect as exc:  # an unverified Triton whose interpreter errs
+            return str(exc)
+    return None
+
+
+class VllmFusedMoE(RoutedKernelAdapter):
+    """``invoke_fused_moe_triton_kernel`` of vLLM's ``fused_moe`` (``fused_moe_kernel``, unquantized; from its
+    wheel, interpreted where no GPU is seen), on metadata ``moe_align_block_size`` builds
+    (``gmm_ref.conventions.vllm.FUSED_MOE``), launched with ``FUSED_MOE_CONFIG`` (16 x 32 x 32 tiles)."""
+
+    name = "vllm.fused_moe"
+    convention = "vllm.fused_moe"
+    requires = ("torch", "triton")
+    needs = "vLLM's fused MoE is a Triton kernel"
+    flush_subnormals = True
+
+    def _kernel(self) -> Any:
+        import torch
+
+        if torch.cuda.is_available() and _installed():
+            try:
+                return importlib.import_module(
+                    "vllm.model_executor.layers.fused_moe.fused_moe").invoke_fused_moe_triton_kernel
+            except (ImportError, AttributeError):
+                pass
+        wheel = find_wheel()
+        if wheel is None:
+            raise WheelLayoutError(f"no vLLM {WHEEL_VERSION} wheel found ({WHEEL_ENV} unset or holding none, none "
+                                   f"in {wheel_cache_dir()}): its fused MoE kernel is read from it; get it with: "
+                                   f"{DOWNLOAD}")
+        return _loaded_fused(wheel, triton_interpreter.in_use()).invoke_fused_moe_triton_kernel
+
+    def _unavailable(self) -> str | None:
+        return _unavailable_here(self._kernel)
+
+    def routed_limits(self) -> RoutedLimits:
+        """The strategies' defaults (up to 40 tokens, 8 to 513 experts, top_k up to 8) with ``(K, N)`` extents
+        around the launch config's tiles: ``(4, 4)``, ``(16, 8)`` (within one tile) and ``(40, 40)`` (K and N past
+        one 32-wide tile, a masked tail each). Interpreted, a call costs about 10 ms per live program (live row
+        blocks x column tiles)."""
+        return RoutedLimits(extents=((4, 4), (16, 8), (40, 40)))
+
+    def call(self, A: Any, B: Any, C: Any, topk_weights: Any, sorted_token_ids: Any, expert_ids: Any,
+             num_tokens_post_padded: Any, mul_routed_weight: bool, top_k: int, config: Any = None,
+             compute_type: Any = None) -> Any:
+        kernel = self._kernel()
+        tensors, _ = to_framework("torch", (A, B, C, topk_weights, sorted_token_ids, expert_ids,
+                                            num_tokens_post_padded), {})
+        a, b, c, w, ids, blocks, post = tensors
+        args = (None, None, w, ids, blocks, post, mul_routed_weight, top_k, dict(config),
+                _triton_dtype(compute_type, c.dtype), False, False, False, False, False)
+        # the kernel writes the C it is given (its guarded copy: a write past it is seen in its margins); on CUDA
+        # to_framework made the operands on the selected device
+        if device.on_cuda():
+            kernel(a, b, c, *(device.place(x) for x in args))
+            return c
+        with np.errstate(all="ignore"):  # the interpreter's NumPy: NaN and Inf propagate, unwarned
+            kernel(a, b, c, *args)
         return c
 
 

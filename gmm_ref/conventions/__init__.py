@@ -20,7 +20,7 @@ import functools
 from importlib import metadata
 from typing import Any
 
-from gmm_ref.conventions.base import Convention
+from gmm_ref.conventions.base import Convention, RoutedConvention
 from gmm_ref.conventions.deep_gemm import CONTIGUOUS, CONTIGUOUS_PSUM, MASKED
 from gmm_ref.conventions.megablox import GMM, TGMM
 from gmm_ref.conventions.qwix import QWIX_RAGGED_DOT
@@ -29,16 +29,20 @@ from gmm_ref.conventions.te import TE_GROUPED_GEMM, TE_SCALED_GROUPED_GEMM
 from gmm_ref.conventions.torch_grouped import GROUPED_MM
 from gmm_ref.conventions.torch_scaled import SCALED_GROUPED_MM, SCALED_GROUPED_MM_V2
 from gmm_ref.conventions.torchao import NVFP4_GROUPED_MM
-from gmm_ref.conventions.vllm import BATCHED_MOE
+from gmm_ref.conventions.vllm import BATCHED_MOE, FUSED_MOE
 from gmm_ref.names import did_you_mean
 from gmm_ref.problem import Problem
 
-__all__ = ["ENTRY_POINT_GROUP", "Convention", "arguments", "get", "names", "problem_from_arguments", "registry"]
+__all__ = ["ENTRY_POINT_GROUP", "Convention", "arguments", "get", "names", "problem_from_arguments", "registry",
+           "routed_names"]
 
 ENTRY_POINT_GROUP = "gmm_harness.conventions"
 BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEMM, SCALED_GROUPED_MM,
            QWIX_RAGGED_DOT, CONTIGUOUS, CONTIGUOUS_PSUM, MASKED, BATCHED_MOE, NVFP4_GROUPED_MM,
            TE_SCALED_GROUPED_GEMM, SCALED_GROUPED_MM_V2)
+#: the routed MoE conventions (a kernel taking a ``gmm_ref.Routing``, docs/routed.md): looked up by :func:`get`,
+#: listed by :func:`routed_names`, not by :func:`names` (whose conventions express grouped ``Problem`` s)
+ROUTED = (FUSED_MOE,)
 
 
 @functools.cache
@@ -61,13 +65,22 @@ def names() -> tuple[str, ...]:
     return tuple(registry())
 
 
-def get(name: Any) -> Convention:
-    """The convention called ``name`` (a Convention passes through); ValueError naming the known ones."""
-    if isinstance(name, Convention):
+def routed_names() -> tuple[str, ...]:
+    """The names of the routed MoE conventions."""
+    return tuple(c.name for c in ROUTED)
+
+
+def get(name: Any) -> Any:
+    """The convention called ``name`` (a Convention or RoutedConvention passes through; a routed one is a
+    :class:`RoutedConvention`); ValueError naming the known ones."""
+    if isinstance(name, (Convention, RoutedConvention)):
         return name
     conv = registry().get(name) if isinstance(name, str) else None
+    if conv is None and isinstance(name, str):
+        conv = next((c for c in ROUTED if c.name == name), None)
     if conv is None:
-        raise ValueError(f"convention: expected one of {names()}, got {name!r}{did_you_mean(name, names())}")
+        known = (*names(), *routed_names())
+        raise ValueError(f"convention: expected one of {known}, got {name!r}{did_you_mean(name, known)}")
     return conv
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "TRANSPOSES",
     "Convention",
     "Layout",
+    "RoutedConvention",
     "front_end",
     "packed_layouts",
     "ragged_last",
@@ -294,6 +295,88 @@ class Convention:
         if self.listed_pairs_only and (p.lhs.dtype, p.out_dtype) not in self.dtype_pairs:
             return (f"{self.name} takes the (input, output) dtypes "
                     f"{', '.join(f'{i}->{o}' for i, o in self.dtype_pairs)} only, got {p.lhs.dtype} -> {p.out_dtype}")
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class RoutedConvention:
+    """The facts of one routed MoE calling convention (a fused-MoE kernel's API, docs/routed.md): its kernel
+    takes a :class:`gmm_ref.Routing` (tokens, expert weights, the routing and its metadata) rather than a
+    grouped :class:`Problem`. A subclass supplies :meth:`parse` (its kernel's signature -> ``Routing``) and
+    :meth:`_arguments` (``Routing`` -> its arguments); the template checks the facts (:meth:`refusal`).
+
+    ``dtype_pairs``: the (tokens and experts, output) dtypes; ``weight_dtypes``: of ``topk_weights``;
+    ``expert_layouts``: ``"enk"`` and/or ``"ekn"``; ``foreign``: what a slot routed to another rank's expert
+    holds (``"zero"``, ``"undefined"``); ``distinct_experts``: the kernel's callers never list one expert twice
+    in a token's slots (the strategies then draw none); ``block_size``: the alignment's block (``BLOCK_SIZE_M``)
+    where the kernel's metadata pads each expert's slots; ``out_argument``: the output buffer written in place.
+    """
+
+    name: str
+    framework: str
+    dtype_pairs: tuple[tuple[Any, Any], ...]
+    weight_dtypes: tuple[Any, ...] = ("float32",)
+    expert_layouts: tuple[str, ...] = ("enk",)
+    foreign: str = "zero"
+    distinct_experts: bool = True
+    block_size: int = 16
+    out_argument: str | None = None
+    #: the table row's name of this family (the routed family has no ``gmm_ref.families`` record yet)
+    family: str = "routed"
+    summary: str = ""
+
+    #: a routed convention has no grouped families: every check of ``Convention.families`` finds none
+    families: tuple[str, ...] = ()
+    quantizations: tuple[tuple[Any, Any], ...] = ()
+    sharding: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype_pairs", _dtype_pairs(self.dtype_pairs))
+        object.__setattr__(self, "weight_dtypes", tuple(_dt.as_dtype(d, name="weight_dtypes")
+                                                        for d in self.weight_dtypes))
+        if self.framework not in ("jax", "torch"):
+            raise ValueError(f"framework: expected 'jax' or 'torch', got {self.framework!r}")
+
+    def __repr__(self) -> str:
+        return f"<RoutedConvention {self.name}>"
+
+    def out_value(self, args: tuple, kwargs: dict) -> Any:
+        """The value of :attr:`out_argument` among a call's ``args`` / ``kwargs`` (None if it has none)."""
+        return Convention.out_value(self, args, kwargs)  # type: ignore[arg-type]
+
+    def refusal(self, r: Any) -> str | None:
+        """None if this convention can express the routing ``r``, else the reason."""
+        if r.expert_layout not in self.expert_layouts:
+            return f"{self.name} takes experts stored {self.expert_layouts}, not {r.expert_layout!r}"
+        pair = (np.dtype(r.tokens.dtype), np.dtype(r.out_dtype))
+        if r.experts.dtype != r.tokens.dtype or pair not in self.dtype_pairs:
+            pairs = ", ".join(f"{i}->{o}" for i, o in self.dtype_pairs)
+            return (f"{self.name} takes the (input, output) dtypes {pairs}, got {r.tokens.dtype} x "
+                    f"{r.experts.dtype} -> {r.out_dtype}")
+        if r.topk_weights is not None and r.topk_weights.dtype not in self.weight_dtypes:
+            return (f"{self.name} takes topk_weights of {[str(d) for d in self.weight_dtypes]}, not "
+                    f"{r.topk_weights.dtype}")
+        if r.foreign != self.foreign and r.foreign != "undefined":
+            return f"{self.name} gives slots of another rank's experts {self.foreign!r} values, not {r.foreign!r}"
+        if self.distinct_experts and r.repeats_an_expert:
+            return f"{self.name}'s callers never list one expert twice in a token's slots"
+        return self._refusal(r)
+
+    def arguments(self, r: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``(args, kwargs)`` of this convention's kernel for the routing ``r`` (NumPy arrays)."""
+        reason = self.refusal(r)
+        if reason:
+            raise ValueError(f"convention: {self.name!r} cannot express this routing: {reason}")
+        return self._arguments(r)
+
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        """The routing a call of this convention's kernel describes (its own signature)."""
+        raise NotImplementedError
+
+    def _arguments(self, r: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        raise NotImplementedError
+
+    def _refusal(self, r: Any) -> str | None:
         return None
 
 

@@ -1,4 +1,6 @@
-"""vLLM's batched (masked) MoE experts: ``invoke_moe_batched_triton_kernel`` (``vllm.batched_moe``).
+"""vLLM's batched (masked) MoE experts: ``invoke_moe_batched_triton_kernel`` (``vllm.batched_moe``); and vLLM's
+fused MoE, ``invoke_fused_moe_triton_kernel`` (``vllm.fused_moe``, a routed convention: :data:`FUSED_MOE`, whose
+arguments come from a ``gmm_ref.Routing``; docs/routed.md).
 
 ``invoke_moe_batched_triton_kernel(A, B, C, expert_num_tokens, compute_type, A_scale, B_scale, B_zp,
 use_fp8_w8a8, use_int8_w8a16, use_int4_w4a16, config, per_act_token_quant, block_shape=None)``, the GEMM of
@@ -29,9 +31,11 @@ import numpy as np
 from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import Problem
+from gmm_ref.routing import Routing
+from gmm_ref.routing_metadata import moe_align_block_size
 from gmm_ref.scaled import Quantization
 
-__all__ = ["BATCHED_MOE", "QUANTIZATIONS", "vllm_batched_moe"]
+__all__ = ["BATCHED_MOE", "FUSED_MOE", "FUSED_MOE_CONFIG", "QUANTIZATIONS", "vllm_batched_moe"]
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -147,3 +151,94 @@ BATCHED_MOE = _BatchedMoE(
             "unquantized or FP8 per tensor / token / 128x128 block",
 )
 vllm_batched_moe = base.front_end(BATCHED_MOE, "vllm_batched_moe")
+
+
+# ------------------------------------------------------------------------------------------ fused MoE (routed)
+#: the launch config ``vllm.fused_moe`` arguments carry (tiles small enough that drawn routings straddle them)
+FUSED_MOE_CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1}
+
+
+class _FusedMoE(base.RoutedConvention):
+    def parse(self, A: Any, B: Any, C: Any, topk_weights: Any, sorted_token_ids: Any, expert_ids: Any,
+              num_tokens_post_padded: Any, mul_routed_weight: bool, top_k: int, config: Any = None,
+              compute_type: Any = None) -> Routing:
+        """vLLM's fused MoE GEMM (``invoke_fused_moe_triton_kernel``, unquantized): tokens ``A [T, K]``, experts
+        ``B [E, N, K]``, output ``C [T, top_k, N]`` written in place; the slots ``t*top_k + j`` of each block
+        of ``config["BLOCK_SIZE_M"]`` entries of ``sorted_token_ids`` (entries ``>= T*top_k`` are padding) are
+        computed with the local expert ``expert_ids[block]`` (-1: another rank's, its slots written as zeros), up
+        to ``num_tokens_post_padded[0]``; ``mul_routed_weight``: each slot times ``topk_weights[t, j]``.
+
+        The routing returned has the local experts as its experts; where some block's expert is -1 one more
+        global expert stands for the other ranks' (``expert_map`` maps it to -1). Every slot must lie in exactly
+        one block below ``num_tokens_post_padded`` (as ``moe_align_block_size`` places them)."""
+        a, b, c = base.as_array("A", A), base.as_array("B", B), base.as_array("C", C)
+        base.expect_ndim("A", a, 2)
+        base.expect_ndim("B", b, 3)
+        t, k = a.shape
+        e, n = b.shape[0], b.shape[1]
+        if b.shape[2] != k:
+            raise ValueError(f"B: expected [E, N, K={k}], got {b.shape}")
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
+            raise TypeError(f"top_k: expected a positive int, got {top_k!r}")
+        if c.shape != (t, top_k, n):
+            raise ValueError(f"C: expected the output buffer of shape {(t, top_k, n)}, got {c.shape}")
+        if not isinstance(mul_routed_weight, (bool, np.bool_)):
+            raise TypeError(f"mul_routed_weight: expected a bool, got {mul_routed_weight!r}")
+        out = base.optional_dtype("compute_type", compute_type) or np.dtype(c.dtype)
+        if out != c.dtype:
+            raise TypeError(f"compute_type: the result is cast to it and stored in C ({c.dtype}), got {out}")
+        bm = (config or FUSED_MOE_CONFIG).get("BLOCK_SIZE_M") if isinstance(config or {}, dict) else None
+        if not isinstance(bm, int) or bm < 1:
+            raise ValueError(f"config: expected a dict with a positive BLOCK_SIZE_M, got {config!r}")
+        sorted_ids = base.as_sizes("sorted_token_ids", sorted_token_ids).astype(np.int64)
+        blocks = base.as_sizes("expert_ids", expert_ids).astype(np.int64)
+        post = base.as_sizes("num_tokens_post_padded", num_tokens_post_padded).astype(np.int64)
+        if post.shape != (1,) or post[0] % bm or post[0] > sorted_ids.size or post[0] // bm > blocks.size:
+            raise ValueError(f"num_tokens_post_padded: expected [1] holding a multiple of BLOCK_SIZE_M={bm} within "
+                             f"sorted_token_ids ({sorted_ids.size}) and expert_ids ({blocks.size} blocks), got {post}")
+        numel = t * top_k
+        local = np.full(numel, -2, np.int64)  # -2: in no block
+        for blk in range(int(post[0]) // bm):
+            ex = int(blocks[blk])
+            if not -1 <= ex < e:
+                raise ValueError(f"expert_ids[{blk}] = {ex}: expected a local expert in [0, {e}) or -1")
+            for s in sorted_ids[blk * bm:(blk + 1) * bm]:
+                if 0 <= s < numel:
+                    if local[s] != -2:
+                        raise ValueError(f"sorted_token_ids: slot {int(s)} (token {s // top_k}, slot {s % top_k}) "
+                                         "lies in two blocks")
+                    local[s] = ex
+                elif s < 0:
+                    raise ValueError(f"sorted_token_ids: {int(s)} is no slot index (nor the padding, >= {numel})")
+        missing = np.flatnonzero(local == -2)
+        if missing.size:
+            s = int(missing[0])
+            raise ValueError(f"sorted_token_ids: slot {s} (token {s // top_k}, slot {s % top_k}) lies in no block "
+                             f"below num_tokens_post_padded = {int(post[0])}: the kernel would never write it")
+        emap = None
+        if (local == -1).any():
+            emap = np.concatenate([np.arange(e), [-1]]).astype(np.int64)
+            local = np.where(local == -1, e, local)
+        weights = None if topk_weights is None else base.as_array("topk_weights", topk_weights)
+        return Routing(a, b, local.reshape(t, top_k), weights, expert_layout="enk", expert_map=emap,
+                       mul_routed_weight=bool(mul_routed_weight), out_dtype=out, foreign=self.foreign)
+
+    def _arguments(self, r: Routing) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        config = dict(FUSED_MOE_CONFIG)
+        sorted_ids, blocks, post = moe_align_block_size(r.topk_ids, config["BLOCK_SIZE_M"], r.num_experts,
+                                                        r.expert_map)
+        c = np.full((r.num_tokens, r.top_k, r.n), np.nan, r.out_dtype)  # torch.empty: nothing the kernel may read
+        weights = r.topk_weights if r.topk_weights is not None else np.ones(r.topk_ids.shape, np.float32)
+        return ((r.tokens, r.experts, c, weights, sorted_ids, blocks, post, bool(r.mul_routed_weight), r.top_k),
+                {"config": config, "compute_type": r.out_dtype})
+
+
+FUSED_MOE = _FusedMoE(
+    name="vllm.fused_moe", framework="torch",
+    dtype_pairs=((BF16, BF16), ("float16", "float16"), ("float32", "float32")),
+    weight_dtypes=("float32",), expert_layouts=("enk",), foreign="zero", distinct_experts=True,
+    block_size=FUSED_MOE_CONFIG["BLOCK_SIZE_M"], out_argument="C",
+    summary="vllm invoke_fused_moe_triton_kernel(A, B, C, topk_weights, sorted_token_ids, expert_ids, "
+            "num_tokens_post_padded, mul_routed_weight, top_k, config, compute_type): routed tokens [T, K], "
+            "experts [E, N, K], per-slot output [T, top_k, N], unquantized",
+)
