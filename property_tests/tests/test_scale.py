@@ -125,3 +125,16 @@ def test_cells_cross_the_limits_exactly():
         elif cell.kind == "rows":
             assert sizes.max() > 65_535 and p.m > 65_535 and list(sizes[[0, 2]]) == [40, 24]
         assert p.lhs.dtype.kind in "fV" and abs(p.lhs.astype(float)).max() <= 2  # exact values
+
+
+def test_the_table_says_which_cells_were_left_out():
+    from property_tests.table import CellOutcome, render
+
+    note = "left out: ragged_m G=129 (k runs interpreted here (x))"
+    passed = CellOutcome(Status.PASSED, note, examples=1, cells=(1, 2))
+    text = render([{"kernel": "k", "family": "ragged_m", "scale": passed}], ["scale"])
+    assert "pass (1; 1/2 cells) [1]" in text
+    assert f"[1] pass (1; 1/2 cells): {note}" in text
+    whole = CellOutcome(Status.PASSED, "", examples=7, cells=(7, 7))
+    assert render([{"kernel": "k", "family": "ragged_m", "scale": whole}], ["scale"]).splitlines()[2].endswith(
+        "pass (7)")
