@@ -64,3 +64,29 @@ BROKEN_AT_SCALE = {
     "ragged_dot": [ragged_dot_grid_rows_capped, ragged_dot_group_grid_rows_capped, ragged_dot_expert_scan_of_512,
                    ragged_dot_weight_table_of_128],
 }
+
+
+
+def grouped_mm_weight_table_of_128(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """torch._grouped_mm whose per-group pointers live in a table of 128 slots: group g multiplies by the
+    weights of group g % 128 (2d x 3d, 3d x 3d; 3d x 2d: its lhs), or reads the K range of group g % 128
+    (2d x 2d)."""
+    import torch
+
+    from property_tests.tests.broken_kernels import grouped_mm_correct
+
+    if mat_b.dim() == 3:
+        return grouped_mm_correct(mat_a, mat_b[torch.arange(mat_b.shape[0]) % 128], offs, bias, out_dtype)
+    if mat_a.dim() == 3:
+        return grouped_mm_correct(mat_a[torch.arange(mat_a.shape[0]) % 128], mat_b, offs, bias, out_dtype)
+    out = grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype)
+    ends = [int(e) for e in offs.tolist()]
+    starts = [0, *ends[:-1]]
+    for g in range(128, len(ends)):
+        s, e = starts[g % 128], ends[g % 128]
+        out[g] = (mat_a[:, s:e].float() @ mat_b[s:e].float()).to(out.dtype)
+    return out
+
+
+#: the same class in a convention of four forms (ragged M, N, K and batch): every family's scale cells catch it
+BROKEN_AT_SCALE_TORCH = {"torch.grouped_mm": [grouped_mm_weight_table_of_128]}

@@ -138,3 +138,17 @@ def test_the_table_says_which_cells_were_left_out():
     whole = CellOutcome(Status.PASSED, "", examples=7, cells=(7, 7))
     assert render([{"kernel": "k", "family": "ragged_m", "scale": whole}], ["scale"]).splitlines()[2].endswith(
         "pass (7)")
+
+
+@pytest.mark.parametrize("family", ["ragged_m", "ragged_n", "ragged_k", "batch"])
+def test_every_family_of_a_convention_catches_a_table_of_128(family):
+    pytest.importorskip("torch")
+    (fn,) = bs.BROKEN_AT_SCALE_TORCH["torch.grouped_mm"]
+    adapter = resolve_kernel(fn, convention="torch.grouped_mm", option="kernel")
+    result = check_mode(adapter, "scale", family=family)
+    assert result.status is Status.FAILED, result
+    assert result.detail.startswith(("group 128 ", "group 128:")), result.detail
+    # the many groups mode (9 to 64 groups) does not reach the table's end
+    assert check_mode(adapter, "many_groups", family=family, profile="gmm-ci").status is Status.PASSED
+    correct = resolve_kernel(bk.grouped_mm_correct, convention="torch.grouped_mm", option="kernel")
+    assert check_mode(correct, "scale", family=family).status is Status.PASSED
