@@ -124,6 +124,17 @@ def torch_operators(fn: Callable[..., Any], args: tuple, kwargs: dict) -> frozen
     return frozenset(seen)
 
 
+class _Interpreted(str):
+    """A :meth:`KernelAdapter.large_refusal` saying that the kernel runs interpreted here, and how."""
+
+    how: str
+
+    def __new__(cls, text: str, how: str) -> _Interpreted:
+        self = super().__new__(cls, text)
+        self.how = how
+        return self
+
+
 class KernelAdapter:
     """Base class of every adapter (see the module docstring for what it does)."""
 
@@ -210,7 +221,15 @@ class KernelAdapter:
 
     def _runs_interpreted(self, how: str = "Pallas interpret mode", takes: str = "hours") -> str:
         """The :meth:`large_refusal` of a kernel that runs interpreted here."""
-        return f"{self.name} runs interpreted here ({how}): an operand past 2**31 elements would take {takes}"
+        return _Interpreted(f"{self.name} runs interpreted here ({how}): an operand past 2**31 elements would take "
+                            f"{takes}", how)
+
+    def interpreted(self) -> str | None:
+        """How this kernel runs interpreted on this machine (``"Pallas interpret mode"``), or None where it runs
+        natively: the kernels whose :meth:`large_refusal` is :meth:`_runs_interpreted`'s. The ``scale`` mode
+        gives them fewer cells (``property_tests.scale``): each grid step of theirs costs milliseconds."""
+        why = self.large_refusal()
+        return why.how if isinstance(why, _Interpreted) else None
 
     def available(self) -> str | None:
         """None when the kernel can run here, else the reason it cannot."""

@@ -56,6 +56,9 @@ class Mode:
       kernel without a gradient declines its problems);
     - ``fixed_problem``: it checks one problem built for the kernel (raising :class:`Unsupported` where it
       cannot be built here) instead of drawing examples;
+    - ``cells``: it checks the deterministic problems of a list of cells built for the kernel
+      (:mod:`property_tests.scale`: group and row counts past real kernels' limits) instead of drawing examples;
+      a cell the kernel cannot take is left out with its reason, none: the mode is ``n/a``;
     - ``replays``: how many group-size vectors are checked per drawn problem, one call after the other on the
       same adapter with the same operands and shapes (a kernel that keeps the group sizes of its first call,
       e.g. a launch plan cached by shape or a captured CUDA graph replayed with stale sizes, fails the later
@@ -73,6 +76,7 @@ class Mode:
     deterministic_repeat: bool = False
     gradient: bool = False
     fixed_problem: Callable[[KernelAdapter], gmm_ref.Problem] | None = None
+    cells: bool = False
     replays: int = 1
     refuse: Callable[[KernelAdapter, str | None], str | None] | None = None
     routed_values: str | None = None
@@ -87,12 +91,12 @@ class Mode:
     @property
     def changes_shapes(self) -> bool:
         """Whether its problems have shapes of their own (else the ``exact`` mode's: one compilation serves both)."""
-        return any(k not in _VALUE_OPTIONS for k in self.options)
+        return self.cells or any(k not in _VALUE_OPTIONS for k in self.options)
 
     @property
     def draws_examples(self) -> bool:
         """Whether it draws examples (else it checks one fixed problem)."""
-        return self.fixed_problem is None
+        return self.fixed_problem is None and not self.cells
 
 
 def _no_gradient(adapter: KernelAdapter, family: str | None) -> str | None:
@@ -182,6 +186,10 @@ MODES: dict[str, Mode] = {
              "the first call's group sizes (a launch plan cached by shape, a replayed CUDA graph)",
              {"values": "exact"}, replays=4, refuse=_no_group_sizes,
              routed_why="routed: several routings of one shape in turn are not drawn yet (issue 29)"),
+        Mode("scale", "group counts just past real limits (129 to 1,025) and 65,600 rows in one call and in one "
+             "group, K and N a few dozen, exact values (property_tests.scale)", cells=True,
+             routed_why="routed: no routed scale cells yet (tokens x top_k past 65,535 slots, experts past 256 and "
+                        "512: issue 30)"),
     )
 }
 
@@ -252,6 +260,8 @@ def mode_covering(adapter: KernelAdapter, mode: Mode | str, family: str | None =
 def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None = None) -> dict[str, Any]:
     """The ``problems()`` arguments of ``mode`` for ``adapter`` (its declared options and scope applied)."""
     mode = mode_of(mode)
+    if not mode.draws_examples:
+        raise Unsupported(f"the {mode.name} mode draws no examples (it checks problems built for the kernel)")
     why = mode.applicable(adapter, family)
     if why is not None:
         raise Unsupported(why)

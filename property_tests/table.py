@@ -122,6 +122,8 @@ class CellOutcome:
         else:
             partial = f"; {self.cells[0]}/{self.cells[1]} cells" if self.cells[0] < self.cells[1] else ""
             text = f"pass ({self.examples}{partial})"
+            if partial and self.note:  # the cells left out, and why (the scale mode's)
+                text += f": {self.note}"
         if self.failed_round is not None:
             r = self.failed_round
             text += f" (round {r.round}, seed {r.seed}, after {r.passed} examples passed)"
@@ -134,6 +136,8 @@ class CellOutcome:
             return self.status.value, True
         if self.goldens is not None and self.goldens.out_of_scope:
             return self.goldens.text(self.status, self.note, reasons=False), True
+        if self.note and self.cells[0] < self.cells[1] and self.rounds == 1:  # cells left out: the note says which
+            return self.text.split(": ", 1)[0], True
         return self.text, False
 
     def to_json(self) -> dict[str, Any]:

@@ -564,3 +564,4 @@ def ragged_dot_via_lax(lhs, rhs, group_sizes, precision=None, preferred_element_
     from jax import lax
 
     return lax.ragged_dot(lhs, rhs, group_sizes, precision=precision, preferred_element_type=preferred_element_type)
+
