@@ -418,10 +418,10 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         if adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
             tally = _run_routed(adapter, mode, max_examples, profile, seed, database=database, run=run)
         elif mode.cells:
-            checked, left_out = _run_cells(adapter, mode, family)
+            checked, left_out = scale.run_cells(adapter, mode, family, _check_forward)
             return Result(status=Status.PASSED, examples=checked, seconds=time.perf_counter() - t0,
                           cells=(checked, checked + sum(map(len, left_out.values()))),
-                          detail=_cells_detail(left_out), **common)
+                          detail=scale.cells_detail(left_out), **common)
         else:
             tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run)
     except Unsupported as exc:
@@ -440,37 +440,6 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         failures.note(exc, f"Checked under the {common['setting']}.")
         return Result(status=status, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
     return Result(status=Status.PASSED, seconds=time.perf_counter() - t0, **tally.reached_fields(), **common)
-
-
-def _run_cells(adapter: KernelAdapter, mode: Mode, family: str | None) -> tuple[int, dict[str, list[str]]]:
-    """Check the problem of every cell of ``mode`` (``Mode.cells``: :mod:`property_tests.scale`) the kernel can
-    take, in ``family`` or all of its families; (cells checked, {why: cells left out for it}). Raises the first
-    failing cell's exception (its problem attached), or :class:`Unsupported` with the reasons when the kernel
-    can take none."""
-    __tracebackhide__ = True
-    why = mode.applicable(adapter, family)
-    if why is not None:
-        raise Unsupported(why)
-    checked, left_out = 0, {}
-    for cell in scale.cells(adapter):
-        if family is not None and cell.family != family:
-            continue
-        problem = scale.scale_problem(adapter, cell)
-        if isinstance(problem, str):
-            left_out.setdefault(problem, []).append(cell.describe())
-            continue
-        _check_forward(adapter, problem, mode)
-        checked += 1
-    if not checked:
-        raise Unsupported(f"{adapter.name} takes none of the {mode.name} cells: " + "; ".join(left_out)
-                          if left_out else f"no {mode.name} cell in the {family} family")
-    return checked, left_out
-
-
-def _cells_detail(left_out: dict[str, list[str]]) -> str:
-    """A passing cells mode's detail: the cells left out, and why."""
-    return "left out: " + "; ".join(f"{', '.join(cells)} ({why})" for why, cells in left_out.items()) \
-        if left_out else ""
 
 
 def _check_fixed(adapter: KernelAdapter, mode: Mode, t0: float, common: dict[str, Any]) -> Result:

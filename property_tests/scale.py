@@ -31,6 +31,7 @@ the reasons, never a pass that checked nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +40,10 @@ import numpy as np
 import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_ref import families
+from property_tests.modes import Unsupported
 
-__all__ = ["GROUP_COUNTS", "INTERPRETED_GROUP_COUNTS", "ROWS", "ScaleCell", "cells", "scale_problem"]
+__all__ = ["GROUP_COUNTS", "INTERPRETED_GROUP_COUNTS", "ROWS", "ScaleCell", "cells", "cells_detail", "run_cells",
+           "scale_problem"]
 
 #: group counts just past the limits kernels hard-code (128, 256, 512, 1,024 entries) and as real models have them
 GROUP_COUNTS = (129, 257, 384, 513, 896, 1025)
@@ -203,3 +206,35 @@ def scale_problem(adapter: KernelAdapter, cell: ScaleCell, seed: int = 0) -> gmm
                                               f"scale.scale_problem({resolve}, {cell_src}, seed={seed})"))
     why = adapter.supports(problem)
     return f"{adapter.name} declines it: {why}" if why else problem
+
+
+def run_cells(adapter: KernelAdapter, mode: Any, family: str | None,
+              check: Callable[[KernelAdapter, gmm_ref.Problem, Any], None]) -> tuple[int, dict[str, list[str]]]:
+    """Check (``check(adapter, problem, mode)``: the checking loop's forward check) the problem of every cell of
+    ``mode`` (``Mode.cells``) the kernel can take, in ``family`` or all of its families; (cells checked,
+    {why: cells left out for it}). Raises the first failing cell's exception (its problem attached), or
+    :class:`Unsupported` with the reasons when the kernel can take none."""
+    __tracebackhide__ = True
+    why = mode.applicable(adapter, family)
+    if why is not None:
+        raise Unsupported(why)
+    checked, left_out = 0, {}
+    for cell in cells(adapter):
+        if family is not None and cell.family != family:
+            continue
+        problem = scale_problem(adapter, cell)
+        if isinstance(problem, str):
+            left_out.setdefault(problem, []).append(cell.describe())
+            continue
+        check(adapter, problem, mode)
+        checked += 1
+    if not checked:
+        raise Unsupported(f"{adapter.name} takes none of the {mode.name} cells: " + "; ".join(left_out)
+                          if left_out else f"no {mode.name} cell in the {family} family")
+    return checked, left_out
+
+
+def cells_detail(left_out: dict[str, list[str]]) -> str:
+    """A passing cells mode's detail: the cells left out, and why."""
+    return "left out: " + "; ".join(f"{', '.join(cells)} ({why})" for why, cells in left_out.items()) \
+        if left_out else ""
