@@ -191,6 +191,18 @@ class _Tally:
         self.coverage.update(relations)
         self.reached.update((problem.family, p) for p in pairs_of(seen))
 
+    def conclude(self, adapter: KernelAdapter, what: str) -> None:
+        """After a mode's examples (``what``: problem, routing): :class:`failures.Repeated` if examples raised an
+        exception another check reported, :class:`Unsupported` if the kernel declined every one."""
+        if self.repeated:
+            where, exc = self.repeated[0]
+            raise failures.Repeated(
+                f"raised again in {len(self.repeated)} of {len(self.repeated) + self.checked} examples, as in "
+                f"{where} (reported there; not shrunk again): {failures.one_line(exc)}")
+        if self.checked == 0:
+            reason = max(set(self.declined), key=self.declined.count) if self.declined else f"no {what} drawn"
+            raise Unsupported(f"{adapter.name} declined every {what}: {reason}")
+
     def reached_fields(self) -> dict[str, Any]:
         """The :class:`Result` fields of what the examples reached."""
         return dict(examples=self.checked, coverage=tuple(sorted(self.coverage.items())), cells=self.cells,
@@ -294,14 +306,7 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
             prop()
         except InvalidArgument as exc:
             raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
-    if tally.repeated:
-        where, exc = tally.repeated[0]
-        raise failures.Repeated(
-            f"raised again in {len(tally.repeated)} of {len(tally.repeated) + tally.checked} examples, as in "
-            f"{where} (reported there; not shrunk again): {failures.one_line(exc)}")
-    if tally.checked == 0:
-        reason = max(set(tally.declined), key=tally.declined.count) if tally.declined else "no problem drawn"
-        raise Unsupported(f"{adapter.name} declined every problem: {reason}")
+    tally.conclude(adapter, "problem")
     tally.summary = tally.pairs(cov)
     return tally
 
@@ -378,14 +383,7 @@ def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, pr
     else:
         prop = _settings(profile, n, False, database, cell)(prop)
     prop()
-    if tally.repeated:
-        where, exc = tally.repeated[0]
-        raise failures.Repeated(
-            f"raised again in {len(tally.repeated)} of {len(tally.repeated) + tally.checked} examples, as in "
-            f"{where} (reported there; not shrunk again): {failures.one_line(exc)}")
-    if tally.checked == 0:
-        reason = max(set(tally.declined), key=tally.declined.count) if tally.declined else "no routing drawn"
-        raise Unsupported(f"{adapter.name} declined every routing: {reason}")
+    tally.conclude(adapter, "routing")
     return tally
 
 

@@ -218,23 +218,9 @@ class VllmBatchedMoE(KernelAdapter):
 
     def _kernel(self) -> Any:
         """The launcher: the installed vLLM's on a GPU where it is installed (and imports), else the wheel's."""
-        import torch
-
-        if torch.cuda.is_available() and _installed():
-            for module in ("vllm.model_executor.layers.fused_moe.experts.fused_batched_moe",  # 0.33
-                           "vllm.model_executor.layers.fused_moe.fused_batched_moe"):  # earlier releases
-                try:
-                    return importlib.import_module(module).invoke_moe_batched_triton_kernel
-                except (ImportError, AttributeError):
-                    continue
-        wheel = find_wheel()
-        if wheel is None:
-            raise WheelLayoutError(self._no_wheel())
-        return _loaded(wheel, triton_interpreter.in_use()).invoke_moe_batched_triton_kernel
-
-    def _no_wheel(self) -> str:
-        return (f"no vLLM {WHEEL_VERSION} wheel found ({WHEEL_ENV} unset or holding none, none in "
-                f"{wheel_cache_dir()}): its batched experts kernel is read from it; get it with: {DOWNLOAD}")
+        return _launcher(("vllm.model_executor.layers.fused_moe.experts.fused_batched_moe",  # 0.33
+                          "vllm.model_executor.layers.fused_moe.fused_batched_moe"),  # earlier releases
+                         "invoke_moe_batched_triton_kernel", "batched experts", _loaded)
 
     def _unavailable(self) -> str | None:
         return _unavailable_here(self._kernel)
@@ -282,6 +268,25 @@ class VllmBatchedMoE(KernelAdapter):
         return c
 
 
+def _launcher(modules: tuple[str, ...], name: str, what: str, loaded: Any) -> Any:
+    """vLLM's launcher ``name``: the installed vLLM's (the first of ``modules`` holding it) on a GPU where vLLM is
+    installed, else the one ``loaded(wheel, interpreted)`` reads from the wheel (``what`` names its kernel in the
+    reason when there is no wheel)."""
+    import torch
+
+    if torch.cuda.is_available() and _installed():
+        for module in modules:
+            try:
+                return getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError):
+                continue
+    wheel = find_wheel()
+    if wheel is None:
+        raise WheelLayoutError(f"no vLLM {WHEEL_VERSION} wheel found ({WHEEL_ENV} unset or holding none, none in "
+                               f"{wheel_cache_dir()}): its {what} kernel is read from it; get it with: {DOWNLOAD}")
+    return getattr(loaded(wheel, triton_interpreter.in_use()), name)
+
+
 def _unavailable_here(kernel: Any) -> str | None:
     """Why a kernel of vLLM's wheel cannot run here (``kernel()`` loads it), or None."""
     import torch
@@ -316,20 +321,9 @@ class VllmFusedMoE(RoutedKernelAdapter):
     flush_subnormals = True
 
     def _kernel(self) -> Any:
-        import torch
-
-        if torch.cuda.is_available() and _installed():
-            try:
-                return importlib.import_module(
-                    "vllm.model_executor.layers.fused_moe.fused_moe").invoke_fused_moe_triton_kernel
-            except (ImportError, AttributeError):
-                pass
-        wheel = find_wheel()
-        if wheel is None:
-            raise WheelLayoutError(f"no vLLM {WHEEL_VERSION} wheel found ({WHEEL_ENV} unset or holding none, none "
-                                   f"in {wheel_cache_dir()}): its fused MoE kernel is read from it; get it with: "
-                                   f"{DOWNLOAD}")
-        return _loaded_fused(wheel, triton_interpreter.in_use()).invoke_fused_moe_triton_kernel
+        """The launcher: the installed vLLM's on a GPU where it is installed (and imports), else the wheel's."""
+        return _launcher(("vllm.model_executor.layers.fused_moe.fused_moe",), "invoke_fused_moe_triton_kernel",
+                         "fused MoE", _loaded_fused)
 
     def _unavailable(self) -> str | None:
         return _unavailable_here(self._kernel)
