@@ -132,7 +132,9 @@ def _notes(out: str) -> dict[str, str]:
 def _cells(out: str, kernel: str) -> list[str]:
     """A kernel's cells (exact, normal), each a footnote's text or the cell itself."""
     notes = _notes(out)
-    cells = [c.strip() for c in _row(out, kernel).split("|")[2:]]
+    header = [c.strip() for c in next(line for line in out.splitlines() if line.startswith("kernel ")).split("|")]
+    row = [c.strip() for c in _row(out, kernel).split("|")]
+    cells = [c for h, c in zip(header, row, strict=True) if h not in ("kernel", "family", "device")]  # the modes'
     return [notes[c.split("[")[1].rstrip("]")] if c.endswith("]") else c for c in cells]
 
 
