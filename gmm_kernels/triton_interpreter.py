@@ -33,7 +33,7 @@ from glob import glob
 from typing import Any
 
 __all__ = ["DEFECTS", "ENV", "VERIFIED", "InterpreterDefect", "defects", "explain", "fix", "in_use", "ready",
-           "stale_kernels", "unfix", "use_if_no_gpu"]
+           "stale_kernels", "unfix", "unrunnable", "use_if_no_gpu"]
 
 ENV = "TRITON_INTERPRET"
 #: the Triton versions whose interpreter source the fixes were written against and tested with
@@ -85,6 +85,22 @@ def use_if_no_gpu(environ: MutableMapping[str, str] | None = None) -> bool:
     if ENV not in env and _triton_installed() and _no_gpu():
         env[ENV] = "1"
     return in_use(env)
+
+
+def unrunnable(what: str) -> str | None:
+    """Why ``what``'s Triton kernels cannot run on the selected device here, or None: no GPU and the interpreter
+    switched off, or a GPU seen (the interpreter is off, the kernels are compiled for it) but the CPU selected."""
+    import torch
+
+    from gmm_kernels import device
+
+    if not torch.cuda.is_available() and not use_if_no_gpu():
+        return (f"no GPU here and {ENV} is off: {what}'s Triton kernels cannot run (unset {ENV} to run them in "
+                "Triton's interpreter)")
+    if torch.cuda.is_available() and not device.on_cuda():
+        return (f"{what}'s Triton kernels are compiled for the GPU here (Triton's interpreter is off where a GPU "
+                f"is seen); the selected device is {device.selected()} (--device)")
+    return None
 
 
 def in_use(environ: MutableMapping[str, str] | None = None) -> bool:

@@ -210,12 +210,9 @@ class GroupedMMBf16(KernelAdapter):
     def _unavailable(self) -> str | None:
         import torch
 
-        if not torch.cuda.is_available() and not triton_interpreter.use_if_no_gpu():
-            return (f"no GPU here and {triton_interpreter.ENV} is off: grouped_mm_bf16's Triton kernels cannot run "
-                    f"(unset {triton_interpreter.ENV} to run them in Triton's interpreter)")
-        if torch.cuda.is_available() and not device.on_cuda():
-            return (f"grouped_mm_bf16's Triton kernels are compiled for the GPU here (Triton's interpreter is off "
-                    f"where a GPU is seen); the selected device is {device.selected()} (--device)")
+        reason = triton_interpreter.unrunnable("grouped_mm_bf16")
+        if reason is not None:
+            return reason
         reason = import_failure("grouped_mm_bf16.kernels", "grouped_mm_2d3d", "grouped_mm_bf16's kernels")
         if reason is None and not torch.cuda.is_available():
             import grouped_mm_bf16.kernels as kernels

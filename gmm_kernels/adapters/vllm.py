@@ -291,12 +291,9 @@ def _unavailable_here(kernel: Any) -> str | None:
     """Why a kernel of vLLM's wheel cannot run here (``kernel()`` loads it), or None."""
     import torch
 
-    if not torch.cuda.is_available() and not triton_interpreter.use_if_no_gpu():
-        return (f"no GPU here and {triton_interpreter.ENV} is off: vLLM's Triton kernels cannot run (unset "
-                f"{triton_interpreter.ENV} to run them in Triton's interpreter)")
-    if torch.cuda.is_available() and not device.on_cuda():
-        return (f"vLLM's Triton kernels are compiled for the GPU here (Triton's interpreter is off where a GPU "
-                f"is seen); the selected device is {device.selected()} (--device)")
+    reason = triton_interpreter.unrunnable("vLLM")
+    if reason is not None:
+        return reason
     try:
         kernel()
     except WheelLayoutError as exc:
