@@ -192,17 +192,6 @@ def _patch() -> None:
             return ti.TensorHandle(np.full(ret_ty.shape, arg.data.reshape(-1)[0], dtype=np.bool_), tl.int1)
         return original_splat(self, ret_ty, arg)
 
-    original_binary = _saved["InterpreterBuilder.binary_op"]
-
-    def binary_op(self: Any, lhs: Any, rhs: Any, op: Any) -> Any:
-        if lhs.dtype.scalar != tl.bfloat16 or rhs.dtype.scalar != tl.bfloat16:
-            return original_binary(self, lhs, rhs, op)
-        with np.errstate(all="ignore"):  # on the values, in float32 (exact for +, -, * of two bfloat16), rounded once
-            out = op(as_float(lhs), as_float(rhs))
-        if out.dtype == np.bool_:  # a comparison
-            return ti.TensorHandle(out, tl.int1)
-        return ti.TensorHandle(out.astype(ml_dtypes.bfloat16).view(np.uint16), tl.bfloat16)
-
     def patch_lang_core(lang: Any, scope: Any) -> None:
         original_core(lang, scope)
         scope.set_attr(lang, "range", _tensor_range(ti, tl, np))
@@ -210,8 +199,28 @@ def _patch() -> None:
     builder.create_dot = create_dot
     builder.cast_impl = cast_impl
     builder.create_splat = create_splat
-    builder.binary_op = binary_op
+    builder.binary_op = _bf16_binary_op(_saved["InterpreterBuilder.binary_op"], as_float)
     ti._patch_lang_core = patch_lang_core
+
+
+def _bf16_binary_op(original: Callable[..., Any], as_float: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``InterpreterBuilder.binary_op`` that applies the operator of two bfloat16 blocks to their values (in float32:
+    exact for +, -, * of two bfloat16) and rounds the result once, as a GPU does; other operands as ``original``."""
+    import ml_dtypes
+    import numpy as np
+    from triton import language as tl
+    from triton.runtime import interpreter as ti
+
+    def binary_op(self: Any, lhs: Any, rhs: Any, op: Any) -> Any:
+        if lhs.dtype.scalar != tl.bfloat16 or rhs.dtype.scalar != tl.bfloat16:
+            return original(self, lhs, rhs, op)
+        with np.errstate(all="ignore"):  # NaN and infinity propagate, as on a GPU, without a warning
+            out = op(as_float(lhs), as_float(rhs))
+        if out.dtype == np.bool_:  # a comparison
+            return ti.TensorHandle(out, tl.int1)
+        return ti.TensorHandle(out.astype(ml_dtypes.bfloat16).view(np.uint16), tl.bfloat16)
+
+    return binary_op
 
 
 def _tensor_range(ti: Any, tl: Any, np: Any) -> Callable[..., Any]:
