@@ -170,6 +170,9 @@ WHEEL_EDITS = {
                                  "topk_load_idx = indices_to_gather_64[:, None]"),
     # permute_y: y stored in expert order, the scatter to slot order forgotten
     "y_not_scattered": ("store_idx = expert_token_offsets * N", "store_idx = indices_to_gather_64[:, None] * N"),
+    # m_sizes read as cumulative ends (each expert's rows end at m_sizes[e]); on counts every row stays in bounds
+    "m_sizes_read_as_cumulative": ("m_size = tl.load(m_sizes_ptr + expert_idx).to(tl.int32)",
+                                   "m_size = tl.load(m_sizes_ptr + expert_idx).to(tl.int32) - m_start"),
 }
 
 
@@ -201,7 +204,7 @@ def test_the_wheels_kernel_with_one_line_broken_is_rejected_naming_token_slot_an
 
 
 class _MetadataBug(_GroupedGemm):
-    """The grouped GEMM convention whose arguments carry ``m_sizes`` / ``gather_indices`` built wrong (``bug``)."""
+    """The grouped GEMM convention whose arguments carry ``gather_indices`` built wrong (``bug``)."""
 
     def __init__(self, bug: str) -> None:
         super().__init__(**{f.name: getattr(GROUPED_GEMM, f.name) for f in dataclasses.fields(GROUPED_GEMM)})
@@ -209,12 +212,10 @@ class _MetadataBug(_GroupedGemm):
 
     def _arguments(self, r):
         args, kwargs = super()._arguments(r)
-        m_sizes, gather = args[3].copy(), args[4].copy()
-        if self.bug == "gather_off_by_one" and gather.size:  # each row holds the next row's slot
-            gather = np.roll(gather, -1)
-        elif self.bug == "m_sizes_cumulative":  # offsets where counts belong
-            m_sizes = np.cumsum(m_sizes).astype(m_sizes.dtype)
-        return (*args[:3], m_sizes, gather, *args[5:]), kwargs
+        gather = args[4].copy()
+        if self.bug == "gather_off_by_one" and gather.size:  # each row holds the next row's slot (a permutation
+            gather = np.roll(gather, -1)  # still: cumulative m_sizes given to the kernel would store past y instead)
+        return (*args[:4], gather, *args[5:]), kwargs
 
 
 class _BrokenMetadataKernel(adapter.UnslothGroupedGemm):
@@ -230,7 +231,7 @@ class _BrokenMetadataKernel(adapter.UnslothGroupedGemm):
 
 @needs_wheel
 @interpreted
-@pytest.mark.parametrize("bug", ["gather_off_by_one", "m_sizes_cumulative"])
+@pytest.mark.parametrize("bug", ["gather_off_by_one"])
 def test_the_wheels_kernel_on_wrong_metadata_is_rejected_naming_token_slot_and_expert(bug, monkeypatch):
     monkeypatch.setenv(ENV, WHEEL)
     text = _rejected(_BrokenMetadataKernel(bug))
