@@ -569,4 +569,4 @@ class RoutedKernelAdapter(KernelAdapter):
                     out = conv.out_value(*given)
         call.check()
         inputs.modified(self.name, conv, pristine, given)
-        return as_numpy(out, name=f"output of {self.name}")
+        return conv.per_slot(as_numpy(out, name=f"output of {self.name}"), *pristine)

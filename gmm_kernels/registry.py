@@ -34,6 +34,7 @@ from gmm_kernels.adapters.torch_scaled import (
     TorchScaledMMLoop,
 )
 from gmm_kernels.adapters.torchao import TorchaoNVFP4GroupedMM
+from gmm_kernels.adapters.unsloth import UnslothGroupedGemm
 from gmm_kernels.adapters.vllm import VllmBatchedMoE, VllmFusedMoE
 from gmm_kernels.base import KernelAdapter
 
@@ -99,7 +100,7 @@ def registry() -> list[KernelAdapter]:
 def routed() -> list[KernelAdapter]:
     """The routed MoE kernels (``gmm_kernels.base.RoutedKernelAdapter``, docs/routed.md): named like any other
     (``gmm-harness check --kernel vllm.fused_moe``), not in the default run's :func:`registry` yet."""
-    return [VllmFusedMoE()]
+    return [VllmFusedMoE(), UnslothGroupedGemm()]
 
 
 def names() -> list[str]:

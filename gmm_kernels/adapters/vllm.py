@@ -44,8 +44,8 @@ from gmm_kernels.scope import Limits
 from gmm_ref import Numerics, Problem
 
 __all__ = ["KERNEL_FUNCTIONS", "KERNEL_MEMBER", "UTILS_FUNCTIONS", "UTILS_MEMBER", "WHEEL_ENV", "WHEEL_VERSION",
-           "VllmBatchedMoE", "VllmFusedMoE", "WheelLayoutError", "find_wheel", "load_functions", "load_fused_moe",
-           "load_kernel", "wheel_cache_dir"]
+           "VllmBatchedMoE", "VllmFusedMoE", "WheelLayoutError", "download_command", "find_wheel", "load_functions",
+           "load_fused_moe", "load_kernel", "wheel_cache_dir", "wheel_env"]
 
 #: the vLLM release whose kernel is checked (scripts/setup.sh downloads its wheel)
 WHEEL_VERSION = "0.33.0"
@@ -58,9 +58,21 @@ UTILS_FUNCTIONS = ("normalize_batched_scales_shape",)
 FUSED_MOE_MEMBER = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 #: the fused MoE GEMM of ``TritonExperts``: the kernel, its helper for other ranks' experts, and its launcher
 FUSED_MOE_FUNCTIONS = ("write_zeros_to_output", "fused_moe_kernel", "invoke_fused_moe_triton_kernel")
-#: the command that puts the wheel where :func:`find_wheel` looks
-DOWNLOAD = (f'python -m pip download --no-deps --only-binary=:all: vllm=={WHEEL_VERSION} '
+
+
+def wheel_env(package: str) -> str:
+    """The variable naming a wheel of ``package`` (or a folder holding one): ``GMM_HARNESS_<PACKAGE>_WHEEL``."""
+    return f"GMM_HARNESS_{package.upper()}_WHEEL"
+
+
+def download_command(package: str, version: str) -> str:
+    """The command that puts ``package``'s wheel at ``version`` where :func:`find_wheel` looks."""
+    return (f'python -m pip download --no-deps --only-binary=:all: {package}=={version} '
             f'-d "${{XDG_CACHE_HOME:-$HOME/.cache}}/gmm-harness/wheels"')
+
+
+#: the command that puts vLLM's wheel where :func:`find_wheel` looks
+DOWNLOAD = download_command("vllm", WHEEL_VERSION)
 
 
 class WheelLayoutError(RuntimeError):
@@ -73,15 +85,16 @@ def wheel_cache_dir() -> str:
     return os.path.join(base, "gmm-harness", "wheels")
 
 
-def find_wheel() -> str | None:
-    """The vLLM wheel to read: :data:`WHEEL_ENV` (a wheel, or a folder holding vLLM :data:`WHEEL_VERSION`'s),
-    else :data:`WHEEL_VERSION`'s in :func:`wheel_cache_dir`; None where there is none."""
-    given = os.environ.get(WHEEL_ENV)
+def find_wheel(package: str = "vllm", version: str = WHEEL_VERSION) -> str | None:
+    """The wheel of ``package`` to read (vLLM's by default): the one :func:`wheel_env` names (a wheel, or a folder
+    holding ``package``'s at ``version``), else ``version``'s in :func:`wheel_cache_dir`; None where there is
+    none."""
+    given = os.environ.get(wheel_env(package))
     if given and os.path.isfile(given):
         return given
     for folder in (given, wheel_cache_dir()):
         if folder and os.path.isdir(folder):
-            found = sorted(glob.glob(os.path.join(folder, f"vllm-{WHEEL_VERSION}-*.whl")))
+            found = sorted(glob.glob(os.path.join(folder, f"{package}-{version}-*.whl")))
             if found:
                 return found[-1]
     return None

@@ -29,6 +29,7 @@ from gmm_ref.conventions.te import TE_GROUPED_GEMM, TE_SCALED_GROUPED_GEMM
 from gmm_ref.conventions.torch_grouped import GROUPED_MM
 from gmm_ref.conventions.torch_scaled import SCALED_GROUPED_MM, SCALED_GROUPED_MM_V2
 from gmm_ref.conventions.torchao import NVFP4_GROUPED_MM
+from gmm_ref.conventions.unsloth import GROUPED_GEMM as UNSLOTH_GROUPED_GEMM
 from gmm_ref.conventions.vllm import BATCHED_MOE, FUSED_MOE
 from gmm_ref.names import did_you_mean
 from gmm_ref.problem import Problem
@@ -42,7 +43,7 @@ BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEM
            TE_SCALED_GROUPED_GEMM, SCALED_GROUPED_MM_V2)
 #: the routed MoE conventions (a kernel taking a ``gmm_ref.Routing``, docs/routed.md): looked up by :func:`get`,
 #: listed by :func:`routed_names`, not by :func:`names` (whose conventions express grouped ``Problem`` s)
-ROUTED = (FUSED_MOE,)
+ROUTED = (FUSED_MOE, UNSLOTH_GROUPED_GEMM)
 
 
 @functools.cache

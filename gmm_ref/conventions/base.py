@@ -309,7 +309,10 @@ class RoutedConvention:
     ``expert_layouts``: ``"enk"`` and/or ``"ekn"``; ``foreign``: what a slot routed to another rank's expert
     holds (``"zero"``, ``"undefined"``); ``distinct_experts``: the kernel's callers never list one expert twice
     in a token's slots (the strategies then draw none); ``block_size``: the alignment's block (``BLOCK_SIZE_M``)
-    where the kernel's metadata pads each expert's slots; ``out_argument``: the output buffer written in place.
+    where the kernel's metadata pads each expert's slots; ``out_argument``: the output buffer written in place;
+    ``expert_parallel``: False where the kernel has no expert map (every expert local; the strategies draw none),
+    None where it takes one; ``extents``: the ``(K, N)`` pairs it takes (its tiles divide K, say; None: any).
+    A kernel returning its output in another layout than ``[T, top_k, N]`` maps it in :meth:`per_slot`.
     """
 
     name: str
@@ -321,6 +324,8 @@ class RoutedConvention:
     distinct_experts: bool = True
     block_size: int = 16
     out_argument: str | None = None
+    expert_parallel: bool | None = None
+    extents: tuple[tuple[int, int], ...] | None = None
     #: the table row's name of this family (the routed family has no ``gmm_ref.families`` record yet)
     family: str = "routed"
     summary: str = ""
@@ -360,7 +365,16 @@ class RoutedConvention:
             return f"{self.name} gives slots of another rank's experts {self.foreign!r} values, not {r.foreign!r}"
         if self.distinct_experts and r.repeats_an_expert:
             return f"{self.name}'s callers never list one expert twice in a token's slots"
+        if self.expert_parallel is False and r.expert_map is not None:
+            return f"{self.name} has no expert parallelism: every expert is local (no expert_map)"
+        if self.extents is not None and (r.k, r.n) not in self.extents:
+            return f"{self.name} takes the (K, N) extents {list(self.extents)}, not {(r.k, r.n)}"
         return self._refusal(r)
+
+    def per_slot(self, out: Any, args: tuple, kwargs: dict) -> Any:
+        """The per-slot output ``[T, top_k, N]`` of a call's ``out`` (NumPy; its arguments ``args`` / ``kwargs``
+        as given to the kernel); the kernel's output is that already unless a convention says otherwise."""
+        return out
 
     def arguments(self, r: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``(args, kwargs)`` of this convention's kernel for the routing ``r`` (NumPy arrays)."""
