@@ -24,7 +24,7 @@ from typing import Any
 
 from gmm_kernels import triton_interpreter
 
-__all__ = ["Wheel", "WheelLayoutError", "load_functions", "wheel_cache_dir"]
+__all__ = ["Wheel", "WheelLayoutError", "load_functions", "tl_dtype", "wheel_cache_dir"]
 
 
 class WheelLayoutError(RuntimeError):
@@ -174,3 +174,15 @@ def load_functions(wheel: str, members: tuple[tuple[str, tuple[str, ...]], ...],
         linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
         exec(compile(text, filename, "exec"), module.__dict__)  # the wheel's own functions, as written
     return module
+
+
+def tl_dtype(given: Any, fallback: Any) -> Any:
+    """The ``tl.dtype`` the launchers read from wheels take as ``compute_type``: the one of ``given`` (a
+    ``tl.dtype``, a torch dtype, or None: ``fallback``'s)."""
+    import torch
+    import triton.language as tl
+
+    if isinstance(given, tl.dtype):
+        return given
+    dt = given if isinstance(given, torch.dtype) else fallback
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dt]

@@ -203,8 +203,11 @@ def _check_run_blocks(e: int, start: int, padded: int, bs: int, blocks: np.ndarr
 
 
 def _sglang_ids(topk_ids: Any, num_experts: Any) -> tuple[np.ndarray, int]:
-    """SGLang's local ``topk_ids`` in ``[-1, num_experts)`` (ValueError naming the first other) and the count."""
-    num_experts = _positive("num_experts", num_experts)
+    """SGLang's local ``topk_ids`` in ``[-1, num_experts)`` (ValueError naming the first other) and the count
+    (0 allowed: a rank whose slots all go to other ranks' experts)."""
+    num_experts = as_int("num_experts", num_experts)
+    if num_experts < 0:
+        raise ValueError(f"num_experts: expected the local experts' count (0 or more), got {num_experts}")
     ids = topk_ids
     if isinstance(ids, np.ndarray) and ids.ndim == 2 and ids.dtype in (np.int32, np.int64):
         bad = np.argwhere((ids < -1) | (ids >= num_experts))

@@ -35,7 +35,7 @@ from gmm_kernels import device
 from gmm_kernels.base import KernelAdapter, RoutedKernelAdapter, RoutedLimits
 from gmm_kernels.convert import to_framework
 from gmm_kernels.scope import Limits
-from gmm_kernels.wheels import Wheel, WheelLayoutError, load_functions, wheel_cache_dir
+from gmm_kernels.wheels import Wheel, WheelLayoutError, load_functions, tl_dtype, wheel_cache_dir
 from gmm_ref import Numerics, Problem
 
 __all__ = ["KERNEL_FUNCTIONS", "KERNEL_MEMBER", "UTILS_FUNCTIONS", "UTILS_MEMBER", "WHEEL", "WHEEL_ENV",
@@ -165,7 +165,7 @@ class VllmBatchedMoE(KernelAdapter):
         (a, b, c, counts), kw = to_framework("torch", (A, B, C, expert_num_tokens), kwargs)
         args = {"B_zp": None, "use_int8_w8a16": False, "use_int4_w4a16": False, "A_scale": None, "B_scale": None,
                 "use_fp8_w8a8": False, "per_act_token_quant": False, "block_shape": None, **kw}
-        args["compute_type"] = _triton_dtype(args.get("compute_type"), c.dtype)
+        args["compute_type"] = tl_dtype(args.get("compute_type"), c.dtype)
         # the kernel writes the C it is given (a view into its guarded buffer: a write past it is seen there); on
         # CUDA to_framework made the operands on the selected device
         if device.on_cuda():
@@ -220,7 +220,7 @@ class VllmFusedMoE(RoutedKernelAdapter):
                                             num_tokens_post_padded), {})
         a, b, c, w, ids, blocks, post = tensors
         args = (None, None, w, ids, blocks, post, mul_routed_weight, top_k, dict(config),
-                _triton_dtype(compute_type, c.dtype), False, False, False, False, False)
+                tl_dtype(compute_type, c.dtype), False, False, False, False, False)
         # the kernel writes the C it is given (its guarded copy: a write past it is seen in its margins); on CUDA
         # to_framework made the operands on the selected device
         if device.on_cuda():
@@ -229,14 +229,3 @@ class VllmFusedMoE(RoutedKernelAdapter):
         with np.errstate(all="ignore"):  # the interpreter's NumPy: NaN and Inf propagate, unwarned
             kernel(a, b, c, *args)
         return c
-
-
-def _triton_dtype(given: Any, fallback: Any) -> Any:
-    """vLLM's ``compute_type`` is a ``tl.dtype``: the one of ``given`` (a torch dtype, or None: ``fallback``)."""
-    import torch
-    import triton.language as tl
-
-    if isinstance(given, tl.dtype):
-        return given
-    dt = given if isinstance(given, torch.dtype) else fallback
-    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dt]
