@@ -127,7 +127,9 @@ class _FusedMoE(base.RoutedConvention):
 FUSED_MOE = _FusedMoE(
     name="sglang.fused_moe", framework="torch",
     dtype_pairs=((BF16, BF16), ("float16", "float16"), ("float32", "float32")),
-    weight_dtypes=("float32",), expert_layouts=("enk",), foreign="zero", distinct_experts=True,
+    # the launcher's grid spans all of sorted_token_ids (no small-batch trim assuming distinct experts, as
+    # vLLM's has): a token listing one expert twice is taken, and drawn
+    weight_dtypes=("float32",), expert_layouts=("enk",), foreign="zero", distinct_experts=False,
     block_size=FUSED_MOE_CONFIG["BLOCK_SIZE_M"], out_argument="C",
     summary="sglang invoke_fused_moe_kernel(A, B, bias, C, A_scale, B_scale, B_zp, topk_weights, topk_ids, "
             "sorted_token_ids, expert_ids, num_tokens_post_padded, mul_routed_weight, top_k, config, compute_type, "

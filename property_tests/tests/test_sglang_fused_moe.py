@@ -186,6 +186,22 @@ def test_the_wheels_kernel_passes_every_routed_mode_and_the_others_say_why_not(m
     assert all(r.examples >= 10 for r in report if r.status is Status.PASSED)
 
 
+@needs_wheel
+@interpreted
+def test_the_wheels_kernel_takes_a_token_listing_one_expert_twice(monkeypatch):
+    # SGLang's grid spans all of sorted_token_ids (no small-batch trim): the convention draws repeats
+    monkeypatch.setenv(adapter.WHEEL_ENV, WHEEL)
+    assert not FUSED_MOE.distinct_experts
+    rng = np.random.default_rng(0)
+    ids = np.array([[1, 1], [0, 0], [1, 0]], np.int32)
+    routing = gmm_ref.Routing(rng.standard_normal((3, 8)).astype(np.float32),
+                              rng.standard_normal((2, 4, 8)).astype(np.float32), ids,
+                              rng.random((3, 2)).astype(np.float32), mul_routed_weight=True)
+    kernel = get("sglang.fused_moe")
+    gmm_ref.assert_routed_matches(kernel.run(routing), kernel.reference_for(routing),
+                                  numerics=kernel.numerics_for(routing), kernel=kernel.name)
+
+
 def test_the_row_reaches_the_even_k_path_and_the_tile_edges():
     limits = get("sglang.fused_moe").routed_limits()
     assert limits.num_experts is None and limits.max_top_k is None and limits.max_tokens is None
