@@ -20,6 +20,7 @@ from gmm_kernels.adapters.ragged_dot import (
     QwixRaggedDotQt,
     TokamaxRaggedDot,
 )
+from gmm_kernels.adapters.sglang import SglangFusedMoE
 from gmm_kernels.adapters.te import TransformerEngineGroupedGemm, TransformerEngineScaledGroupedGemm
 from gmm_kernels.adapters.torch_grouped import (
     GroupedMMBf16,
@@ -99,8 +100,9 @@ def registry() -> list[KernelAdapter]:
 
 def routed() -> list[KernelAdapter]:
     """The routed MoE kernels (``gmm_kernels.base.RoutedKernelAdapter``, docs/routed.md): named like any other
-    (``gmm-harness check --kernel vllm.fused_moe``), not in the default run's :func:`registry` yet."""
-    return [VllmFusedMoE(), UnslothGroupedGemm()]
+    (``gmm-harness check --kernel vllm.fused_moe``, ``--kernel sglang.fused_moe``), not in the default run's
+    :func:`registry` yet."""
+    return [VllmFusedMoE(), SglangFusedMoE(), UnslothGroupedGemm()]
 
 
 def names() -> list[str]:

@@ -1,9 +1,9 @@
 """unsloth's grouped GEMM forward (``unsloth.grouped_gemm``, a routed kernel: :class:`UnslothGroupedGemm`), its
-Triton kernel read from unsloth's wheel by vLLM's adapter's loader (``gmm_kernels.adapters.vllm.load_functions``).
+Triton kernel read from unsloth's wheel by the wheel loader (``gmm_kernels.wheels``).
 
 Importing unsloth pulls in far more than this kernel (its package root patches transformers and needs a GPU), so
 the adapter reads ``_grouped_gemm_forward_kernel`` from ``unsloth/kernels/moe/grouped_gemm/kernels/forward.py`` of
-unsloth's wheel (:data:`WHEEL_VERSION`, ``pip download --no-deps``; ``find_wheel("unsloth", ...)`` looks in
+unsloth's wheel (:data:`WHEEL_VERSION`, ``pip download --no-deps``; :data:`WHEEL` looks in
 ``GMM_HARNESS_UNSLOTH_WHEEL``, then the wheel cache), untouched, and launches it as ``grouped_gemm_forward``'s
 ``_grouped_gemm_forward_impl`` does without autotuning (interface.py): the operands made contiguous, ``y``
 allocated ``[T*topk, N]`` in X's dtype, one persistent program per SM (``grid = (NUM_SMS,)``), every launch
@@ -21,18 +21,21 @@ from typing import Any
 import numpy as np
 
 from gmm_kernels import device, guards, triton_interpreter
-from gmm_kernels.adapters.vllm import WheelLayoutError, download_command, find_wheel, load_functions, wheel_cache_dir
 from gmm_kernels.base import RoutedKernelAdapter, RoutedLimits
 from gmm_kernels.convert import to_framework
+from gmm_kernels.wheels import Wheel, WheelLayoutError, load_functions
 
-__all__ = ["DOWNLOAD", "FORWARD_FUNCTIONS", "FORWARD_MEMBER", "INTERPRETED_SMS", "WHEEL_VERSION",
+__all__ = ["DOWNLOAD", "FORWARD_FUNCTIONS", "FORWARD_MEMBER", "INTERPRETED_SMS", "WHEEL", "WHEEL_VERSION",
            "UnslothGroupedGemm", "load_forward"]
 
 #: the unsloth release whose kernel is checked (scripts/setup.sh downloads its wheel)
 WHEEL_VERSION = "2026.10.9"
 FORWARD_MEMBER = "unsloth/kernels/moe/grouped_gemm/kernels/forward.py"
 FORWARD_FUNCTIONS = ("_grouped_gemm_forward_kernel",)
-DOWNLOAD = download_command("unsloth", WHEEL_VERSION)
+#: where the wheel is found (``GMM_HARNESS_UNSLOTH_WHEEL``, then the wheel cache)
+WHEEL = Wheel("unsloth", "unsloth", WHEEL_VERSION, "GMM_HARNESS_UNSLOTH_WHEEL")
+#: the command that puts the wheel where :data:`WHEEL` looks
+DOWNLOAD = WHEEL.download
 #: the persistent programs launched in Triton's interpreter (a GPU launches one per SM)
 INTERPRETED_SMS = 3
 
@@ -49,11 +52,9 @@ def _loaded(wheel: str, interpreted: bool) -> types.ModuleType:
 
 
 def _kernel() -> Any:
-    wheel = find_wheel("unsloth", WHEEL_VERSION)
+    wheel = WHEEL.find()
     if wheel is None:
-        raise WheelLayoutError(f"no unsloth {WHEEL_VERSION} wheel found (GMM_HARNESS_UNSLOTH_WHEEL unset or holding "
-                               f"none, none in {wheel_cache_dir()}): its grouped GEMM kernel is read from it; get it "
-                               f"with: {DOWNLOAD}")
+        raise WHEEL.missing("grouped GEMM")
     return _loaded(wheel, triton_interpreter.in_use())._grouped_gemm_forward_kernel
 
 

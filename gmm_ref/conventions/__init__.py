@@ -25,6 +25,7 @@ from gmm_ref.conventions.deep_gemm import CONTIGUOUS, CONTIGUOUS_PSUM, MASKED
 from gmm_ref.conventions.megablox import GMM, TGMM
 from gmm_ref.conventions.qwix import QWIX_RAGGED_DOT
 from gmm_ref.conventions.ragged_dot import RAGGED_DOT, RAGGED_DOT_GENERAL
+from gmm_ref.conventions.sglang import FUSED_MOE as SGLANG_FUSED_MOE
 from gmm_ref.conventions.te import TE_GROUPED_GEMM, TE_SCALED_GROUPED_GEMM
 from gmm_ref.conventions.torch_grouped import GROUPED_MM
 from gmm_ref.conventions.torch_scaled import SCALED_GROUPED_MM, SCALED_GROUPED_MM_V2
@@ -43,7 +44,7 @@ BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEM
            TE_SCALED_GROUPED_GEMM, SCALED_GROUPED_MM_V2)
 #: the routed MoE conventions (a kernel taking a ``gmm_ref.Routing``, docs/routed.md): looked up by :func:`get`,
 #: listed by :func:`routed_names`, not by :func:`names` (whose conventions express grouped ``Problem`` s)
-ROUTED = (FUSED_MOE, UNSLOTH_GROUPED_GEMM)
+ROUTED = (FUSED_MOE, SGLANG_FUSED_MOE, UNSLOTH_GROUPED_GEMM)
 
 
 @functools.cache

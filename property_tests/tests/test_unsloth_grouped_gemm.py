@@ -106,11 +106,10 @@ pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[trito
 
 from gmm_kernels import get, triton_interpreter  # noqa: E402
 from gmm_kernels.adapters import unsloth as adapter  # noqa: E402
-from gmm_kernels.adapters.vllm import find_wheel, wheel_env  # noqa: E402
 from property_tests.checking import check_kernel  # noqa: E402
 
-ENV = wheel_env("unsloth")
-WHEEL = find_wheel("unsloth", adapter.WHEEL_VERSION)
+ENV = adapter.WHEEL.env
+WHEEL = adapter.WHEEL.find()
 needs_wheel = pytest.mark.skipif(WHEEL is None, reason=f"no unsloth {adapter.WHEEL_VERSION} wheel here; get it "
                                                       f"with: {adapter.DOWNLOAD} (or set {ENV})")
 interpreted = pytest.mark.skipif(not triton_interpreter.use_if_no_gpu(),

@@ -24,9 +24,9 @@ from gmm_ref import conventions
 from gmm_ref.conventions.vllm import FUSED_MOE, FUSED_MOE_CONFIG, _FusedMoE
 from gmm_ref.routing_metadata import moe_align_block_size
 from property_tests import strategies as gst
+from property_tests.tests.wheel_twins import SLOT, edited_wheel, rejected
 
 CONV = conventions.get("vllm.fused_moe")
-SLOT = r"token \d+, slot \d+ \(expert \d+, local -?\d+"
 
 
 # ------------------------------------------------------------------------------- the convention (no wheel)
@@ -158,33 +158,14 @@ WHEEL_EDITS = {
 }
 
 
-def _edited_wheel(path, old: str, new: str) -> str:
-    with zipfile.ZipFile(WHEEL) as z:
-        text = z.read(adapter.FUSED_MOE_MEMBER).decode()
-    start = text.index("\ndef fused_moe_kernel(")
-    end = text.index("\ndef ", start + 1)
-    body = text[start:end]
-    assert body.count(old) == 1, old
-    with zipfile.ZipFile(path, "w") as z:
-        z.writestr(adapter.FUSED_MOE_MEMBER, text[:start] + body.replace(old, new) + text[end:])
-    return str(path)
-
-
-def _rejected(kernel) -> str:
-    with pytest.raises(gmm_ref.Mismatch) as info:
-        check_kernel(kernel, modes=["normal"], profile="gmm-ci")
-    text = str(info.value)
-    assert "Routing: T=" in "\n".join(getattr(info.value, "__notes__", [])), "the failure names its routing"
-    return text
-
-
 @needs_wheel
 @interpreted
 @pytest.mark.parametrize("bug", sorted(WHEEL_EDITS))
 def test_the_wheels_kernel_with_one_line_broken_is_rejected_naming_token_slot_and_expert(bug, tmp_path,
                                                                                           monkeypatch):
-    monkeypatch.setenv(adapter.WHEEL_ENV, _edited_wheel(tmp_path / f"vllm-{bug}.whl", *WHEEL_EDITS[bug]))
-    text = _rejected("vllm.fused_moe")
+    monkeypatch.setenv(adapter.WHEEL_ENV, edited_wheel(WHEEL, adapter.FUSED_MOE_MEMBER, "fused_moe_kernel",
+                                                       *WHEEL_EDITS[bug], tmp_path / f"vllm-{bug}.whl"))
+    text = rejected("vllm.fused_moe")
     assert re.match(SLOT, text), text
 
 
@@ -228,7 +209,7 @@ class _BrokenMetadataKernel(adapter.VllmFusedMoE):
 ])
 def test_the_wheels_kernel_on_wrong_metadata_is_rejected_naming_token_slot_and_expert(bug, named, monkeypatch):
     monkeypatch.setenv(adapter.WHEEL_ENV, WHEEL)
-    text = _rejected(_BrokenMetadataKernel(bug))
+    text = rejected(_BrokenMetadataKernel(bug))
     assert re.match(named, text), text
 
 
