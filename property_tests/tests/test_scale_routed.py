@@ -110,6 +110,24 @@ def test_a_correct_fused_moe_passes_every_cell():
     assert result.examples == n and result.cells == (n, n) and result.detail == ""
 
 
+def _declining(why):
+    """The torch fused MoE declining the routings ``why(routing)`` gives a reason for."""
+    adapter = _torch()
+    adapter.__class__ = type("Declining", (type(adapter),), {"_refusal": lambda self, r: why(r)})
+    return adapter
+
+
+def test_cells_a_kernel_declines_are_left_out_with_the_reason_and_none_is_na():
+    ep = _declining(lambda r: "takes an expert_map only" if r.expert_map is None else None)
+    result = check_mode(ep, "scale")
+    assert result.status is Status.PASSED and result.cells == (1, 6), result
+    assert result.detail == ("left out: T=8,200 x top_k=8 (65,600 slots), T=65,664 x top_k=1, 65,600 slots in "
+                             f"expert 1, E=257, E=513, E=1,025 ({ep.name} declines it: takes an expert_map only)")
+    none = check_mode(_declining(lambda r: "takes no routing at all"), "scale")
+    assert none.status is Status.UNSUPPORTED and "takes none of the scale cells" in none.detail, none
+    assert "takes no routing at all" in none.detail
+
+
 #: kernel -> the start of its report: the token, slot and expert of the first wrong element
 EXPECTED = {
     # the slots cell (the first): flat slot 65,535 = token 8,191, slot 7
