@@ -413,13 +413,14 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     if mode.fixed_problem is not None and not adapter.routed:
         return _check_fixed(adapter, mode, t0, common)
     try:
-        if adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
-            tally = _run_routed(adapter, mode, max_examples, profile, seed, database=database, run=run)
-        elif mode.cells:
-            checked, left_out = scale.run_cells(adapter, mode, family, _check_forward)
+        if mode.cells:  # a routed kernel's cells are routings (property_tests.scale_routed)
+            checked, left_out = scale.run_cells(adapter, mode, family,
+                                                _check_routed if adapter.routed else _check_forward)
             return Result(status=Status.PASSED, examples=checked, seconds=time.perf_counter() - t0,
                           cells=(checked, checked + sum(map(len, left_out.values()))),
                           detail=scale.cells_detail(left_out), **common)
+        elif adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
+            tally = _run_routed(adapter, mode, max_examples, profile, seed, database=database, run=run)
         else:
             tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run)
     except Unsupported as exc:
