@@ -321,8 +321,8 @@ class RoutedConvention:
     distinct_experts: bool = True
     block_size: int = 16
     out_argument: str | None = None
-    #: the table row's name of this family (the routed family has no ``gmm_ref.families`` record yet)
-    family: str = "routed"
+    #: its family's name (``gmm_ref.families.ROUTED``): the main job's row of its kernels
+    family: str = _families.ROUTED.name
     summary: str = ""
 
     #: a routed convention has no grouped families: every check of ``Convention.families`` finds none
