@@ -527,7 +527,11 @@ class RoutedKernelAdapter(KernelAdapter):
         return (self.convention_facts.family,)
 
     def supports(self, routing: Any) -> str | None:  # type: ignore[override]
-        """None when the kernel can take ``routing``, else the reason it cannot."""
+        """None when the kernel can take ``routing``, else the reason it cannot (a grouped problem: it takes none)."""
+        from gmm_ref import Routing
+
+        if not isinstance(routing, Routing):
+            return f"{self.name} is a routed MoE kernel: it takes a gmm_ref.Routing, not a {type(routing).__name__}"
         return (self.convention_facts.refusal(routing)
                 or self.dtype_refusal(routing.tokens.dtype, routing.experts.dtype, routing.out_dtype)
                 or self._refusal(routing))
@@ -535,6 +539,15 @@ class RoutedKernelAdapter(KernelAdapter):
     def routed_limits(self) -> RoutedLimits:
         """What the kernel takes within its convention (:class:`RoutedLimits`; none of its own by default)."""
         return RoutedLimits()
+
+    def large_refusal(self) -> str | None:
+        """A Triton kernel in Triton's interpreter runs interpreted (:meth:`interpreted`: few examples a mode in
+        the default run, ``property_tests.table.examples_in_default_run``)."""
+        from gmm_kernels import triton_interpreter
+
+        if "triton" in self.requires and triton_interpreter.in_use():
+            return self._runs_interpreted("Triton's interpreter", takes="days")
+        return None
 
     def limits(self) -> Limits:
         return Limits()

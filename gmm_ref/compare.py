@@ -21,7 +21,7 @@ from gmm_ref.problem import Problem
 from gmm_ref.repro import fenced, reproducer
 
 __all__ = ["REPRODUCE", "Comparison", "Mismatch", "assert_deterministic", "assert_matches_reference",
-           "assert_routed_matches", "check", "group_of", "group_span", "groups_of", "scale_blocks_of"]
+           "assert_routed_matches", "check", "group_of", "group_span", "groups_of", "routed_wrong", "scale_blocks_of"]
 
 DEFAULT_TILE = (128, 128, 128)
 MAX_LISTED = 8
@@ -375,6 +375,15 @@ def assert_deterministic(first: Any, second: Any, problem_or_expected: Problem |
 
 
 # ------------------------------------------------------------------------ routed MoE
+def routed_wrong(actual: np.ndarray, ref: Any, bound: np.ndarray) -> np.ndarray:
+    """``[T, top_k, N]``: the defined elements of a routed kernel's per-slot output (float64, of the reference's
+    shape) that are neither the once-rounded value nor within ``bound`` of the exact one (NaN where it is NaN)."""
+    with np.errstate(invalid="ignore"):
+        ok = (actual == ref.slots.astype(np.float64)) | (np.abs(actual - ref.slots_exact) <= bound)
+        ok |= np.isnan(actual) & np.isnan(ref.slots_exact)
+    return ~(ok | ~ref.slots_mask)
+
+
 def assert_routed_matches(actual: Any, ref: Any, *, numerics: Any = None, kernel: str = "kernel") -> None:
     """Raise :class:`Mismatch` unless the per-slot output ``actual [T, top_k, N]`` of a routed MoE kernel matches
     ``ref`` (a :class:`gmm_ref.RoutedReference`): each defined element equal to the once-rounded value or within
@@ -389,11 +398,7 @@ def assert_routed_matches(actual: Any, ref: Any, *, numerics: Any = None, kernel
                        f"{shape} ([T, top_k, N])", kind="shape")
     a64 = _dt.as_numpy(a, name="actual").astype(np.float64) if a.size else np.zeros(shape)
     bound = ref.slot_bound(numerics)
-    with np.errstate(invalid="ignore"):
-        ok = (a64 == ref.slots.astype(np.float64)) | (np.abs(a64 - ref.slots_exact) <= bound)
-        ok |= np.isnan(a64) & np.isnan(ref.slots_exact)
-    ok |= ~ref.slots_mask
-    bad = np.argwhere(~ok)
+    bad = np.argwhere(routed_wrong(a64, ref, bound))
     if not bad.size:
         return
     t, j, c = (int(i) for i in bad[0])

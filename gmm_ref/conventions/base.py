@@ -326,8 +326,8 @@ class RoutedConvention:
     out_argument: str | None = None
     expert_parallel: bool | None = None
     extents: tuple[tuple[int, int], ...] | None = None
-    #: the table row's name of this family (the routed family has no ``gmm_ref.families`` record yet)
-    family: str = "routed"
+    #: its family's name (``gmm_ref.families.ROUTED``): the main job's row of its kernels
+    family: str = _families.ROUTED.name
     summary: str = ""
 
     #: a routed convention has no grouped families: every check of ``Convention.families`` finds none

@@ -228,6 +228,43 @@ def test_the_routed_row_of_the_main_job():
     assert grad.status is Status.UNSUPPORTED and "inference kernel" in grad.note
 
 
+def test_every_routed_kernel_is_in_the_default_run():
+    from gmm_kernels.registry import registry, routed
+
+    everything = [a.name for a in registry()]
+    assert [a.name for a in routed()] and all(a.name in everything for a in routed())
+    assert all(a.routed for a in routed()) and len(everything) == len(set(everything))
+    # a grouped problem is refused with a reason, not an AttributeError (the default run offers it every kernel)
+    p = gmm_ref.Problem("ragged_m", np.ones((2, 4), np.float32), np.ones((1, 4, 4), np.float32), np.array([2]))
+    assert "takes a gmm_ref.Routing, not a Problem" in get("vllm.fused_moe").supports(p)
+
+
+@needs_wheel
+@interpreted
+def test_the_default_run_checks_an_interpreted_routed_kernel_on_few_examples(monkeypatch, tmp_path, capsys):
+    import json
+
+    from gmm_kernels import resolve
+    from golden.cases import CASES
+    from property_tests import main
+    from property_tests.table import ROUTED_INTERPRETED_EXAMPLES, examples_in_default_run
+
+    kernel = get("vllm.fused_moe")
+    assert kernel.interpreted() == "Triton's interpreter"
+    assert examples_in_default_run(kernel, None) == ROUTED_INTERPRETED_EXAMPLES
+    assert examples_in_default_run(kernel, 3) == 3 and examples_in_default_run(get("megablox.gmm"), None) is None
+    monkeypatch.setenv(adapter.WHEEL_ENV, WHEEL)
+    monkeypatch.setattr(resolve, "registry", lambda: [adapter.VllmFusedMoE()])  # the default run, this row alone
+    out = tmp_path / "run.json"
+    assert main.main(["check", "--in-process", "--modes", "normal,grad", "--json", str(out)]) == 0
+    cells = {c["check"]: c for c in json.loads(out.read_text())["cells"]}
+    assert cells["normal"]["family"] == "routed" and cells["normal"]["text"] == f"pass ({ROUTED_INTERPRETED_EXAMPLES})"
+    assert cells["grad"]["text"].startswith("n/a: routed: an inference kernel")
+    routed_cases = sum(c.family == "routed" for c in CASES)
+    assert routed_cases >= 5 and cells["goldens"]["text"] == f"pass ({routed_cases}/{routed_cases})"
+    assert "vllm.fused_moe" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------- a user's fused MoE in this convention
 def torch_fused_moe(A, B, C, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded, mul_routed_weight,
                     top_k, config=None, compute_type=None, bug=None):
