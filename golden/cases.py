@@ -48,6 +48,8 @@ DGC = dict(convention="deep_gemm.m_grouped_contiguous", family="padded_contiguou
 DGM = dict(convention="deep_gemm.m_grouped_masked", family="masked", m=200, k=256, n=144, rhs_transposed=True,
            dtype="float8_e4m3fn", out_dtype="bfloat16", tiling=(128, 128, 128))
 MOE = dict(convention="vllm.fused_moe", family="routed")
+SGLANG_MOE = dict(convention="sglang.fused_moe", family="routed")
+UNSLOTH = dict(convention="unsloth.grouped_gemm", family="routed")
 VB = dict(convention="vllm.batched_moe", family="masked", m=32, k=256, n=48, rhs_transposed=True,
           dtype="float8_e4m3fn", out_dtype="bfloat16", tiling=(16, 128, 32))
 
@@ -204,6 +206,17 @@ CASES: list[Case] = [
          tags=("routed", "expert_map", "foreign", "poison", "weighted")),
     Case("moe-vllm-f32-t1", **MOE, m=1, k=40, n=40, groups=60, top_k=2, seed=204,
          tags=("routed", "t1", "empty_expert", "unaligned")),
+    # ------------------------------------------- SGLang's fused MoE (local ids, -1 for another rank's expert)
+    Case("moe-sglang-bf16-top2-expert-map", **SGLANG_MOE, m=10, k=40, n=40, groups=8, top_k=2, dtype="bfloat16",
+         expert_map=[0, -1, 1, 2, -1, 3, 4, -1], mul_routed_weight=True, poison=True, seed=210,
+         tags=("routed", "top_k_2", "expert_map", "foreign", "poison", "weighted", "unaligned")),
+    Case("moe-sglang-f16-top8-even-k", **SGLANG_MOE, m=4, k=32, n=8, groups=12, top_k=8, dtype="float16",
+         seed=211, tags=("routed", "top_k_8", "empty_expert")),
+    # ------------------------------------------- unsloth's grouped GEMM (its form follows from the routing)
+    Case("moe-unsloth-bf16-permute-y-fused-weight", **UNSLOTH, m=7, k=32, n=24, groups=8, top_k=2,
+         dtype="bfloat16", mul_routed_weight=True, seed=220, tags=("routed", "top_k_2", "weighted")),
+    Case("moe-unsloth-f32-permute-x-exact", **UNSLOTH, m=6, k=48, n=40, groups=9, top_k=4, kind="int",
+         int_range=2, seed=221, tags=("routed", "top_k_4", "exact", "empty_expert")),
     # ---------------------------------------------------- TransformerEngine (reference only)
     Case("te-m-f32-lhs-last-packed", **TE, family="ragged_m", m=24, k=8, n=8, lhs_transposed=True,
          packed=True, group_sizes=[5, 0, 19], seed=100, tags=("packed", "transposed", "empty_middle")),

@@ -21,12 +21,14 @@ never 0, so even a slot a kernel leaves at zero is a wrong element. K = N = 24. 
 floating one the convention takes (its output equal to it first), as for the grouped cells; the metadata is built
 by the convention as for any routing (``RoutedConvention.arguments``).
 
-A kernel that runs interpreted here (``KernelAdapter.interpreted()``) gets :data:`INTERPRETED_CELLS` only: the
+A kernel that runs interpreted here (``KernelAdapter.interpreted()``) gets :func:`interpreted_cells` only: the
 ``expert_map`` cell, which crosses every expert limit above in one call (global ids past 256, 512 and 1,024, local
 ids past 128 and 512, other ranks' experts) in about 1,030 programs. The slot cells are left out for it, as the
 grouped rows cell is: one interpreted program per block of 16 slots makes 4,100 programs (vLLM's kernel: 31 s
-alone, 89 s under load, against 20 s for the ``expert_map`` cell; docs/coverage.md). A cell a kernel declines
-(``supports``: a convention without an ``expert_map``, say) is left out with its reason.
+alone, 89 s under load, against 20 s for the ``expert_map`` cell; docs/coverage.md). A convention without an
+expert map (``RoutedConvention.expert_parallel`` False) gets the ``experts`` cell of 1,025 instead. K and N are
+the convention's declared extent nearest 24 where it takes only some (``RoutedConvention.extents``). A cell a
+kernel declines (``supports``) is left out with its reason.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import gmm_ref
 from gmm_kernels import KernelAdapter
 
 __all__ = ["EXPERT_COUNTS", "EXPERT_MAP", "HOT", "INTERPRETED_CELLS", "SLOTS", "RoutedCell", "cells",
-           "scale_routing"]
+           "interpreted_cells", "scale_routing"]
 
 #: T x top_k of the ``slots`` cell: 65,600 slots in one call
 SLOTS = (8_200, 8)
@@ -52,7 +54,7 @@ HOT = (40, 65_600, 24)
 EXPERT_COUNTS = (257, 513, 1025)
 #: the ``expert_map`` cell: 1,026 global experts, the 513 from global expert 513 on this rank
 EXPERT_MAP = (1026, 513, 513)
-#: K and N
+#: K and N (or the convention's declared extent nearest them)
 SMALL = 24
 #: the top_k of the experts cells
 TOP_K = 8
@@ -118,12 +120,29 @@ def _exact(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) ->
     return rng.integers(-2, 3, shape, dtype=np.int8).astype(np.float32).astype(dtype)
 
 
+def interpreted_cells(adapter: KernelAdapter) -> tuple[RoutedCell, ...]:
+    """The cells of ``adapter`` where it runs interpreted: :data:`INTERPRETED_CELLS`, or for a convention without
+    an expert map the ``experts`` cell of the most experts (1,025: past every scan limit too)."""
+    if adapter.convention_facts.expert_parallel is False:
+        return (RoutedCell("experts", EXPERT_COUNTS[-1]),)
+    return INTERPRETED_CELLS
+
+
+def _extents(adapter: KernelAdapter) -> tuple[int, int]:
+    """(K, N): :data:`SMALL` both, or the convention's declared extent nearest it where it takes only some."""
+    declared = adapter.convention_facts.extents
+    if not declared:
+        return SMALL, SMALL
+    return min(declared, key=lambda kn: (abs(kn[0] - SMALL) + abs(kn[1] - SMALL), kn))
+
+
 def scale_routing(adapter: KernelAdapter, cell: RoutedCell, seed: int = 0) -> gmm_ref.Routing | str:
     """The routing of ``cell`` for ``adapter``, or why it cannot take it (a sentence)."""
     how = adapter.interpreted()
-    if how is not None and cell not in INTERPRETED_CELLS:
+    only = interpreted_cells(adapter)
+    if how is not None and cell not in only:
         return (f"{adapter.name} runs interpreted here ({how}): it gets the "
-                f"{' and '.join(c.describe() for c in INTERPRETED_CELLS)} cell only")
+                f"{' and '.join(c.describe() for c in only)} cell only")
     pair = _pair(adapter)
     if isinstance(pair, str):
         return pair
@@ -131,10 +150,11 @@ def scale_routing(adapter: KernelAdapter, cell: RoutedCell, seed: int = 0) -> gm
     rng = np.random.default_rng(seed + zlib.crc32(cell.describe().encode()))
     ids, emap = _ids(cell, rng)
     t, local = ids.shape[0], cell.experts if emap is None else int((emap >= 0).sum())
-    tokens = _exact(rng, (t, SMALL), pair[0])
-    tokens[:, 0] = 1
-    experts = _exact(rng, (local, SMALL, SMALL), pair[0])  # [E, N, K] and [E, K, N] alike: K = N
+    k, n = _extents(adapter)
     layout = conv.expert_layouts[0]
+    tokens = _exact(rng, (t, k), pair[0])
+    tokens[:, 0] = 1
+    experts = _exact(rng, (local, n, k) if layout == "enk" else (local, k, n), pair[0])
     row0 = experts[:, 0, :] if layout == "enk" else experts[:, :, 0]
     row0[:] = 0
     row0[:, 0] = 1  # output column 0 of every slot: tokens[:, 0] * 1 = 1, times the slot's weight

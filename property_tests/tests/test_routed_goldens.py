@@ -24,6 +24,8 @@ from golden.verification import verify
 DATA = Path(__file__).resolve().parents[2] / "golden" / "data"
 needs_data = pytest.mark.skipif(not (DATA / MANIFEST).exists(), reason="no golden/data here (not a checkout)")
 ROUTED = [c for c in CASES if is_routed(c)]
+#: the cases of vLLM's convention: the ones a kernel in it (the torch fused MoE below, vLLM's own) is checked on
+VLLM = [c for c in ROUTED if c.convention == "vllm.fused_moe"]
 SLOT = r"token \d+, slot \d+ \(expert \d+, local -?\d+"
 
 
@@ -80,7 +82,7 @@ def _torch_moe(bug=None, name=None):
 @needs_data
 def test_a_correct_fused_moe_passes_the_routed_goldens():
     results = check_goldens(_torch_moe(), DATA)
-    assert len(results) == len(ROUTED) and all(r.status is Status.PASSED for r in results), \
+    assert len(results) == len(VLLM) and all(r.status is Status.PASSED for r in results), \
         [r.line() for r in results]
 
 
@@ -96,7 +98,7 @@ def test_a_broken_fused_moe_fails_the_routed_goldens_naming_token_slot_and_exper
 
 def test_a_kernels_own_routed_goldens_are_stored_with_its_numerics_and_matched_bit_for_bit(tmp_path):
     kernel = _torch_moe()
-    corpus = ROUTED[:2]
+    corpus = VLLM[:2]
     assert regenerate(corpus, tmp_path, stream=io.StringIO())[0] == 0
     code, report = regenerate(corpus, tmp_path, kernel=kernel, stream=io.StringIO())
     assert code == 0, report
@@ -120,8 +122,10 @@ def test_vllms_kernel_with_one_line_broken_fails_the_routed_goldens(tmp_path, mo
     if twins.WHEEL is None or not twins.triton_interpreter.use_if_no_gpu():
         pytest.skip("needs vLLM's wheel and Triton's interpreter")
     edit = twins.WHEEL_EDITS["expert_ids_shifted"]
-    monkeypatch.setenv(twins.adapter.WHEEL_ENV, twins._edited_wheel(tmp_path / "vllm-shifted.whl", *edit))
+    monkeypatch.setenv(twins.adapter.WHEEL_ENV, twins.edited_wheel(twins.WHEEL, twins.adapter.FUSED_MOE_MEMBER,
+                                                                   "fused_moe_kernel", *edit,
+                                                                   tmp_path / "vllm-shifted.whl"))
     results = check_goldens("vllm.fused_moe", DATA)
     failed = [r for r in results if r.status is Status.FAILED]
-    assert len(results) == len(ROUTED) and failed, [r.line() for r in results]
+    assert len(results) == len(VLLM) and failed, [r.line() for r in results]
     assert all(re.search(f"first at {SLOT}", r.detail) for r in failed), [r.detail for r in failed]

@@ -205,3 +205,16 @@ def test_vllms_kernel_on_an_expert_scan_of_1024_fails_the_expert_map_cell():
     assert adapter.available() is None
     text = _rejected(_on_scan_of(adapter, 1024))
     assert re.match(r"token \d+, slot \d \(expert 102[45], local 51[12]\)", text), text
+
+
+@pytest.mark.parametrize("name", ["vllm.fused_moe", "sglang.fused_moe", "unsloth.grouped_gemm"])
+def test_every_routed_row_can_take_a_cell_of_its_own(name, monkeypatch):
+    """Whatever a routed convention declares (no expert map, only some (K, N) extents), the cells it gets where
+    it runs interpreted are cells it can take: built as routings, not declined."""
+    adapter = resolve_kernel(name)
+    monkeypatch.setattr(type(adapter), "interpreted", lambda self: "Triton's interpreter")
+    for cell in sr.interpreted_cells(adapter):
+        routing = sr.scale_routing(adapter, cell)
+        assert isinstance(routing, gmm_ref.Routing), f"{name}: {cell.describe()}: {routing}"
+        assert routing.num_experts > 1024 and (routing.tokens.shape[1], routing.n) in (
+            adapter.convention_facts.extents or [(sr.SMALL, sr.SMALL)])
