@@ -27,6 +27,7 @@ from gmm_kernels.adapters.torch_grouped import (
     TorchaoMXFP8GroupedMM,
     TorchGroupedMM,
 )
+from gmm_kernels.adapters.torch_moe import TorchMoEExperts
 from gmm_kernels.adapters.torch_scaled import (
     TorchaoMXFP8ScaledGroupedMM,
     TorchScaledGroupedMM,
@@ -98,8 +99,9 @@ def registry() -> list[KernelAdapter]:
 
 def routed() -> list[KernelAdapter]:
     """The routed MoE kernels (``gmm_kernels.base.RoutedKernelAdapter``, docs/routed.md): named like any other
-    (``gmm-harness check --kernel vllm.fused_moe``), not in the default run's :func:`registry` yet."""
-    return [VllmFusedMoE()]
+    (``gmm-harness check --kernel vllm.fused_moe``, ``torch.moe_experts``), not in the default run's
+    :func:`registry` yet."""
+    return [VllmFusedMoE(), TorchMoEExperts()]
 
 
 def names() -> list[str]:

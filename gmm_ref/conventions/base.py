@@ -309,7 +309,10 @@ class RoutedConvention:
     ``expert_layouts``: ``"enk"`` and/or ``"ekn"``; ``foreign``: what a slot routed to another rank's expert
     holds (``"zero"``, ``"undefined"``); ``distinct_experts``: the kernel's callers never list one expert twice
     in a token's slots (the strategies then draw none); ``block_size``: the alignment's block (``BLOCK_SIZE_M``)
-    where the kernel's metadata pads each expert's slots; ``out_argument``: the output buffer written in place.
+    where the kernel's metadata pads each expert's slots; ``out_argument``: the output buffer written in place;
+    ``output``: what the kernel returns, the per-slot ``"slots"`` ``[T, top_k, N]`` or the ``"combined"``
+    ``[T, N]`` (the weighted sum over slots); ``mul_routed_weight``: True or False where the kernel always or never
+    multiplies the weights in (None: an argument says).
     """
 
     name: str
@@ -321,6 +324,8 @@ class RoutedConvention:
     distinct_experts: bool = True
     block_size: int = 16
     out_argument: str | None = None
+    output: str = "slots"
+    mul_routed_weight: bool | None = None
     #: the table row's name of this family (the routed family has no ``gmm_ref.families`` record yet)
     family: str = "routed"
     summary: str = ""
@@ -336,6 +341,8 @@ class RoutedConvention:
                                                         for d in self.weight_dtypes))
         if self.framework not in ("jax", "torch"):
             raise ValueError(f"framework: expected 'jax' or 'torch', got {self.framework!r}")
+        if self.output not in ("slots", "combined"):
+            raise ValueError(f"output: expected 'slots' or 'combined', got {self.output!r}")
 
     def __repr__(self) -> str:
         return f"<RoutedConvention {self.name}>"
@@ -358,6 +365,8 @@ class RoutedConvention:
                     f"{r.topk_weights.dtype}")
         if r.foreign != self.foreign and r.foreign != "undefined":
             return f"{self.name} gives slots of another rank's experts {self.foreign!r} values, not {r.foreign!r}"
+        if self.mul_routed_weight is not None and bool(r.mul_routed_weight) != self.mul_routed_weight:
+            return f"{self.name}'s kernel {'always' if self.mul_routed_weight else 'never'} multiplies the weights in"
         if self.distinct_experts and r.repeats_an_expert:
             return f"{self.name}'s callers never list one expert twice in a token's slots"
         return self._refusal(r)
