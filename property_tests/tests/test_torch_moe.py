@@ -237,3 +237,30 @@ def test_a_weight_dtype_is_a_numerics_option_with_its_own_bound():
     assert RoutedNumerics(weight="float32").weight == np.float32
     with pytest.raises(TypeError, match="weight: expected 'accumulator', 'output' or a float dtype, got int32"):
         RoutedNumerics(weight=np.int32)
+
+
+def naive_moe_experts(hidden_states, weight, topk_ids, topk_weights, expert_map=None):
+    """A user's MoE experts in the convention: every slot's float32 product times its weight, summed in float32
+    (the default ``RoutedNumerics``: the weight and the sum in the accumulator)."""
+    t, top_k = topk_ids.shape
+    out = torch.zeros((t, weight.shape[1]), dtype=torch.float32)
+    for i in range(t):
+        for j in range(top_k):
+            e = int(topk_ids[i, j]) if expert_map is None else int(expert_map[int(topk_ids[i, j])])
+            if e >= 0:
+                out[i] += float(topk_weights[i, j]) * (weight[e].float() @ hidden_states[i].float())
+    return out.to(hidden_states.dtype)
+
+
+def test_a_users_moe_experts_is_checked_in_the_convention():
+    report = check_kernel(naive_moe_experts, convention="torch.moe_experts", modes=["exact", "normal"],
+                          profile="gmm-ci", max_examples=20)
+    assert [r.status.value for r in report] == ["pass", "pass"]
+
+    def drops_last_slot(hidden_states, weight, topk_ids, topk_weights, expert_map=None):
+        return naive_moe_experts(hidden_states, weight, topk_ids[:, :-1], topk_weights[:, :-1], expert_map) \
+            if topk_ids.shape[1] > 1 else naive_moe_experts(hidden_states, weight, topk_ids, topk_weights, expert_map)
+
+    with pytest.raises(gmm_ref.Mismatch, match=SLOT) as info:
+        check_kernel(drops_last_slot, convention="torch.moe_experts", modes=["normal"], profile="gmm-ci")
+    assert "is missing from the sum" in str(info.value)
