@@ -7,7 +7,8 @@ static, ``topk_ids``, the ``expert_map``'s choice of local experts, weights, val
 drawn (docs/routed.md, "Strategies"): experts with no slot, every token on one expert, more global experts than
 256 and 512 (``K`` and ``N`` at their smallest there), ``top_k`` 1 to 8, tokens routed to experts of another
 rank, a rank with no local expert at all, ``T = 0`` and ``T = 1``, expert counts that never fill a block of
-``block_size``, runs of the last (highest) experts, zero and negative weights, and NaN or Inf wherever no local
+``block_size``, runs of the last (highest) experts, zero and negative weights, peaked routers (a dominant slot
+and a tail below half a unit in its last place), and NaN or Inf wherever no local
 slot reads (rows of tokens routed to no local expert, weights of non-local slots, experts with no slot).
 Shrinks towards few tokens, ``top_k = 1``, few experts, no expert parallelism and exact values.
 """
@@ -481,8 +482,10 @@ def routings(
     per ``T``). Otherwise ``T`` is free: drawn in ``[0, max_tokens]`` (biased to 0, 1 and one either side of
     ``block_size`` and twice it), or from ``num_tokens`` when it is a strategy.
 
-    Free: the ids (:data:`ID_PATTERNS`), the local experts' placement, weights (zeros and negatives drawn),
-    ``foreign`` and the values: ``"exact"`` (small integers), ``"normal"``, ``"wide"`` (values.py's kinds),
+    Free: the ids (:data:`ID_PATTERNS`), the local experts' placement, weights (zeros and negatives drawn;
+    with ``mul_routed_weight`` and ``top_k >= 2`` half the routings are peaked routers, :func:`peak`: what a
+    combine summing in the output dtype loses), ``foreign`` and the values:
+    ``"exact"`` (small integers), ``"normal"``, ``"wide"`` (values.py's kinds),
     ``"poisoned"`` (normal values, NaN / Inf in every token row no local slot reads, every weight no local
     slot multiplies, every local expert no slot reads). ``distinct_experts=True``: no token lists one expert
     twice (vLLM's contract); False: repeats are drawn. ``block_size``: the alignment's block (BLOCK_SIZE_M) the
