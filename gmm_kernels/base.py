@@ -514,10 +514,10 @@ class RoutedLimits:
 
 class RoutedKernelAdapter(KernelAdapter):
     """An adapter of a routed MoE kernel (docs/routed.md): its convention is a
-    :class:`gmm_ref.conventions.base.RoutedConvention`, it runs on a :class:`gmm_ref.Routing` and returns the
-    per-slot output ``[T, top_k, N]``, held to :func:`gmm_ref.routed_reference` within the bound of its
-    :meth:`numerics_for` (a :class:`gmm_ref.RoutedNumerics`). Its row in the main job is its convention's
-    ``family`` (``routed``)."""
+    :class:`gmm_ref.conventions.base.RoutedConvention`, it runs on a :class:`gmm_ref.Routing` and returns its
+    convention's ``output``: per slot ``[T, top_k, N]`` or combined ``[T, N]``, held to
+    :func:`gmm_ref.routed_reference` within the bound of its :meth:`numerics_for` (a
+    :class:`gmm_ref.RoutedNumerics`). Its row in the main job is its convention's ``family`` (``routed``)."""
 
     #: a routed kernel (``property_tests.checking`` draws routings for it, not grouped problems)
     routed: ClassVar[bool] = True
@@ -566,8 +566,8 @@ class RoutedKernelAdapter(KernelAdapter):
         return routed_reference(routing)
 
     def run(self, routing: Any) -> np.ndarray:  # type: ignore[override]
-        """Run the kernel on fresh copies of its convention's arguments for ``routing``; the per-slot output as
-        NumPy. ``gmm_ref.Mismatch`` if the kernel wrote to an input."""
+        """Run the kernel on fresh copies of its convention's arguments for ``routing``; its output (per slot or
+        combined) as NumPy. ``gmm_ref.Mismatch`` if the kernel wrote to an input."""
         conv = self.convention_facts
         pristine = conv.arguments(routing)
         with guards.call(self.name) as call:  # as KernelAdapter.arguments: guarded copies, device copies written back

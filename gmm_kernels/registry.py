@@ -28,6 +28,7 @@ from gmm_kernels.adapters.torch_grouped import (
     TorchaoMXFP8GroupedMM,
     TorchGroupedMM,
 )
+from gmm_kernels.adapters.torch_moe import TorchMoEExperts
 from gmm_kernels.adapters.torch_scaled import (
     TorchaoMXFP8ScaledGroupedMM,
     TorchScaledGroupedMM,
@@ -102,7 +103,7 @@ def registry() -> list[KernelAdapter]:
 def routed() -> list[KernelAdapter]:
     """The built-in routed MoE kernels (``gmm_kernels.base.RoutedKernelAdapter``, docs/routed.md), a part of
     :func:`registry`."""
-    return [VllmFusedMoE(), SglangFusedMoE(), UnslothGroupedGemm()]
+    return [VllmFusedMoE(), SglangFusedMoE(), UnslothGroupedGemm(), TorchMoEExperts()]
 
 
 def names() -> list[str]:

@@ -62,6 +62,8 @@ def routing_options(adapter: KernelAdapter) -> dict[str, Any]:
         opts["expert_parallel"] = conv.expert_parallel
     if conv.extents is not None:
         opts["shapes"] = conv.extents
+    if conv.mul_routed_weight is not None:
+        opts["mul_routed_weight"] = conv.mul_routed_weight
     lim = adapter.routed_limits()
     if lim.max_tokens is not None:
         opts["max_tokens"] = lim.max_tokens

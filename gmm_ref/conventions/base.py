@@ -313,6 +313,9 @@ class RoutedConvention:
     ``expert_parallel``: False where the kernel has no expert map (every expert local; the strategies draw none),
     None where it takes one; ``extents``: the ``(K, N)`` pairs it takes (its tiles divide K, say; None: any).
     A kernel returning its output in another layout than ``[T, top_k, N]`` maps it in :meth:`per_slot`.
+    ``output``: what the kernel returns, the per-slot ``"slots"`` ``[T, top_k, N]`` or the ``"combined"``
+    ``[T, N]`` (the weighted sum over slots); ``mul_routed_weight``: True or False where the kernel always or never
+    multiplies the weights in (None: an argument says).
     """
 
     name: str
@@ -326,6 +329,8 @@ class RoutedConvention:
     out_argument: str | None = None
     expert_parallel: bool | None = None
     extents: tuple[tuple[int, int], ...] | None = None
+    output: str = "slots"
+    mul_routed_weight: bool | None = None
     #: its family's name (``gmm_ref.families.ROUTED``): the main job's row of its kernels
     family: str = _families.ROUTED.name
     summary: str = ""
@@ -341,6 +346,8 @@ class RoutedConvention:
                                                         for d in self.weight_dtypes))
         if self.framework not in ("jax", "torch"):
             raise ValueError(f"framework: expected 'jax' or 'torch', got {self.framework!r}")
+        if self.output not in ("slots", "combined"):
+            raise ValueError(f"output: expected 'slots' or 'combined', got {self.output!r}")
 
     def __repr__(self) -> str:
         return f"<RoutedConvention {self.name}>"
@@ -363,6 +370,8 @@ class RoutedConvention:
                     f"{r.topk_weights.dtype}")
         if r.foreign != self.foreign and r.foreign != "undefined":
             return f"{self.name} gives slots of another rank's experts {self.foreign!r} values, not {r.foreign!r}"
+        if self.mul_routed_weight is not None and bool(r.mul_routed_weight) != self.mul_routed_weight:
+            return f"{self.name}'s kernel {'always' if self.mul_routed_weight else 'never'} multiplies the weights in"
         if self.distinct_experts and r.repeats_an_expert:
             return f"{self.name}'s callers never list one expert twice in a token's slots"
         if self.expert_parallel is False and r.expert_map is not None:
