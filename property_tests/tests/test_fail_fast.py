@@ -60,6 +60,27 @@ def test_check_cells_stops_at_the_first_failure_under_fail_fast():
     assert fast[2][1].note == "not run: --fail-fast stopped at the kernel's first failure (k / ragged_m / normal)"
 
 
+def test_a_crashed_cell_is_the_first_failure_under_fail_fast(tmp_path, monkeypatch, capsys):
+    from property_tests.request import WorkRequest
+    from property_tests.supervisor import Supervisor
+
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(0)\n")  # a worker that dies before its first cell
+    monkeypatch.setattr(Supervisor, "COMMAND", (sys.executable, str(tmp_path / "exits.py")))
+    cells = [Cell("k", "ragged_m", m) for m in ("exact", "normal", "wide")]
+    texts = {}
+    for fail_fast in (False, True):
+        table = Table()
+        table.plan(cells)
+        Supervisor(WorkRequest(kernels=("k",), fail_fast=fail_fast), table, timeout=600, verbose=False).run(cells)
+        texts[fail_fast] = [table.get(c).text for c in cells]
+    crashed = "FAIL: crashed: the process exited with status 0"
+    assert texts[False] == [crashed, crashed, "n/a: not run: k crashed or hung in 2 cells already (see their notes)"]
+    assert texts[True] == [crashed] + ["n/a: not run: --fail-fast stopped at the kernel's first failure "
+                                       "(k / ragged_m / exact)"] * 2
+    printed = capsys.readouterr().err.splitlines()
+    assert printed.count(f"gmm-harness: FAIL k / ragged_m / exact: {crashed[6:]}") == 2, printed  # once a run
+
+
 def test_a_broken_kernel_fails_at_once_and_fail_fast_runs_no_other_mode():
     modes = "exact,normal,poisoned"
     order = [m for m in RUN_ORDER if m in modes.split(",")]
@@ -87,3 +108,17 @@ def test_a_correct_kernels_run_is_the_same_with_fail_fast():
     assert plain.returncode == fast.returncode == 0, plain.stdout[-3000:] + fast.stdout[-3000:]
     assert _cells(plain.stdout, "jax.ragged_dot") == _cells(fast.stdout, "jax.ragged_dot")
     assert "gmm-harness: FAIL" not in plain.stderr + fast.stderr
+
+
+def test_the_plugin_prints_the_failure_at_once_and_honours_x(tmp_path):
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--pyargs",
+           "property_tests", f"--gmm-kernel={BROKEN}", "--gmm-convention=ragged_dot", "-k", "reference"]
+    fast = subprocess.run([*run, "-x"], capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+    assert fast.returncode == 1, fast.stdout[-3000:] + fast.stderr[-3000:]
+    assert f"gmm-harness: FAIL {BROKEN} / {RUN_ORDER[0]}: tail (past sum(group_sizes)): " in fast.stderr, fast.stderr
+    assert "1 failed" in fast.stdout and "stopping after 1 failures" in fast.stdout  # the first mode run
+    listed = subprocess.run([*run, "--collect-only"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                            check=False)
+    modes = [line.split("-")[-1].rstrip("]") for line in listed.stdout.splitlines() if "reference[" in line]
+    assert modes == list(RUN_ORDER), listed.stdout[-3000:]
+    assert "tests/test_" not in listed.stdout  # the kernel checks, and none of the harness's own test modules
