@@ -203,10 +203,11 @@ OPT_IN_MODES: dict[str, Mode] = {
 ALL_MODES: dict[str, Mode] = {**MODES, **OPT_IN_MODES}
 
 #: the order a run checks a kernel's modes in: the modes that caught the most kernels of the project's
-#: broken-kernel corpus first, so a broken kernel's first failure comes early (docs/speed.md says how it was
-#: measured); the table keeps the order of :data:`MODES`. A mode not named here runs after these.
-RUN_ORDER: tuple[str, ...] = ("poisoned", "many_groups", "normal", "wide", "out_dtype", "exact", "graph", "scale",
-                              "all_empty", "grad", "sharded", "sharded_existing")
+#: broken-kernel corpus first, so a broken kernel's first failure comes early (``benchmarks/mode_order.py``
+#: measures it; docs/speed.md gives the figures); the table keeps the order of :data:`MODES`. A mode not
+#: named here runs after these.
+RUN_ORDER: tuple[str, ...] = ("poisoned", "many_groups", "grad", "normal", "wide", "out_dtype", "exact", "graph",
+                              "scale", "all_empty", "sharded", "sharded_existing")
 
 
 def mode_of(mode: Mode | str) -> Mode:
