@@ -1,5 +1,5 @@
 """The order a run checks a kernel's modes in (``property_tests.modes.RUN_ORDER``), measured on the project's
-broken-kernel corpus (a script, not a test; about half an hour on 2 cores for the CPU conventions).
+broken-kernel corpus (a script, not a test; about 45 minutes on 2 cores).
 
     python benchmarks/mode_order.py [--conventions ragged_dot,torch.grouped_mm,...] [--jsonl FILE]
 

@@ -206,7 +206,7 @@ ALL_MODES: dict[str, Mode] = {**MODES, **OPT_IN_MODES}
 #: broken-kernel corpus first, so a broken kernel's first failure comes early (``benchmarks/mode_order.py``
 #: measures it; docs/speed.md gives the figures); the table keeps the order of :data:`MODES`. A mode not
 #: named here runs after these.
-RUN_ORDER: tuple[str, ...] = ("poisoned", "many_groups", "grad", "normal", "wide", "out_dtype", "exact", "graph",
+RUN_ORDER: tuple[str, ...] = ("poisoned", "many_groups", "grad", "out_dtype", "normal", "wide", "exact", "graph",
                               "scale", "all_empty", "sharded", "sharded_existing")
 
 
