@@ -514,10 +514,10 @@ class RoutedLimits:
 
 class RoutedKernelAdapter(KernelAdapter):
     """An adapter of a routed MoE kernel (docs/routed.md): its convention is a
-    :class:`gmm_ref.conventions.base.RoutedConvention`, it runs on a :class:`gmm_ref.Routing` and returns the
-    per-slot output ``[T, top_k, N]``, held to :func:`gmm_ref.routed_reference` within the bound of its
-    :meth:`numerics_for` (a :class:`gmm_ref.RoutedNumerics`). Its row in the main job is its convention's
-    ``family`` (``routed``)."""
+    :class:`gmm_ref.conventions.base.RoutedConvention`, it runs on a :class:`gmm_ref.Routing` and returns its
+    convention's ``output``: per slot ``[T, top_k, N]`` or combined ``[T, N]``, held to
+    :func:`gmm_ref.routed_reference` within the bound of its :meth:`numerics_for` (a
+    :class:`gmm_ref.RoutedNumerics`). Its row in the main job is its convention's ``family`` (``routed``)."""
 
     #: a routed kernel (``property_tests.checking`` draws routings for it, not grouped problems)
     routed: ClassVar[bool] = True
@@ -527,7 +527,11 @@ class RoutedKernelAdapter(KernelAdapter):
         return (self.convention_facts.family,)
 
     def supports(self, routing: Any) -> str | None:  # type: ignore[override]
-        """None when the kernel can take ``routing``, else the reason it cannot."""
+        """None when the kernel can take ``routing``, else the reason it cannot (a grouped problem: it takes none)."""
+        from gmm_ref import Routing
+
+        if not isinstance(routing, Routing):
+            return f"{self.name} is a routed MoE kernel: it takes a gmm_ref.Routing, not a {type(routing).__name__}"
         return (self.convention_facts.refusal(routing)
                 or self.dtype_refusal(routing.tokens.dtype, routing.experts.dtype, routing.out_dtype)
                 or self._refusal(routing))
@@ -535,6 +539,15 @@ class RoutedKernelAdapter(KernelAdapter):
     def routed_limits(self) -> RoutedLimits:
         """What the kernel takes within its convention (:class:`RoutedLimits`; none of its own by default)."""
         return RoutedLimits()
+
+    def large_refusal(self) -> str | None:
+        """A Triton kernel in Triton's interpreter runs interpreted (:meth:`interpreted`: few examples a mode in
+        the default run, ``property_tests.table.examples_in_default_run``)."""
+        from gmm_kernels import triton_interpreter
+
+        if "triton" in self.requires and triton_interpreter.in_use():
+            return self._runs_interpreted("Triton's interpreter", takes="days")
+        return None
 
     def limits(self) -> Limits:
         return Limits()
@@ -553,8 +566,8 @@ class RoutedKernelAdapter(KernelAdapter):
         return routed_reference(routing)
 
     def run(self, routing: Any) -> np.ndarray:  # type: ignore[override]
-        """Run the kernel on fresh copies of its convention's arguments for ``routing``; the per-slot output as
-        NumPy. ``gmm_ref.Mismatch`` if the kernel wrote to an input."""
+        """Run the kernel on fresh copies of its convention's arguments for ``routing``; its output (per slot or
+        combined) as NumPy. ``gmm_ref.Mismatch`` if the kernel wrote to an input."""
         conv = self.convention_facts
         pristine = conv.arguments(routing)
         with guards.call(self.name) as call:  # as KernelAdapter.arguments: guarded copies, device copies written back
@@ -569,4 +582,4 @@ class RoutedKernelAdapter(KernelAdapter):
                     out = conv.out_value(*given)
         call.check()
         inputs.modified(self.name, conv, pristine, given)
-        return as_numpy(out, name=f"output of {self.name}")
+        return conv.per_slot(as_numpy(out, name=f"output of {self.name}"), *pristine)

@@ -20,6 +20,7 @@ from gmm_kernels.adapters.ragged_dot import (
     QwixRaggedDotQt,
     TokamaxRaggedDot,
 )
+from gmm_kernels.adapters.sglang import SglangFusedMoE
 from gmm_kernels.adapters.te import TransformerEngineGroupedGemm, TransformerEngineScaledGroupedGemm
 from gmm_kernels.adapters.torch_grouped import (
     GroupedMMBf16,
@@ -27,6 +28,7 @@ from gmm_kernels.adapters.torch_grouped import (
     TorchaoMXFP8GroupedMM,
     TorchGroupedMM,
 )
+from gmm_kernels.adapters.torch_moe import TorchMoEExperts
 from gmm_kernels.adapters.torch_scaled import (
     TorchaoMXFP8ScaledGroupedMM,
     TorchScaledGroupedMM,
@@ -34,6 +36,7 @@ from gmm_kernels.adapters.torch_scaled import (
     TorchScaledMMLoop,
 )
 from gmm_kernels.adapters.torchao import TorchaoNVFP4GroupedMM
+from gmm_kernels.adapters.unsloth import UnslothGroupedGemm
 from gmm_kernels.adapters.vllm import VllmBatchedMoE, VllmFusedMoE
 from gmm_kernels.base import KernelAdapter
 
@@ -91,25 +94,26 @@ def _entry_points() -> list[KernelAdapter]:
 
 
 def registry() -> list[KernelAdapter]:
-    """Every known adapter of a grouped GEMM, available here or not (check ``available()``); the routed MoE
-    kernels are :func:`routed`'s."""
-    return _builtin() + _entry_points()
+    """Every known adapter, available here or not (check ``available()``): the grouped GEMMs, then the routed MoE
+    kernels (:func:`routed`), then those other packages register. The default run (the main job, the plugin)
+    checks every one: a routed kernel added to :func:`routed` is a row of its table with nothing else to do."""
+    return _builtin() + routed() + _entry_points()
 
 
 def routed() -> list[KernelAdapter]:
-    """The routed MoE kernels (``gmm_kernels.base.RoutedKernelAdapter``, docs/routed.md): named like any other
-    (``gmm-harness check --kernel vllm.fused_moe``), not in the default run's :func:`registry` yet."""
-    return [VllmFusedMoE()]
+    """The built-in routed MoE kernels (``gmm_kernels.base.RoutedKernelAdapter``, docs/routed.md), a part of
+    :func:`registry`."""
+    return [VllmFusedMoE(), SglangFusedMoE(), UnslothGroupedGemm(), TorchMoEExperts()]
 
 
 def names() -> list[str]:
-    """The names of the known adapters (the routed ones last)."""
-    return [a.name for a in registry() + routed()]
+    """The names of the known adapters (:func:`registry`'s order)."""
+    return [a.name for a in registry()]
 
 
 def get(name: str) -> KernelAdapter:
     """The adapter called ``name`` (KeyError listing the names otherwise)."""
-    for a in registry() + routed():
+    for a in registry():
         if a.name == name:
             return a
     raise KeyError(f"no kernel adapter {name!r}; known: {names()}")

@@ -20,7 +20,7 @@ from typing import Any
 
 from gmm_kernels import triton_interpreter
 from gmm_kernels.base import KernelAdapter
-from gmm_kernels.registry import registry, routed
+from gmm_kernels.registry import registry
 from gmm_kernels.scope import Scope
 from gmm_kernels.user import wrap
 from gmm_ref import Numerics, as_tiling, conventions
@@ -129,7 +129,7 @@ def resolve_kernel(spec: Any, *, convention: str | None = None, tiling: Any = No
             adapter = _adapter(obj) or _from_callable(obj, convention, name or spec, numerics, option,
                                                       convention_option, spec)
         else:
-            builtin = {a.name: a for a in registry() + routed()}
+            builtin = {a.name: a for a in registry()}
             if spec not in builtin:
                 raise ValueError(f"{option}: {spec!r} is neither a built-in adapter nor an import path "
                                  f"pkg.module:fn{did_you_mean(spec, builtin)} (built-in: {sorted(builtin)})")

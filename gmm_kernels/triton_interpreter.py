@@ -5,7 +5,7 @@ drivers``); Triton's interpreter runs it instead, on NumPy, when ``TRITON_INTERP
 the kernel's module is imported (``@triton.jit`` reads it). :func:`use_if_no_gpu` sets it: the main
 job and its workers, the pytest plugin and the resolver (before it imports ``pkg.module:fn``) call it.
 
-The interpreter has five defects that real kernels hit, each fixed here by patching
+The interpreter has six defects that real kernels hit, each fixed here by patching
 ``triton.runtime.interpreter`` at runtime (:func:`fix`), for the Triton versions in :data:`VERIFIED`:
 
 * ``bf16_dot``: ``tl.dot`` of bfloat16 blocks multiplies their raw uint16 bit patterns (bfloat16 is
@@ -15,7 +15,9 @@ The interpreter has five defects that real kernels hit, each fixed here by patch
   a block keeps int32: ``tl.load`` / ``tl.store`` raise ``mask has unsupported dtype``;
 * ``range_int``: ``tl.range`` loop variables are Python ints, so ``i.to(tl.int64)`` raises;
 * ``fp8_nan_dot``: ``tl.dot`` of float8_e4m3fn blocks decodes them through float16 with no NaN case: the
-  NaN codes (0x7f, 0xff) count as +-480 (its ``dot_scaled`` path has the case; ``dot`` lacks it).
+  NaN codes (0x7f, 0xff) count as +-480 (its ``dot_scaled`` path has the case; ``dot`` lacks it);
+* ``bf16_arith``: ``binary_op`` applies NumPy's operator to the uint16 bits bfloat16 is stored as: ``x * y`` of
+  two bfloat16 blocks multiplies the bits (unsloth's ``FUSE_MUL_POST``: the weight times the rounded product).
 
 For any other version nothing is patched: :func:`defects` runs a tiny probe kernel per defect
 (``gmm_kernels.triton_probes``) and :func:`fix` raises :class:`InterpreterDefect` naming those found,
@@ -45,6 +47,7 @@ DEFECTS = {
     "bool_splat": "a comparison splatted into a block mask stays int32 ('mask has unsupported dtype')",
     "range_int": "tl.range loop variables are Python ints ('int' object has no attribute 'to')",
     "fp8_nan_dot": "tl.dot of float8_e4m3fn blocks reads the NaN codes (0x7f, 0xff) as +-480",
+    "bf16_arith": "elementwise arithmetic and comparisons of two bfloat16 blocks act on their uint16 bits",
 }
 _NO_DRIVER = "0 active drivers"
 _saved: dict[str, Any] = {}  # the interpreter's own functions, while fixed
@@ -115,7 +118,7 @@ def _version() -> str:
 
 
 def fix() -> list[str]:
-    """Patch the interpreter's five defects (once per process) where Triton is imported, the interpreter is
+    """Patch the interpreter's six defects (once per process) where Triton is imported, the interpreter is
     in use and its version is in :data:`VERIFIED`; the names of the defects fixed. An unverified version is
     probed instead: any defect found raises :class:`InterpreterDefect` naming it."""
     if not _loaded() or not in_use():
@@ -154,6 +157,7 @@ def _patch() -> None:
     _saved.update({"InterpreterBuilder.create_dot": builder.create_dot,
                    "InterpreterBuilder.cast_impl": builder.cast_impl,
                    "InterpreterBuilder.create_splat": builder.create_splat,
+                   "InterpreterBuilder.binary_op": builder.binary_op,
                    "module._patch_lang_core": ti._patch_lang_core})
     original_dot, original_cast, original_splat, original_core = (
         _saved["InterpreterBuilder.create_dot"], _saved["InterpreterBuilder.cast_impl"],
@@ -195,7 +199,28 @@ def _patch() -> None:
     builder.create_dot = create_dot
     builder.cast_impl = cast_impl
     builder.create_splat = create_splat
+    builder.binary_op = _bf16_binary_op(_saved["InterpreterBuilder.binary_op"], as_float)
     ti._patch_lang_core = patch_lang_core
+
+
+def _bf16_binary_op(original: Callable[..., Any], as_float: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``InterpreterBuilder.binary_op`` that applies the operator of two bfloat16 blocks to their values (in float32:
+    exact for +, -, * of two bfloat16) and rounds the result once, as a GPU does; other operands as ``original``."""
+    import ml_dtypes
+    import numpy as np
+    from triton import language as tl
+    from triton.runtime import interpreter as ti
+
+    def binary_op(self: Any, lhs: Any, rhs: Any, op: Any) -> Any:
+        if lhs.dtype.scalar != tl.bfloat16 or rhs.dtype.scalar != tl.bfloat16:
+            return original(self, lhs, rhs, op)
+        with np.errstate(all="ignore"):  # NaN and infinity propagate, as on a GPU, without a warning
+            out = op(as_float(lhs), as_float(rhs))
+        if out.dtype == np.bool_:  # a comparison
+            return ti.TensorHandle(out, tl.int1)
+        return ti.TensorHandle(out.astype(ml_dtypes.bfloat16).view(np.uint16), tl.bfloat16)
+
+    return binary_op
 
 
 def _tensor_range(ti: Any, tl: Any, np: Any) -> Callable[..., Any]:

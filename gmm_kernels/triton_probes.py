@@ -41,6 +41,11 @@ def _range(y_ptr, n):
     tl.store(y_ptr + tl.arange(0, 1), total)
 
 
+def _mul(x_ptr, y_ptr, z_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(z_ptr + offs, tl.load(x_ptr + offs) * tl.load(y_ptr + offs))
+
+
 def _interpreted(fn: Callable[..., None]) -> InterpretedFunction:
     return InterpretedFunction(fn)
 
@@ -88,9 +93,17 @@ def _probe_fp8_nan() -> bool:
     return bool(c[0].isnan().all()) and bool(torch.equal(c[1:], torch.full((15, 16), 16.0)))
 
 
+def _probe_bf16_arith() -> bool:
+    x = torch.tensor([1.5, -2.0, 3.0, 2.0**-3], dtype=torch.bfloat16)
+    y = torch.tensor([2.0, 0.5, -1.25, 1 + 2**-7], dtype=torch.bfloat16)
+    z = torch.empty(4, dtype=torch.bfloat16)
+    _interpreted(_mul)[(1,)](x, y, z, BLOCK=4)
+    return bool(torch.equal(z.view(torch.int16), (x * y).view(torch.int16)))  # torch rounds the product to even
+
+
 #: defect name -> its probe (True: the interpreter computes what a GPU does)
 PROBES: dict[str, Callable[[], bool]] = {
     "bf16_dot": _probe_dot, "bf16_cast": _probe_cast, "bool_splat": _probe_splat, "range_int": _probe_range,
-    "fp8_nan_dot": _probe_fp8_nan}
+    "fp8_nan_dot": _probe_fp8_nan, "bf16_arith": _probe_bf16_arith}
 
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from gmm_ref.names import did_you_mean
 
-__all__ = ["ALIGNED", "COUNTS", "OFFSETS", "WHOLE", "Family", "get", "names", "ragged_names", "serving_names"]
+__all__ = ["ALIGNED", "COUNTS", "OFFSETS", "ROUTED", "ROUTING", "WHOLE", "Family", "get", "names", "ragged_names",
+           "routed_names", "serving_names"]
 
 #: how the groups are expressed: sizes of contiguous ranges along the ragged axis (offsets = prefix sums)
 OFFSETS = "offsets"
@@ -34,6 +35,8 @@ WHOLE = "whole"
 COUNTS = "counts"
 #: sizes of ranges along the ragged axis, each starting at a multiple of ``Problem.alignment``
 ALIGNED = "aligned"
+#: per-slot expert ids (``topk_ids``): each token's rows gathered per expert, scattered back to its slots
+ROUTING = "routing"
 
 #: the logical axes of each operand, in its canonical ``[rows, cols]`` orientation
 DIMS = {"lhs": ("m", "k"), "rhs": ("k", "n"), "out": ("m", "n")}
@@ -153,6 +156,14 @@ _BUILTIN = (
 
 _REGISTRY: dict[str, Family] = {f.name: f for f in _BUILTIN}
 
+#: the routed MoE family (docs/routed.md): a ``gmm_ref.Routing``, not a grouped ``Problem``, so it is none of
+#: :func:`names`' (the families a ``Problem`` and the grouped conventions express); its routed conventions'
+#: ``family`` and the main job's row of a routed kernel are its name
+ROUTED = Family("routed", "m", ("rhs",), ROUTING, serving=True, batch_dims=False, lhs_transposable=False,
+                outside="slots of another rank's experts (foreign)",
+                doc="tokens [T, K], experts [E_local, N, K] or [E_local, K, N], topk_ids [T, top_k] -> out "
+                    "[T, top_k, N]; slot (t, j): w[t, j] * tokens[t] @ experts[local(topk_ids[t, j])]")
+
 
 def names() -> tuple[str, ...]:
     """Every family's name, in the registry's order."""
@@ -169,10 +180,18 @@ def serving_names() -> tuple[str, ...]:
     return tuple(f.name for f in _REGISTRY.values() if f.serving)
 
 
+def routed_names() -> tuple[str, ...]:
+    """The routed family's name (:data:`ROUTED`), apart from :func:`names`."""
+    return (ROUTED.name,)
+
+
 def get(name: Any) -> Family:
-    """The family named ``name`` (a Family is returned as is); ValueError naming the known ones otherwise."""
+    """The family named ``name`` (a Family is returned as is; ``"routed"``: :data:`ROUTED`); ValueError naming
+    the known ones otherwise."""
     if isinstance(name, Family):
         return name
+    if name == ROUTED.name:
+        return ROUTED
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):

@@ -226,12 +226,15 @@ class RoutedNumerics:
 
     ``product``: the GEMM's own :class:`~gmm_ref.numerics.Numerics` (None: the default for the dtypes).
     ``weight``: where the routed weight multiplies in: ``"accumulator"`` (vLLM's ``MUL_ROUTED_WEIGHT``: the
-    accumulator times the weight, then one rounding to the output dtype) or ``"output"`` (unsloth's
+    accumulator times the weight, then one rounding to the output dtype), ``"output"`` (unsloth's
     ``FUSE_MUL_POST``: the product rounded to the output dtype, the weight rounded to it, their product rounded
-    to it). ``combine``: how the combined ``[T, N]`` sums the slots: ``"accumulator"`` (the weighted products
-    summed in the accumulator, one rounding) or a dtype: every slot rounded to the output dtype, then summed in
-    that dtype (vLLM's ``moe_sum`` sums in the output dtype for top_k 2 to 4, torch's sum in float32 for the
-    others), then rounded once to the output dtype.
+    to it) or a dtype ``D`` (torch MoE layers: the product rounded to the output dtype by the GEMM, the weight
+    rounded to ``D`` (exact where it fits), their product rounded to ``D``; ``"output"`` is ``D`` = the output
+    dtype). ``combine``: how the combined ``[T, N]`` sums the slots: ``"accumulator"`` (the weighted slots, as
+    the weight step left them, summed in the accumulator, one rounding) or a dtype: every slot rounded to the
+    output dtype, then summed in that dtype (vLLM's ``moe_sum`` sums in the output dtype for top_k 2 to 4,
+    torch's sum in float32 for the others; transformers' ``index_add_`` into the hidden states' dtype), then
+    rounded once to the output dtype.
     """
 
     product: Numerics | None = None
@@ -241,7 +244,15 @@ class RoutedNumerics:
     def __post_init__(self) -> None:
         if self.product is not None and not isinstance(self.product, Numerics):
             raise TypeError(f"product: expected a gmm_ref.Numerics or None, got {type(self.product).__name__}")
-        choice("weight", self.weight, ("accumulator", "output"))
+        if not (isinstance(self.weight, str) and self.weight in ("accumulator", "output")):
+            try:
+                dtype = _dt.as_dtype(self.weight, name="weight")
+            except TypeError:
+                raise ValueError(f"weight: expected one of ('accumulator', 'output') or a float dtype, got "
+                                 f"{self.weight!r}") from None
+            if _dt.is_integer(dtype):
+                raise TypeError(f"weight: expected 'accumulator', 'output' or a float dtype, got {dtype}")
+            object.__setattr__(self, "weight", dtype)
         if not (isinstance(self.combine, str) and self.combine == "accumulator"):
             dtype = _dt.as_dtype(self.combine, name="combine")
             if _dt.is_integer(dtype):
@@ -251,6 +262,12 @@ class RoutedNumerics:
             raise ValueError("combine: 'accumulator' sums the weighted products in the accumulator, but "
                              "weight='output' rounds them to the output dtype first: give combine the dtype the "
                              "rounded slots are summed in")
+
+    def weight_dtype(self, r: Routing) -> np.dtype | None:
+        """The dtype the weight multiplies the rounded product in (None: in the accumulator)."""
+        if isinstance(self.weight, str):
+            return None if self.weight == "accumulator" else np.dtype(r.out_dtype)
+        return self.weight
 
     def product_numerics(self, r: Routing) -> Numerics:
         return self.product or Numerics.default_for(r.tokens.dtype, r.experts.dtype, r.out_dtype)
@@ -284,14 +301,15 @@ def _tinies(dtype: Any, flush: bool) -> float:
 def _weighted_error(p: np.ndarray, e_p: np.ndarray, w: np.ndarray, rn: RoutedNumerics, r: Routing,
                     num: Numerics) -> np.ndarray:
     """Bound on ``|q - w * p|`` for the weighted slot value ``q`` before the final rounding to the output dtype
-    (``"accumulator"``) or after it (``"output"``), given ``|p_kernel - p| <= e_p``."""
-    aw = np.abs(w)
-    if rn.weight == "accumulator":
+    (``"accumulator"``, a dtype) or after it (``"output"``), given ``|p_kernel - p| <= e_p``."""
+    aw, d = np.abs(w), rn.weight_dtype(r)
+    if d is None:
         u, tiny = num.u_acc, _tinies(num.accumulate, num.flush_subnormals)
         return aw * e_p + u * aw * (np.abs(p) + e_p) + tiny
-    u, tiny = _dt.unit_roundoff(r.out_dtype), _tinies(r.out_dtype, num.flush_subnormals)
-    e_y = e_p + u * (np.abs(p) + e_p) + tiny  # the product rounded to the output dtype
-    w_hi = aw * (1 + u) + tiny  # the weight rounded to it
+    u_o, tiny_o = _dt.unit_roundoff(r.out_dtype), _tinies(r.out_dtype, num.flush_subnormals)
+    u, tiny = _dt.unit_roundoff(d), _tinies(d, num.flush_subnormals)
+    e_y = e_p + u_o * (np.abs(p) + e_p) + tiny_o  # the product rounded to the output dtype
+    w_hi = aw * (1 + u) + tiny  # the weight rounded to d
     return w_hi * e_y + (u * aw + tiny) * np.abs(p) + u * w_hi * (np.abs(p) + e_y) + tiny
 
 
@@ -351,7 +369,7 @@ class RoutedReference:
         ref = gamma(2, U_REF) * np.abs(self.slots_exact)  # the float64 weight product
         if not r.mul_routed_weight:
             bound = e_p + u_out * (np.abs(p) + e_p) + tiny_out
-        elif rn.weight == "output":
+        elif rn.weight_dtype(r) == np.dtype(r.out_dtype):  # the weighted product already in the output dtype
             bound = _weighted_error(p, e_p, r.weights64()[:, :, None], rn, r, num) + ref
         else:
             e_q = _weighted_error(p, e_p, r.weights64()[:, :, None], rn, r, num) + ref

@@ -16,6 +16,16 @@ vLLM / SGLang (``moe_align_block_size``, semantics from vLLM's ``csrc/moe/moe_al
   the runs are those of the local experts, by local id.
 - ``num_tokens_post_padded`` (int32, ``[1]``): the padded runs' total length.
 
+SGLang (``moe_align_block_size`` of ``srt/layers/moe/moe_runner/triton_utils``, its CUDA op called with
+``num_experts + 1`` buckets and ``pad_sorted_token_ids=True``; docs/conventions.md): the layout above over the
+buckets ``topk_ids + 1`` of *local* ids in ``[-1, E)`` (-1: another rank's expert, as SGLang's dispatcher maps
+them), so the run of the -1 slots comes first and its blocks' ``expert_ids`` are -1 (bucket 0 minus one); the
+sentinel is the same ``T*top_k``; ``sorted_token_ids`` has ``T*top_k*block_size`` entries when
+``T*top_k < E + 1``, else ``T*top_k + (E + 1)*(block_size - 1)``, rounded up to a multiple of 4 (the op's int4
+stores), all sentinels past the runs; ``expert_ids`` has ``ceil(len / block_size)`` entries, those past
+``num_tokens_post_padded`` never written (``torch.empty``: :func:`sglang_moe_align_block_size` writes -1 there,
+what the op writes with ``pad_expert_ids``). There is no ``expert_map`` argument: the ids are local already.
+
 unsloth (``get_routing_indices``): ``m_sizes [E]`` (int32, per expert, not cumulative) and ``gather_indices
 [T*top_k]`` (int64, the flat slot indices grouped by expert: a stable argsort of the flattened ``topk_ids``).
 """
@@ -29,8 +39,8 @@ import numpy as np
 from gmm_ref.checks import as_int
 from gmm_ref.routing import check_expert_map, check_ids
 
-__all__ = ["moe_align_block_size", "unsloth_routing_indices", "validate_moe_align_block_size",
-           "validate_unsloth_routing"]
+__all__ = ["moe_align_block_size", "sglang_moe_align_block_size", "unsloth_routing_indices",
+           "validate_moe_align_block_size", "validate_sglang_moe_align_block_size", "validate_unsloth_routing"]
 
 
 def _positive(name: str, value: Any) -> int:
@@ -190,6 +200,71 @@ def _check_run_blocks(e: int, start: int, padded: int, bs: int, blocks: np.ndarr
             what = f"expert_map[{e}] = {want}" if want != e else f"expert {e}"
             raise ValueError(f"expert_ids[{b}] = {int(blocks[b])}: block {b} holds the slots of expert {e}, "
                              f"expected {what}")
+
+
+def _sglang_ids(topk_ids: Any, num_experts: Any) -> tuple[np.ndarray, int]:
+    """SGLang's local ``topk_ids`` in ``[-1, num_experts)`` (ValueError naming the first other) and the count
+    (0 allowed: a rank whose slots all go to other ranks' experts)."""
+    num_experts = as_int("num_experts", num_experts)
+    if num_experts < 0:
+        raise ValueError(f"num_experts: expected the local experts' count (0 or more), got {num_experts}")
+    ids = topk_ids
+    if isinstance(ids, np.ndarray) and ids.ndim == 2 and ids.dtype in (np.int32, np.int64):
+        bad = np.argwhere((ids < -1) | (ids >= num_experts))
+        if len(bad):
+            t, j = (int(i) for i in bad[0])
+            raise ValueError(f"topk_ids[{t}, {j}] = {int(ids[t, j])}: expected a local expert in "
+                             f"[0, {num_experts}) or -1 (another rank's)")
+        ids = ids + 1
+    return check_ids("topk_ids", ids, num_experts + 1), num_experts
+
+
+def sglang_max_num_tokens_padded(numel: int, block_size: int, num_experts: int) -> int:
+    """The length SGLang allocates for ``sorted_token_ids`` (``num_experts`` local experts, one more bucket)."""
+    buckets = num_experts + 1
+    size = numel * block_size if numel < buckets else numel + buckets * (block_size - 1)
+    return _cdiv(size, 4) * 4
+
+
+def sglang_moe_align_block_size(topk_ids: Any, block_size: Any,
+                                num_experts: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SGLang's ``moe_align_block_size`` in NumPy: ``(sorted_token_ids, expert_ids, num_tokens_post_padded)``
+    (module docstring): vLLM's layout over the buckets ``topk_ids + 1``, resized to SGLang's length, each
+    written block's expert its bucket minus one. ``topk_ids [T, top_k]`` int32/int64 local ids in
+    ``[-1, num_experts)``."""
+    buckets, num_experts = _sglang_ids(topk_ids, num_experts)
+    block_size = _positive("block_size", block_size)
+    runs, bucket_of_block, post = moe_align_block_size(buckets, block_size, num_experts + 1)
+    numel, total = int(buckets.size), int(post[0])
+    size = sglang_max_num_tokens_padded(numel, block_size, num_experts)
+    sorted_ids = np.full(size, numel, np.int32)
+    sorted_ids[:total] = runs[:total]
+    expert_ids = np.full(_cdiv(size, block_size), -1, np.int32)
+    expert_ids[:total // block_size] = bucket_of_block[:total // block_size] - 1
+    return sorted_ids, expert_ids, post
+
+
+def validate_sglang_moe_align_block_size(topk_ids: Any, block_size: Any, num_experts: Any, sorted_token_ids: Any,
+                                         expert_ids: Any, num_tokens_post_padded: Any) -> None:
+    """Raise ValueError naming the first index at which the metadata is not what
+    :func:`sglang_moe_align_block_size` makes of ``topk_ids`` (any order inside a run; ``expert_ids`` past
+    ``num_tokens_post_padded`` unread); return None when it is."""
+    buckets, num_experts = _sglang_ids(topk_ids, num_experts)
+    bs = _positive("block_size", block_size)
+    sorted_ids = _flat_array("sorted_token_ids", sorted_token_ids)
+    blocks = _flat_array("expert_ids", expert_ids)
+    size = sglang_max_num_tokens_padded(int(buckets.size), bs, num_experts)
+    if sorted_ids.shape[0] != size or blocks.shape[0] != _cdiv(size, bs):
+        raise ValueError(f"sorted_token_ids / expert_ids: expected {size} / {_cdiv(size, bs)} entries (SGLang's "
+                         f"length for {buckets.size} slots, {num_experts} + 1 buckets, block_size = {bs}), got "
+                         f"{sorted_ids.shape[0]} / {blocks.shape[0]}")
+    post = _flat_array("num_tokens_post_padded", num_tokens_post_padded)
+    written = blocks[:int(post[0]) // bs] + 1 if post.shape == (1,) else blocks
+    try:
+        validate_moe_align_block_size(buckets, bs, num_experts + 1, sorted_token_ids, written, post)
+    except ValueError as exc:  # vLLM's words over buckets: name SGLang's experts (bucket - 1)
+        raise ValueError(f"in SGLang's +1 buckets (bucket b holds expert b - 1, bucket 0 the slots of -1): {exc}") \
+            from None
 
 
 def unsloth_routing_indices(topk_ids: Any, num_experts: Any) -> tuple[np.ndarray, np.ndarray]:

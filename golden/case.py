@@ -24,6 +24,7 @@ from gmm_ref import conventions, families
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
 from gmm_ref.scaled import round_scales
+from golden import routed
 from golden.generator import raw_bits, values
 
 __all__ = ["Case", "GoldenError", "build_problem", "inputs_of", "select"]
@@ -73,6 +74,11 @@ class Case:
     quant: int = 0
     #: ``padded_contiguous`` only: every group starts at a multiple of it (left out of the JSON spec when None)
     alignment: int | None = None
+    #: a routed case only (``golden.routed``; left out of the JSON spec when at their defaults): the slots per
+    #: token, the global -> local expert map (-1: another rank's expert) and whether the weights multiply in
+    top_k: int | None = None
+    expert_map: Any = None
+    mul_routed_weight: bool = False
 
     def __post_init__(self) -> None:
         ok = set("abcdefghijklmnopqrstuvwxyz0123456789._-")
@@ -85,6 +91,8 @@ class Case:
         object.__setattr__(self, "tags", tuple(self.tags))
         if self.tiling is not None:
             object.__setattr__(self, "tiling", tuple(int(t) for t in self.tiling))
+        if self.expert_map is not None:
+            object.__setattr__(self, "expert_map", np.asarray(self.expert_map, dtype=np.int64).tolist())
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -94,8 +102,10 @@ class Case:
             d["tiling"] = list(self.tiling)
         if not self.quant:
             del d["quant"]
-        if self.alignment is None:
-            del d["alignment"]
+        for name, default in (("alignment", None), ("top_k", None), ("expert_map", None),
+                              ("mul_routed_weight", False)):
+            if d[name] == default:
+                del d[name]
         return d
 
     @classmethod
@@ -191,7 +201,8 @@ def _touched(p: gmm_ref.Problem, which: str) -> np.ndarray:
 
 
 def build_problem(case: Case) -> gmm_ref.Problem:
-    """The problem a case describes, with its convention's policies, in the case's own layout.
+    """The problem a case describes, with its convention's policies, in the case's own layout (a routed case:
+    its ``gmm_ref.Routing``, :func:`golden.routed.build_routing`).
 
     The convention's gmm_ref front-end, fed ``gmm_ref.arguments(problem)``,
     must describe the same output (shape, dtype, tail / foreign / empty-group
@@ -201,6 +212,11 @@ def build_problem(case: Case) -> gmm_ref.Problem:
         convention = conventions.get(case.convention)
     except ValueError as exc:
         raise ValueError(f"case {case.name}: {exc}") from None
+    if routed.is_routed(case) != (case.convention in conventions.routed_names()):
+        raise ValueError(f"case {case.name}: family {case.family!r} in the convention {case.convention}: a routed "
+                         "convention's cases are of the routed family, and only theirs")
+    if routed.is_routed(case):  # a gmm_ref.Routing, not a grouped Problem
+        return routed.build_routing(case, convention)
     local = case.num_local_groups
     if families.get(case.family).takes_sizes:
         gs = np.asarray(case.group_sizes, dtype=np.int64)
@@ -261,7 +277,9 @@ def _promise(p: gmm_ref.Problem) -> dict[str, Any]:
 
 
 def inputs_of(p: gmm_ref.Problem) -> dict[str, np.ndarray]:
-    """The arrays a problem is made of (what :func:`inputs_sha256` hashes)."""
+    """The arrays a problem (or a routed case's routing) is made of (what :func:`inputs_sha256` hashes)."""
+    if isinstance(p, gmm_ref.Routing):
+        return routed.inputs(p)
     d = {"lhs": p.lhs, "rhs": p.rhs}
     if p.group_sizes is not None:
         d["group_sizes"] = p.group_sizes

@@ -21,6 +21,9 @@ kernels compile once per shape (interpreted Pallas costs about a second each):
   scales, or 1x128 x 1x128 power-of-two scales), groups at multiples of 128 rows; masked ``[4, 200, 256]``;
 - ``vllm.batched_moe`` (reference only here): ``[4, 32, 256] x [4, 48, 256]`` into an existing ``C``, bf16 or
   FP8 per token / in 128x128 blocks.
+- ``vllm.fused_moe`` (the routed family, ``golden.routed``): tokens ``[T, K]``, experts ``[E, N, K]``, the
+  per-slot output ``[T, top_k, N]``; ``(K, N)`` of ``(16, 8)`` (within one 32-wide tile) or ``(40, 40)`` (past
+  one); top_k 1, 2 and 8; experts no slot routes to; an ``expert_map`` with other ranks' experts; T = 1.
 
 Tags name the edge classes a case covers (``python -m golden list``).
 """
@@ -44,6 +47,9 @@ DGC = dict(convention="deep_gemm.m_grouped_contiguous", family="padded_contiguou
            rhs_transposed=True, alignment=128, dtype="float8_e4m3fn", out_dtype="bfloat16", tiling=(128, 128, 128))
 DGM = dict(convention="deep_gemm.m_grouped_masked", family="masked", m=200, k=256, n=144, rhs_transposed=True,
            dtype="float8_e4m3fn", out_dtype="bfloat16", tiling=(128, 128, 128))
+MOE = dict(convention="vllm.fused_moe", family="routed")
+SGLANG_MOE = dict(convention="sglang.fused_moe", family="routed")
+UNSLOTH = dict(convention="unsloth.grouped_gemm", family="routed")
 VB = dict(convention="vllm.batched_moe", family="masked", m=32, k=256, n=48, rhs_transposed=True,
           dtype="float8_e4m3fn", out_dtype="bfloat16", tiling=(16, 128, 32))
 
@@ -188,6 +194,29 @@ CASES: list[Case] = [
          tags=("scaled", "masked", "existing", "blocks")),
     Case("vllm-batched-e4m3-per-token", **VB, group_sizes=[32, 1, 0, 9], existing=True, quant=1, seed=152,
          tags=("scaled", "masked", "existing", "per_token")),
+    # ------------------------------------------- vLLM's fused MoE (routed: gather, grouped GEMM, weighted scatter)
+    Case("moe-vllm-bf16-top2-tiles", **MOE, m=12, k=40, n=40, groups=8, top_k=2, dtype="bfloat16",
+         mul_routed_weight=True, seed=200, tags=("routed", "top_k_2", "weighted", "unaligned")),
+    Case("moe-vllm-f16-top1-empty-experts", **MOE, m=5, k=16, n=8, groups=16, top_k=1, dtype="float16", seed=201,
+         tags=("routed", "top_k_1", "empty_expert")),
+    Case("moe-vllm-f32-top8-exact", **MOE, m=6, k=16, n=8, groups=12, top_k=8, kind="int", int_range=2,
+         mul_routed_weight=True, seed=202, tags=("routed", "top_k_8", "exact", "weighted")),
+    Case("moe-vllm-bf16-expert-map-poison", **MOE, m=9, k=16, n=8, groups=8, top_k=2, dtype="bfloat16",
+         expert_map=[-1, 0, -1, 1, 2, -1, 3, -1], mul_routed_weight=True, poison=True, seed=203,
+         tags=("routed", "expert_map", "foreign", "poison", "weighted")),
+    Case("moe-vllm-f32-t1", **MOE, m=1, k=40, n=40, groups=60, top_k=2, seed=204,
+         tags=("routed", "t1", "empty_expert", "unaligned")),
+    # ------------------------------------------- SGLang's fused MoE (local ids, -1 for another rank's expert)
+    Case("moe-sglang-bf16-top2-expert-map", **SGLANG_MOE, m=10, k=40, n=40, groups=8, top_k=2, dtype="bfloat16",
+         expert_map=[0, -1, 1, 2, -1, 3, 4, -1], mul_routed_weight=True, poison=True, seed=210,
+         tags=("routed", "top_k_2", "expert_map", "foreign", "poison", "weighted", "unaligned")),
+    Case("moe-sglang-f16-top8-even-k", **SGLANG_MOE, m=4, k=32, n=8, groups=12, top_k=8, dtype="float16",
+         seed=211, tags=("routed", "top_k_8", "empty_expert")),
+    # ------------------------------------------- unsloth's grouped GEMM (its form follows from the routing)
+    Case("moe-unsloth-bf16-permute-y-fused-weight", **UNSLOTH, m=7, k=32, n=24, groups=8, top_k=2,
+         dtype="bfloat16", mul_routed_weight=True, seed=220, tags=("routed", "top_k_2", "weighted")),
+    Case("moe-unsloth-f32-permute-x-exact", **UNSLOTH, m=6, k=48, n=40, groups=9, top_k=4, kind="int",
+         int_range=2, seed=221, tags=("routed", "top_k_4", "exact", "empty_expert")),
     # ---------------------------------------------------- TransformerEngine (reference only)
     Case("te-m-f32-lhs-last-packed", **TE, family="ragged_m", m=24, k=8, n=8, lhs_transposed=True,
          packed=True, group_sizes=[5, 0, 19], seed=100, tags=("packed", "transposed", "empty_middle")),

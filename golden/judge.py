@@ -21,6 +21,7 @@ from gmm_kernels import FunctionAdapter, KernelAdapter, Result, Status, resolve_
 from gmm_kernels.repro import locate
 from gmm_ref import dtypes as _dt
 from gmm_ref.compare import group_span, groups_of
+from golden import routed
 from golden.case import Case, GoldenError, build_problem, select
 from golden.producers import kernel_producer
 from golden.staleness import case_now, fix_commands, spec_diff, stale_keys
@@ -77,7 +78,10 @@ def _fmt(x: Any) -> str:
 
 def describe_bad(p: gmm_ref.Problem, bad: np.ndarray, mask: np.ndarray, actual: np.ndarray,
                  desired: np.ndarray) -> str:
-    """One line: how many defined elements are wrong, in which groups, and the first one."""
+    """One line: how many defined elements are wrong, in which groups, and the first one (a routing's: in which
+    slots, and the first one's token, slot and expert)."""
+    if isinstance(p, gmm_ref.Routing):
+        return routed.describe_bad(p, bad, mask, actual, desired)
     idx = np.argwhere(bad)
     groups = groups_of(p, idx)
     found, first = np.unique(groups, return_index=True)
@@ -136,7 +140,7 @@ def compare_output(kernel: KernelAdapter, golden: Golden, problem: gmm_ref.Probl
         line = describe_bad(problem, bad, golden.mask, act, golden.out)
         return _failed(name, case, f"case {case}: not bit-for-bit equal to its own golden ({producer['version']}, "
                                    f"{producer['platform']}), max {ulps:g} ulps: {line}", "bit-for-bit")
-    ref = gmm_ref.reference(problem)
+    ref = routed.reference_of(problem)
     if drift(golden.out, canonical_output(ref.values, ref.mask), ref.mask)[2] or not np.array_equal(
             golden.mask, ref.mask):
         return _failed(name, case, f"case {case}: the stored reference golden no longer equals the reference: "
@@ -144,7 +148,7 @@ def compare_output(kernel: KernelAdapter, golden: Golden, problem: gmm_ref.Probl
     act = canonical_output(act, ref.mask)  # undefined elements may hold any bits (uninitialised memory)
     if kernel.declared_quantizes is not None:  # a kernel that quantizes: the golden inputs quantized
         ref = kernel.reference_for(problem)
-    outcome = gmm_ref.check(act, ref, numerics=kernel.numerics_for(problem), kernel=name)
+    outcome = routed.check_of(act, ref, numerics=kernel.numerics_for(problem), kernel=name)
     if outcome.ok:
         return Result(name, case, Status.PASSED, examples=1, criterion="bound")
     if outcome.bad is None:

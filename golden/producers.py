@@ -75,14 +75,21 @@ def kernel_producer(kernel: KernelAdapter, *, version: str | None = None) -> dic
     return {"name": str(kernel.name), "version": str(version), "platform": str(plat)}
 
 
-def numerics_json(n: gmm_ref.Numerics | None) -> dict[str, Any] | None:
-    """Every field of the numerics the judge uses, as JSON."""
+def numerics_json(n: Any) -> dict[str, Any] | None:
+    """Every field of the numerics the judge uses, as JSON (a routed kernel's ``gmm_ref.RoutedNumerics`` under
+    ``routed_numerics``: its product's numerics as ``product``, beside ``weight`` and ``combine``)."""
     if n is None:
         return None
+    if isinstance(n, gmm_ref.RoutedNumerics):
+        return {"routed_numerics": {"product": numerics_json(n.product), "weight": n.weight, "combine": str(n.combine)}}
     return n.to_json()
 
 
-def numerics_from_json(d: dict[str, Any] | None) -> gmm_ref.Numerics | None:
+def numerics_from_json(d: dict[str, Any] | None) -> Any:
     if d is None:
         return None
+    if set(d) == {"routed_numerics"}:
+        r = d["routed_numerics"]
+        return gmm_ref.RoutedNumerics(product=numerics_from_json(r["product"]), weight=r["weight"],
+                                      combine=r["combine"])
     return gmm_ref.Numerics.from_json(d)

@@ -23,6 +23,7 @@ import numpy as np
 import gmm_ref
 from gmm_kernels import KernelAdapter, resolve_kernel
 from gmm_kernels.repro import locate
+from golden import routed
 from golden.case import Case, GoldenError, build_problem, inputs_of, select, split_patterns
 from golden.judge import describe_bad, drift
 from golden.lock import locked
@@ -118,8 +119,8 @@ def drift_table(changes: Sequence[Change]) -> str:
 
 def _old_within_bound(p: gmm_ref.Problem, old: np.ndarray, numerics: Any) -> tuple[bool, float, float]:
     """(within, worst |old - exact| / bound, largest bound) of an old golden as an output of ``p`` now."""
-    ref = gmm_ref.reference(p)
-    ok = gmm_ref.check(old, ref, numerics=numerics).ok
+    ref = routed.reference_of(p)
+    ok = routed.check_of(old, ref, numerics=numerics).ok
     bound = ref.bound(numerics)[ref.mask]  # (zeros for an integer output: exact)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         err = np.abs(old.astype(np.float64) - ref.exact.astype(np.float64))[ref.mask]
@@ -133,12 +134,12 @@ def _produce(case: Case, kernel: KernelAdapter | None
              ) -> tuple[gmm_ref.Problem, np.ndarray, np.ndarray, dict, Any, str]:
     """(problem, canonical output, mask, producer, numerics, failure) for one case."""
     p = build_problem(case)
-    ref = gmm_ref.reference(p)
+    ref = routed.reference_of(p)
     if kernel is None:
         return p, canonical_output(ref.values, ref.mask), ref.mask, reference_producer(), None, ""
     out = canonical_output(kernel.run(p), ref.mask)
     numerics = kernel.numerics_for(p)
-    outcome = gmm_ref.check(out, ref, numerics=numerics, kernel=kernel.name)
+    outcome = routed.check_of(out, ref, numerics=numerics, kernel=kernel.name)
     fail = ""
     if not outcome.ok:
         fail = "output outside the gmm_ref bound: " + (
@@ -160,7 +161,7 @@ def _entry(case: Case, p: gmm_ref.Problem, out: np.ndarray, mask: np.ndarray, pr
         "output_sha256": array_sha256(out),
         "mask_sha256": array_sha256(mask),
         "out_shape": list(out.shape),
-        "dtypes": {"lhs": str(p.lhs.dtype), "rhs": str(p.rhs.dtype), "out": str(out.dtype)},
+        "dtypes": {**routed.record_of(p)[1], "out": str(out.dtype)},
         "producer": producer,
         "numerics": numerics_json(numerics),
         "inputs_stored": bool(store_inputs),

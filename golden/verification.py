@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-import gmm_ref
+from golden import routed
 from golden.case import Case, GoldenError, build_problem, inputs_of, select, split_patterns
 from golden.judge import describe_bad, drift
 from golden.lock import LOCK_NAME
@@ -92,9 +92,9 @@ def _record_errors(n: str, key: str, entry: dict, g: Any, p: Any) -> str | None:
         return f"numerics {entry['numerics']!r} cannot be read: {exc}"
     if entry["file"] != f"{n}-{entry['file_sha256'][:10]}.npz":
         return f"file name {entry['file']!r} is not the case name and its hash"
-    if entry["out_shape"] != list(g.out.shape) or list(p.out_shape) != entry["out_shape"]:
-        return f"out_shape {entry['out_shape']} but the file holds {list(g.out.shape)}, the problem {list(p.out_shape)}"
-    want = {"lhs": str(p.lhs.dtype), "rhs": str(p.rhs.dtype), "out": str(p.out_dtype)}
+    shape, want = routed.record_of(p)
+    if entry["out_shape"] != list(g.out.shape) or list(shape) != entry["out_shape"]:
+        return f"out_shape {entry['out_shape']} but the file holds {list(g.out.shape)}, the problem {list(shape)}"
     if entry["dtypes"] != want or str(g.out.dtype) != want["out"]:
         return f"dtypes {entry['dtypes']} but the problem gives {want} (file: {g.out.dtype})"
     if bool(g.inputs) != entry["inputs_stored"]:
@@ -126,7 +126,7 @@ def _verify_golden(store: GoldenStore, n: str, key: str, entry: dict, command: s
 
 
 def _verify_values(n: str, who: str, entry: dict, g: Any, p: Any, fix: str) -> str | None:
-    ref = gmm_ref.reference(p)
+    ref = routed.reference_of(p)
     if not np.array_equal(ref.mask, g.mask):
         differ = int((ref.mask != g.mask).sum())
         return f"{n}{who}: the defined-mask differs from gmm_ref's ({differ} elements); {fix}"
@@ -136,7 +136,7 @@ def _verify_values(n: str, who: str, entry: dict, g: Any, p: Any, fix: str) -> s
             return (f"{n}: the reference no longer reproduces its golden bit for bit: {ndiff} element(s) differ, "
                     f"max |delta| {dmax:.4g}, max {ulps:g} ulps; if intended, {fix}")
         return None
-    out = gmm_ref.check(g.out, ref, numerics=numerics_from_json(entry.get("numerics")))
+    out = routed.check_of(g.out, ref, numerics=numerics_from_json(entry.get("numerics")))
     if not out.ok:
         why = (describe_bad(p, out.bad, ref.mask, g.out, ref.values) if out.bad is not None
                else out.message.splitlines()[-1])

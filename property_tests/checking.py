@@ -320,24 +320,25 @@ def _routing_note(r: gmm_ref.Routing) -> str:
 
 
 def _check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) -> None:
-    """A routed kernel's per-slot output against the routed reference (``gmm_ref.assert_routed_matches``: the
-    token, slot and expert of the first wrong element named); run twice for a deterministic kernel in a mode that
-    asks, bit for bit."""
+    """A routed kernel's output (per slot or combined, as its convention says) against the routed reference
+    (``gmm_ref.assert_routed_matches``: the token, slot and expert of the first wrong element named); run twice
+    for a deterministic kernel in a mode that asks, bit for bit."""
     __tracebackhide__ = True
     ref = adapter.reference_for(routing)
     numerics = adapter.numerics_for(routing)
     try:
         out = adapter.run(routing)
-        gmm_ref.assert_routed_matches(out, ref, numerics=numerics, kernel=adapter.name)
+        output = adapter.convention_facts.output
+        gmm_ref.assert_routed_matches(out, ref, numerics=numerics, kernel=adapter.name, output=output)
         if mode.deterministic_repeat and adapter.deterministic:
             again = adapter.run(routing)
             bits = f"u{out.dtype.itemsize}"
             differ = np.argwhere(np.ascontiguousarray(out).view(bits) != np.ascontiguousarray(again).view(bits))
             if differ.size:
-                t, j, c = (int(i) for i in differ[0][:3])
-                raise gmm_ref.Mismatch(f"token {t}, slot {j} (expert {int(routing.topk_ids[t, j])}), column {c}: "
-                                       f"a second call returned other bits ({adapter.name} declares itself "
-                                       "deterministic)", kind="determinism")
+                t, j, c = int(differ[0][0]), int(differ[0][1]), int(differ[0][-1])
+                where = "" if output == "combined" else f", slot {j} (expert {int(routing.topk_ids[t, j])})"
+                raise gmm_ref.Mismatch(f"token {t}{where}, column {c}: a second call returned other bits "
+                                       f"({adapter.name} declares itself deterministic)", kind="determinism")
     except Exception as exc:
         exc.add_note(_routing_note(routing))
         raise
@@ -413,13 +414,14 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     if mode.fixed_problem is not None and not adapter.routed:
         return _check_fixed(adapter, mode, t0, common)
     try:
-        if adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
-            tally = _run_routed(adapter, mode, max_examples, profile, seed, database=database, run=run)
-        elif mode.cells:
-            checked, left_out = scale.run_cells(adapter, mode, family, _check_forward)
+        if mode.cells:  # a routed kernel's cells are routings (property_tests.scale_routed)
+            checked, left_out = scale.run_cells(adapter, mode, family,
+                                                _check_routed if adapter.routed else _check_forward)
             return Result(status=Status.PASSED, examples=checked, seconds=time.perf_counter() - t0,
                           cells=(checked, checked + sum(map(len, left_out.values()))),
                           detail=scale.cells_detail(left_out), **common)
+        elif adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
+            tally = _run_routed(adapter, mode, max_examples, profile, seed, database=database, run=run)
         else:
             tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run)
     except Unsupported as exc:

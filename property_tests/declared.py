@@ -58,6 +58,12 @@ def routing_options(adapter: KernelAdapter) -> dict[str, Any]:
     opts: dict[str, Any] = dict(expert_layouts=conv.expert_layouts, dtypes=pairs, weight_dtypes=conv.weight_dtypes,
                                 distinct_experts=conv.distinct_experts, block_size=conv.block_size,
                                 foreign=(conv.foreign, "undefined") if conv.foreign != "undefined" else ("undefined",))
+    if conv.expert_parallel is not None:
+        opts["expert_parallel"] = conv.expert_parallel
+    if conv.extents is not None:
+        opts["shapes"] = conv.extents
+    if conv.mul_routed_weight is not None:
+        opts["mul_routed_weight"] = conv.mul_routed_weight
     lim = adapter.routed_limits()
     if lim.max_tokens is not None:
         opts["max_tokens"] = lim.max_tokens

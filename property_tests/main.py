@@ -51,6 +51,7 @@ from property_tests.table import (
     Table,
     cells_of,
     check_cells,
+    examples_in_default_run,
     failure_line,
     render,
     run_cell,
@@ -190,12 +191,15 @@ def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, Kern
          cells: list[Cell], table: Table) -> None:
     """Check ``cells`` (all of the ``plan``, or a shard's part) into ``table``, which gets every row of the plan."""
     table.plan(plan)
+    # the default run (no --kernel): a routed kernel that runs interpreted gets few examples a mode
+    examples = {name: args.max_examples if args.kernel else examples_in_default_run(k, args.max_examples)
+                for name, k in kernels.items()}
     if args.in_process:
         checks = CheckRun()  # the run's cells: an exception a kernel raises is reported in its first cell
 
         def run(cell: Cell, seed: int | None) -> CellOutcome:
             try:
-                return run_cell(kernels[cell.kernel], cell.family, cell.column, max_examples=args.max_examples,
+                return run_cell(kernels[cell.kernel], cell.family, cell.column, max_examples=examples[cell.kernel],
                                 seed=seed, golden_dir=request.golden_dir, require_own=request.require_own,
                                 example_db=request.example_db, run=checks)
             except (SystemExit, GeneratorExit) as exc:  # a kernel's sys.exit: never the run's exit status
@@ -225,7 +229,7 @@ def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, Kern
     def check(name: str) -> None:
         tables[name].plan([c for c in plan if c.kernel == name])  # every row, even for a shard with the goldens alone
         # the worker loads this kernel alone (another's module failing to load there is not this kernel's failure)
-        lane = replace(request, kernels=(kernels[name].origin or name,),
+        lane = replace(request, kernels=(kernels[name].origin or name,), max_examples=examples[name],
                        deadline=time.time() + args.budget if args.budget else None)  # the kernel's budget
         Supervisor(lane, tables[name], args.timeout, verbose=True).run(run_order(by_kernel[name]))
 

@@ -40,6 +40,7 @@ import numpy as np
 import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_ref import families
+from property_tests import scale_routed
 from property_tests.modes import Unsupported
 
 __all__ = ["GROUP_COUNTS", "INTERPRETED_GROUP_COUNTS", "ROWS", "ScaleCell", "cells", "cells_detail", "run_cells",
@@ -210,8 +211,9 @@ def scale_problem(adapter: KernelAdapter, cell: ScaleCell, seed: int = 0) -> gmm
 
 def run_cells(adapter: KernelAdapter, mode: Any, family: str | None,
               check: Callable[[KernelAdapter, gmm_ref.Problem, Any], None]) -> tuple[int, dict[str, list[str]]]:
-    """Check (``check(adapter, problem, mode)``: the checking loop's forward check) the problem of every cell of
-    ``mode`` (``Mode.cells``) the kernel can take, in ``family`` or all of its families; (cells checked,
+    """Check (``check(adapter, problem, mode)``: the checking loop's forward check; a routed kernel's: its routed
+    check of each routing of ``scale_routed``) the problem of every cell of ``mode`` (``Mode.cells``) the kernel
+    can take, in ``family`` or all of its families; (cells checked,
     {why: cells left out for it}). Raises the first failing cell's exception (its problem attached), or
     :class:`Unsupported` with the reasons when the kernel can take none."""
     __tracebackhide__ = True
@@ -219,7 +221,9 @@ def run_cells(adapter: KernelAdapter, mode: Any, family: str | None,
     if why is not None:
         raise Unsupported(why)
     checked, left_out = 0, {}
-    for cell in cells(adapter):
+    if adapter.routed:  # a routed MoE kernel: routings past the same limits (property_tests.scale_routed)
+        checked, left_out = scale_routed.run_cells(adapter, mode, check)
+    for cell in () if adapter.routed else cells(adapter):
         if family is not None and cell.family != family:
             continue
         problem = scale_problem(adapter, cell)

@@ -25,8 +25,9 @@ from property_tests.failures import CheckRun
 from property_tests.modes import ALL_MODES, MODES, RUN_ORDER
 from property_tests.shards import Cell
 
-__all__ = ["GOLDENS", "Cell", "CellOutcome", "FailedRound", "GoldenTally", "Table", "cells_of", "check_cells",
-           "failure_line", "not_run", "render", "run_cell", "run_order", "spend_budget"]
+__all__ = ["GOLDENS", "ROUTED_INTERPRETED_EXAMPLES", "Cell", "CellOutcome", "FailedRound", "GoldenTally", "Table",
+           "cells_of", "check_cells", "examples_in_default_run", "failure_line", "not_run", "render", "run_cell",
+           "run_order", "spend_budget"]
 
 GOLDENS = "goldens"
 _WIDTH = 110
@@ -34,6 +35,21 @@ _WIDTH = 110
 
 def _short(text: str) -> str:
     return text if len(text) <= _WIDTH else text[: _WIDTH - 3] + "..."
+
+
+#: examples a mode of a routed MoE kernel that runs interpreted here gets in the default run (every kernel at once):
+#: a routing costs it tens of milliseconds to seconds (one interpreted program per live block), so the profile's 50
+#: would add about a minute per kernel; named (``--kernel``), it gets the profile's
+ROUTED_INTERPRETED_EXAMPLES = 10
+
+
+def examples_in_default_run(kernel: KernelAdapter, max_examples: int | None) -> int | None:
+    """The examples per mode ``kernel`` gets in the default run: ``max_examples`` when given, else
+    :data:`ROUTED_INTERPRETED_EXAMPLES` for a routed kernel that runs interpreted here (``interpreted()``), else
+    None (the profile's budget, and the kernel's own ``max_examples`` cap)."""
+    if max_examples is None and kernel.routed and kernel.interpreted():
+        return ROUTED_INTERPRETED_EXAMPLES
+    return max_examples
 
 
 def cells_of(kernel: KernelAdapter, *, goldens: bool, modes: Sequence[str] | None = None) -> list[Cell]:

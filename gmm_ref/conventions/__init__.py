@@ -5,7 +5,8 @@ Built in: ``ragged_dot``, ``ragged_dot_general`` (jax.lax), ``megablox.gmm``,
 ``torch.scaled_grouped_mm`` (and its v2 NVFP4 form), ``te.scaled_grouped_gemm``, ``qwix.ragged_dot`` and
 ``torchao.nvfp4_grouped_mm``, and the serving layouts'
 ``deep_gemm.m_grouped_contiguous`` (and ``_psum``), ``deep_gemm.m_grouped_masked`` and
-``vllm.batched_moe``, one module each.
+``vllm.batched_moe``, one module each; the routed ``vllm.fused_moe`` (per-slot output) and
+``torch.moe_experts`` (combined output).
 Other packages add conventions through the ``gmm_harness.conventions``
 entry-point group (each entry point names a :class:`Convention` instance).
 
@@ -25,10 +26,13 @@ from gmm_ref.conventions.deep_gemm import CONTIGUOUS, CONTIGUOUS_PSUM, MASKED
 from gmm_ref.conventions.megablox import GMM, TGMM
 from gmm_ref.conventions.qwix import QWIX_RAGGED_DOT
 from gmm_ref.conventions.ragged_dot import RAGGED_DOT, RAGGED_DOT_GENERAL
+from gmm_ref.conventions.sglang import FUSED_MOE as SGLANG_FUSED_MOE
 from gmm_ref.conventions.te import TE_GROUPED_GEMM, TE_SCALED_GROUPED_GEMM
 from gmm_ref.conventions.torch_grouped import GROUPED_MM
+from gmm_ref.conventions.torch_moe import MOE_EXPERTS
 from gmm_ref.conventions.torch_scaled import SCALED_GROUPED_MM, SCALED_GROUPED_MM_V2
 from gmm_ref.conventions.torchao import NVFP4_GROUPED_MM
+from gmm_ref.conventions.unsloth import GROUPED_GEMM as UNSLOTH_GROUPED_GEMM
 from gmm_ref.conventions.vllm import BATCHED_MOE, FUSED_MOE
 from gmm_ref.names import did_you_mean
 from gmm_ref.problem import Problem
@@ -42,7 +46,7 @@ BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEM
            TE_SCALED_GROUPED_GEMM, SCALED_GROUPED_MM_V2)
 #: the routed MoE conventions (a kernel taking a ``gmm_ref.Routing``, docs/routed.md): looked up by :func:`get`,
 #: listed by :func:`routed_names`, not by :func:`names` (whose conventions express grouped ``Problem`` s)
-ROUTED = (FUSED_MOE,)
+ROUTED = (FUSED_MOE, SGLANG_FUSED_MOE, UNSLOTH_GROUPED_GEMM, MOE_EXPERTS)
 
 
 @functools.cache

@@ -309,7 +309,13 @@ class RoutedConvention:
     ``expert_layouts``: ``"enk"`` and/or ``"ekn"``; ``foreign``: what a slot routed to another rank's expert
     holds (``"zero"``, ``"undefined"``); ``distinct_experts``: the kernel's callers never list one expert twice
     in a token's slots (the strategies then draw none); ``block_size``: the alignment's block (``BLOCK_SIZE_M``)
-    where the kernel's metadata pads each expert's slots; ``out_argument``: the output buffer written in place.
+    where the kernel's metadata pads each expert's slots; ``out_argument``: the output buffer written in place;
+    ``expert_parallel``: False where the kernel has no expert map (every expert local; the strategies draw none),
+    None where it takes one; ``extents``: the ``(K, N)`` pairs it takes (its tiles divide K, say; None: any).
+    A kernel returning its output in another layout than ``[T, top_k, N]`` maps it in :meth:`per_slot`.
+    ``output``: what the kernel returns, the per-slot ``"slots"`` ``[T, top_k, N]`` or the ``"combined"``
+    ``[T, N]`` (the weighted sum over slots); ``mul_routed_weight``: True or False where the kernel always or never
+    multiplies the weights in (None: an argument says).
     """
 
     name: str
@@ -321,8 +327,12 @@ class RoutedConvention:
     distinct_experts: bool = True
     block_size: int = 16
     out_argument: str | None = None
-    #: the table row's name of this family (the routed family has no ``gmm_ref.families`` record yet)
-    family: str = "routed"
+    expert_parallel: bool | None = None
+    extents: tuple[tuple[int, int], ...] | None = None
+    output: str = "slots"
+    mul_routed_weight: bool | None = None
+    #: its family's name (``gmm_ref.families.ROUTED``): the main job's row of its kernels
+    family: str = _families.ROUTED.name
     summary: str = ""
 
     #: a routed convention has no grouped families: every check of ``Convention.families`` finds none
@@ -336,6 +346,8 @@ class RoutedConvention:
                                                         for d in self.weight_dtypes))
         if self.framework not in ("jax", "torch"):
             raise ValueError(f"framework: expected 'jax' or 'torch', got {self.framework!r}")
+        if self.output not in ("slots", "combined"):
+            raise ValueError(f"output: expected 'slots' or 'combined', got {self.output!r}")
 
     def __repr__(self) -> str:
         return f"<RoutedConvention {self.name}>"
@@ -358,9 +370,20 @@ class RoutedConvention:
                     f"{r.topk_weights.dtype}")
         if r.foreign != self.foreign and r.foreign != "undefined":
             return f"{self.name} gives slots of another rank's experts {self.foreign!r} values, not {r.foreign!r}"
+        if self.mul_routed_weight is not None and bool(r.mul_routed_weight) != self.mul_routed_weight:
+            return f"{self.name}'s kernel {'always' if self.mul_routed_weight else 'never'} multiplies the weights in"
         if self.distinct_experts and r.repeats_an_expert:
             return f"{self.name}'s callers never list one expert twice in a token's slots"
+        if self.expert_parallel is False and r.expert_map is not None:
+            return f"{self.name} has no expert parallelism: every expert is local (no expert_map)"
+        if self.extents is not None and (r.k, r.n) not in self.extents:
+            return f"{self.name} takes the (K, N) extents {list(self.extents)}, not {(r.k, r.n)}"
         return self._refusal(r)
+
+    def per_slot(self, out: Any, args: tuple, kwargs: dict) -> Any:
+        """The per-slot output ``[T, top_k, N]`` of a call's ``out`` (NumPy; its arguments ``args`` / ``kwargs``
+        as given to the kernel); the kernel's output is that already unless a convention says otherwise."""
+        return out
 
     def arguments(self, r: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``(args, kwargs)`` of this convention's kernel for the routing ``r`` (NumPy arrays)."""

@@ -35,7 +35,8 @@ from gmm_ref.routing import Routing
 from gmm_ref.routing_metadata import moe_align_block_size
 from gmm_ref.scaled import Quantization
 
-__all__ = ["BATCHED_MOE", "FUSED_MOE", "FUSED_MOE_CONFIG", "QUANTIZATIONS", "vllm_batched_moe"]
+__all__ = ["BATCHED_MOE", "FUSED_MOE", "FUSED_MOE_CONFIG", "QUANTIZATIONS", "fused_routing", "slot_experts",
+           "vllm_batched_moe"]
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -187,41 +188,9 @@ class _FusedMoE(base.RoutedConvention):
         out = base.optional_dtype("compute_type", compute_type) or np.dtype(c.dtype)
         if out != c.dtype:
             raise TypeError(f"compute_type: the result is cast to it and stored in C ({c.dtype}), got {out}")
-        bm = (config or FUSED_MOE_CONFIG).get("BLOCK_SIZE_M") if isinstance(config or {}, dict) else None
-        if not isinstance(bm, int) or bm < 1:
-            raise ValueError(f"config: expected a dict with a positive BLOCK_SIZE_M, got {config!r}")
-        sorted_ids = base.as_sizes("sorted_token_ids", sorted_token_ids).astype(np.int64)
-        blocks = base.as_sizes("expert_ids", expert_ids).astype(np.int64)
-        post = base.as_sizes("num_tokens_post_padded", num_tokens_post_padded).astype(np.int64)
-        if post.shape != (1,) or post[0] % bm or post[0] > sorted_ids.size or post[0] // bm > blocks.size:
-            raise ValueError(f"num_tokens_post_padded: expected [1] holding a multiple of BLOCK_SIZE_M={bm} within "
-                             f"sorted_token_ids ({sorted_ids.size}) and expert_ids ({blocks.size} blocks), got {post}")
-        numel = t * top_k
-        local = np.full(numel, -2, np.int64)  # -2: in no block
-        for blk in range(int(post[0]) // bm):
-            ex = int(blocks[blk])
-            if not -1 <= ex < e:
-                raise ValueError(f"expert_ids[{blk}] = {ex}: expected a local expert in [0, {e}) or -1")
-            for s in sorted_ids[blk * bm:(blk + 1) * bm]:
-                if 0 <= s < numel:
-                    if local[s] != -2:
-                        raise ValueError(f"sorted_token_ids: slot {int(s)} (token {s // top_k}, slot {s % top_k}) "
-                                         "lies in two blocks")
-                    local[s] = ex
-                elif s < 0:
-                    raise ValueError(f"sorted_token_ids: {int(s)} is no slot index (nor the padding, >= {numel})")
-        missing = np.flatnonzero(local == -2)
-        if missing.size:
-            s = int(missing[0])
-            raise ValueError(f"sorted_token_ids: slot {s} (token {s // top_k}, slot {s % top_k}) lies in no block "
-                             f"below num_tokens_post_padded = {int(post[0])}: the kernel would never write it")
-        emap = None
-        if (local == -1).any():
-            emap = np.concatenate([np.arange(e), [-1]]).astype(np.int64)
-            local = np.where(local == -1, e, local)
-        weights = None if topk_weights is None else base.as_array("topk_weights", topk_weights)
-        return Routing(a, b, local.reshape(t, top_k), weights, expert_layout="enk", expert_map=emap,
-                       mul_routed_weight=bool(mul_routed_weight), out_dtype=out, foreign=self.foreign)
+        local = slot_experts(config or FUSED_MOE_CONFIG, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                             t * top_k, top_k, e)
+        return fused_routing(a, b, local, top_k, topk_weights, bool(mul_routed_weight), out, self.foreign)
 
     def _arguments(self, r: Routing) -> tuple[tuple[Any, ...], dict[str, Any]]:
         config = dict(FUSED_MOE_CONFIG)
@@ -242,3 +211,54 @@ FUSED_MOE = _FusedMoE(
             "num_tokens_post_padded, mul_routed_weight, top_k, config, compute_type): routed tokens [T, K], "
             "experts [E, N, K], per-slot output [T, top_k, N], unquantized",
 )
+
+
+def slot_experts(config: Any, sorted_token_ids: Any, expert_ids: Any, num_tokens_post_padded: Any, numel: int,
+                 top_k: int, e: int) -> np.ndarray:
+    """``[numel]``: the local expert (-1: another rank's) of the block each flat slot lies in, as
+    ``fused_moe_kernel`` reads the metadata (blocks of ``config["BLOCK_SIZE_M"]`` entries of ``sorted_token_ids``
+    below ``num_tokens_post_padded[0]``, entries ``>= numel`` the padding); a ValueError names a slot in no block
+    or in two, or a block's expert out of range."""
+    bm = config.get("BLOCK_SIZE_M") if isinstance(config, dict) else None
+    if not isinstance(bm, int) or bm < 1:
+        raise ValueError(f"config: expected a dict with a positive BLOCK_SIZE_M, got {config!r}")
+    sorted_ids = base.as_sizes("sorted_token_ids", sorted_token_ids).astype(np.int64)
+    blocks = base.as_sizes("expert_ids", expert_ids).astype(np.int64)
+    post = base.as_sizes("num_tokens_post_padded", num_tokens_post_padded).astype(np.int64)
+    if post.shape != (1,) or post[0] % bm or post[0] > sorted_ids.size or post[0] // bm > blocks.size:
+        raise ValueError(f"num_tokens_post_padded: expected [1] holding a multiple of BLOCK_SIZE_M={bm} within "
+                         f"sorted_token_ids ({sorted_ids.size}) and expert_ids ({blocks.size} blocks), got {post}")
+    local = np.full(numel, -2, np.int64)  # -2: in no block
+    for blk in range(int(post[0]) // bm):
+        ex = int(blocks[blk])
+        if not -1 <= ex < e:
+            raise ValueError(f"expert_ids[{blk}] = {ex}: expected a local expert in [0, {e}) or -1")
+        for s in sorted_ids[blk * bm:(blk + 1) * bm]:
+            if 0 <= s < numel:
+                if local[s] != -2:
+                    raise ValueError(f"sorted_token_ids: slot {int(s)} (token {s // top_k}, slot {s % top_k}) "
+                                     "lies in two blocks")
+                local[s] = ex
+            elif s < 0:
+                raise ValueError(f"sorted_token_ids: {int(s)} is no slot index (nor the padding, >= {numel})")
+    missing = np.flatnonzero(local == -2)
+    if missing.size:
+        s = int(missing[0])
+        raise ValueError(f"sorted_token_ids: slot {s} (token {s // top_k}, slot {s % top_k}) lies in no block "
+                         f"below num_tokens_post_padded = {int(post[0])}: the kernel would never write it")
+    return local
+
+
+def fused_routing(a: np.ndarray, b: np.ndarray, local: np.ndarray, top_k: int, topk_weights: Any,
+                  mul_routed_weight: bool, out: np.dtype, foreign: str) -> Routing:
+    """The routing of a fused MoE call whose slots' local experts are ``local`` (:func:`slot_experts`): the
+    local experts are its experts; where some slot's is -1 one more global expert stands for the other ranks'
+    (``expert_map`` maps it to -1)."""
+    e = b.shape[0]
+    emap = None
+    if (local == -1).any():
+        emap = np.concatenate([np.arange(e), [-1]]).astype(np.int64)
+        local = np.where(local == -1, e, local)
+    weights = None if topk_weights is None else base.as_array("topk_weights", topk_weights)
+    return Routing(a, b, local.reshape(a.shape[0], top_k), weights, expert_layout="enk", expert_map=emap,
+                   mul_routed_weight=mul_routed_weight, out_dtype=out, foreign=foreign)

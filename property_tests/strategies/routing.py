@@ -7,7 +7,8 @@ static, ``topk_ids``, the ``expert_map``'s choice of local experts, weights, val
 drawn (docs/routed.md, "Strategies"): experts with no slot, every token on one expert, more global experts than
 256 and 512 (``K`` and ``N`` at their smallest there), ``top_k`` 1 to 8, tokens routed to experts of another
 rank, a rank with no local expert at all, ``T = 0`` and ``T = 1``, expert counts that never fill a block of
-``block_size``, runs of the last (highest) experts, zero and negative weights, and NaN or Inf wherever no local
+``block_size``, runs of the last (highest) experts, zero and negative weights, peaked routers (a dominant slot
+and a tail below half a unit in its last place), and NaN or Inf wherever no local
 slot reads (rows of tokens routed to no local expert, weights of non-local slots, experts with no slot).
 Shrinks towards few tokens, ``top_k = 1``, few experts, no expert parallelism and exact values.
 """
@@ -348,6 +349,27 @@ def weights_of(rng: np.random.Generator, shape: tuple[int, int], dtype: np.dtype
     return _dt.round_to(w, dtype)
 
 
+def peak(rng: np.random.Generator, weights: np.ndarray, ids: np.ndarray, repeats: bool, out_dtype: Any) -> None:
+    """A peaked router, in place: slot 0 of every token holds the largest weight (``torch.topk`` sorts them), 1 or
+    2 (in [0.5, 1) for drawn floats), the others a tail of its sign, ``c * 2**-(m + 3)`` times it with ``c`` in
+    {1.5, 1.75} and ``m`` the output dtype's fraction bits (exact in every weight dtype, never below its normal
+    range); with ``repeats``, half the tokens list slot 0's expert in every slot. Such a token's combined sum adds
+    a dominant slot and ``top_k - 1`` small ones of its sign, each between a quarter and a half of a unit in the
+    last place of the dominant one in the output dtype: a combine that rounds every add to the output dtype drops
+    each (past the bound from ``top_k = 8``), one that sums in float32 keeps them (docs/routed.md)."""
+    t, k = weights.shape
+    w0 = np.abs(weights[:, 0].astype(np.float64))
+    w0 = np.where(w0 == np.round(w0), np.clip(w0, 1, 2), np.clip(w0, 0.5, 1.0 - 2 ** -8))
+    sign = rng.choice((-1.0, 1.0), size=t)
+    e = min(_dt.float_format(np.dtype(out_dtype)).mant + 3, -_dt.float_format(weights.dtype).emin - 1)
+    tail = rng.choice((1.5, 1.75), size=(t, k - 1)) * 2.0 ** -e
+    weights[:, 0] = _dt.round_to(sign * w0, weights.dtype)
+    weights[:, 1:] = _dt.round_to(sign[:, None] * w0[:, None] * tail, weights.dtype)
+    if repeats:
+        same = rng.random(t) < 0.5
+        ids[same] = ids[same, :1]
+
+
 def topk_weights(*, num_tokens: int | SearchStrategy[int], top_k: int | SearchStrategy[int],
                  dtype: Any = "float32", values: str = "normal") -> SearchStrategy[np.ndarray]:
     """``[T, top_k]`` routed weights of ``dtype``: ``values="exact"``: small integers in [-2, 2]; ``"normal"``:
@@ -415,6 +437,9 @@ def _build(draw: Any, cfg: RoutedConfig, s: RoutedStatic, kinds: tuple[str, ...]
         tokens = fill(rng, (t, s.k), s.in_dtype, value_kind, s.k, s.out_dtype, seed)
         experts = fill(rng, e_shape, s.in_dtype, value_kind, s.k, s.out_dtype, seed)
     weights = weights_of(rng, (t, s.top_k), s.weight_dtype, "exact" if value_kind == "exact" else "normal")
+    if s.top_k > 1 and s.mul_routed_weight and t and draw(st.booleans()):  # a peaked router (drawn last)
+        ids = ids.copy()
+        peak(np.random.default_rng((seed, 1)), weights, ids, not cfg.distinct, s.out_dtype)
     if kind == "poisoned":  # NaN / Inf wherever no local slot reads
         local = (emap.astype(np.int64)[ids] if emap is not None else ids) >= 0
         poison(rng, tokens, np.broadcast_to(~local.any(axis=1)[:, None], tokens.shape))
@@ -457,8 +482,10 @@ def routings(
     per ``T``). Otherwise ``T`` is free: drawn in ``[0, max_tokens]`` (biased to 0, 1 and one either side of
     ``block_size`` and twice it), or from ``num_tokens`` when it is a strategy.
 
-    Free: the ids (:data:`ID_PATTERNS`), the local experts' placement, weights (zeros and negatives drawn),
-    ``foreign`` and the values: ``"exact"`` (small integers), ``"normal"``, ``"wide"`` (values.py's kinds),
+    Free: the ids (:data:`ID_PATTERNS`), the local experts' placement, weights (zeros and negatives drawn;
+    with ``mul_routed_weight`` and ``top_k >= 2`` half the routings are peaked routers, :func:`peak`: what a
+    combine summing in the output dtype loses), ``foreign`` and the values:
+    ``"exact"`` (small integers), ``"normal"``, ``"wide"`` (values.py's kinds),
     ``"poisoned"`` (normal values, NaN / Inf in every token row no local slot reads, every weight no local
     slot multiplies, every local expert no slot reads). ``distinct_experts=True``: no token lists one expert
     twice (vLLM's contract); False: repeats are drawn. ``block_size``: the alignment's block (BLOCK_SIZE_M) the

@@ -275,6 +275,9 @@ def test_strategy_options_draw_problems_the_adapter_takes(adapter):
 
     if adapter.available():
         pytest.skip(adapter.available())
+    if adapter.routed:  # one cell of routings per mode (property_tests.checking._run_routed)
+        _routings_are_taken(adapter)
+        return
     declined, drawn = [], []
     # the modes whose options differ (normal, wide, poisoned and all_empty draw exact's signatures)
     for mode in ("exact", "many_groups", "sharded", "sharded_existing", "grad", "out_dtype"):
@@ -393,3 +396,27 @@ def test_a_variant_adapter_names_itself_by_its_op_or_by_the_old_family_attribute
     assert [a.name for a in gmm_kernels.registry() if a.name.startswith("tokamax.ragged_dot[")] == [
         "tokamax.ragged_dot[xla]", "tokamax.ragged_dot[mosaic]", "tokamax.ragged_dot[triton]",
         "tokamax.ragged_dot[xla,QArray]"]
+
+
+def _routings_are_taken(adapter):
+    """A routed kernel's form of the test above: every mode with a routed form draws routings the kernel takes
+    (a repeat of an expert is declined where the convention excludes one, so it is never drawn there)."""
+    from property_tests.modes import MODES, mode_routings
+
+    declined, drawn = [], []
+    for mode in MODES.values():
+        if mode.routed_values is None:
+            continue
+
+        @settings(max_examples=10, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(r=mode_routings(adapter, mode))
+        def prop(r):
+            drawn.append(mode.name)  # noqa: B023 - prop runs within this iteration
+            why = adapter.supports(r)
+            if why:
+                declined.append(f"{mode.name}: {why}")  # noqa: B023 - prop runs within this iteration
+
+        prop()
+    assert sorted(set(drawn)) == ["exact", "normal", "poisoned", "wide"]
+    assert not declined, f"{len(declined)} of {len(drawn)} routings: {declined[:3]}"

@@ -219,9 +219,9 @@ def fused_moe(r: Routing, broken: str | None = None, block_size: int = BLOCK) ->
             out[rows] = 0
             continue
         mat = r.experts[e].astype(np.float32)
-        acc = x[rows // top_k] @ (mat.T if r.expert_layout == "enk" else mat)
-        if w is not None:
-            with np.errstate(invalid="ignore", over="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):  # a broken kernel reads poison: NaN as IEEE says
+            acc = x[rows // top_k] @ (mat.T if r.expert_layout == "enk" else mat)
+            if w is not None:
                 acc = acc * w[rows][:, None]
                 if broken == "weight_twice":
                     acc = acc * w[rows][:, None]

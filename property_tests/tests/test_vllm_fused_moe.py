@@ -24,9 +24,9 @@ from gmm_ref import conventions
 from gmm_ref.conventions.vllm import FUSED_MOE, FUSED_MOE_CONFIG, _FusedMoE
 from gmm_ref.routing_metadata import moe_align_block_size
 from property_tests import strategies as gst
+from property_tests.tests.wheel_twins import SLOT, edited_wheel, rejected
 
 CONV = conventions.get("vllm.fused_moe")
-SLOT = r"token \d+, slot \d+ \(expert \d+, local -?\d+"
 
 
 # ------------------------------------------------------------------------------- the convention (no wheel)
@@ -129,9 +129,10 @@ def test_the_wheels_kernel_passes_every_routed_mode_and_the_others_say_why_not(m
     monkeypatch.setenv(adapter.WHEEL_ENV, WHEEL)
     report = check_kernel("vllm.fused_moe", profile="gmm-ci")
     status = {r.check: r.status for r in report}
-    assert {m for m, s in status.items() if s is Status.PASSED} == {"exact", "normal", "wide", "poisoned"}
+    assert {m for m, s in status.items() if s is Status.PASSED} == {"exact", "normal", "wide", "poisoned", "scale"}
     assert all(r.detail.startswith("routed: ") for r in report if r.status is Status.UNSUPPORTED)
-    assert all(r.examples >= 40 for r in report if r.status is Status.PASSED)
+    # the drawn modes' examples; the scale mode's one cell interpreted (test_scale_routed)
+    assert all(r.examples >= 40 or r.cells == (1, 6) for r in report if r.status is Status.PASSED)
 
 
 def test_the_row_reaches_past_256_experts_top_k_8_and_the_tile_edges():
@@ -158,33 +159,14 @@ WHEEL_EDITS = {
 }
 
 
-def _edited_wheel(path, old: str, new: str) -> str:
-    with zipfile.ZipFile(WHEEL) as z:
-        text = z.read(adapter.FUSED_MOE_MEMBER).decode()
-    start = text.index("\ndef fused_moe_kernel(")
-    end = text.index("\ndef ", start + 1)
-    body = text[start:end]
-    assert body.count(old) == 1, old
-    with zipfile.ZipFile(path, "w") as z:
-        z.writestr(adapter.FUSED_MOE_MEMBER, text[:start] + body.replace(old, new) + text[end:])
-    return str(path)
-
-
-def _rejected(kernel) -> str:
-    with pytest.raises(gmm_ref.Mismatch) as info:
-        check_kernel(kernel, modes=["normal"], profile="gmm-ci")
-    text = str(info.value)
-    assert "Routing: T=" in "\n".join(getattr(info.value, "__notes__", [])), "the failure names its routing"
-    return text
-
-
 @needs_wheel
 @interpreted
 @pytest.mark.parametrize("bug", sorted(WHEEL_EDITS))
 def test_the_wheels_kernel_with_one_line_broken_is_rejected_naming_token_slot_and_expert(bug, tmp_path,
                                                                                           monkeypatch):
-    monkeypatch.setenv(adapter.WHEEL_ENV, _edited_wheel(tmp_path / f"vllm-{bug}.whl", *WHEEL_EDITS[bug]))
-    text = _rejected("vllm.fused_moe")
+    monkeypatch.setenv(adapter.WHEEL_ENV, edited_wheel(WHEEL, adapter.FUSED_MOE_MEMBER, "fused_moe_kernel",
+                                                       *WHEEL_EDITS[bug], tmp_path / f"vllm-{bug}.whl"))
+    text = rejected("vllm.fused_moe")
     assert re.match(SLOT, text), text
 
 
@@ -228,7 +210,7 @@ class _BrokenMetadataKernel(adapter.VllmFusedMoE):
 ])
 def test_the_wheels_kernel_on_wrong_metadata_is_rejected_naming_token_slot_and_expert(bug, named, monkeypatch):
     monkeypatch.setenv(adapter.WHEEL_ENV, WHEEL)
-    text = _rejected(_BrokenMetadataKernel(bug))
+    text = rejected(_BrokenMetadataKernel(bug))
     assert re.match(named, text), text
 
 
@@ -244,6 +226,43 @@ def test_the_routed_row_of_the_main_job():
     grad = run_cell(kernel, "routed", "grad", max_examples=5)
     assert normal.status is Status.PASSED and normal.examples == 5
     assert grad.status is Status.UNSUPPORTED and "inference kernel" in grad.note
+
+
+def test_every_routed_kernel_is_in_the_default_run():
+    from gmm_kernels.registry import registry, routed
+
+    everything = [a.name for a in registry()]
+    assert [a.name for a in routed()] and all(a.name in everything for a in routed())
+    assert all(a.routed for a in routed()) and len(everything) == len(set(everything))
+    # a grouped problem is refused with a reason, not an AttributeError (the default run offers it every kernel)
+    p = gmm_ref.Problem("ragged_m", np.ones((2, 4), np.float32), np.ones((1, 4, 4), np.float32), np.array([2]))
+    assert "takes a gmm_ref.Routing, not a Problem" in get("vllm.fused_moe").supports(p)
+
+
+@needs_wheel
+@interpreted
+def test_the_default_run_checks_an_interpreted_routed_kernel_on_few_examples(monkeypatch, tmp_path, capsys):
+    import json
+
+    from gmm_kernels import resolve
+    from golden.cases import CASES
+    from property_tests import main
+    from property_tests.table import ROUTED_INTERPRETED_EXAMPLES, examples_in_default_run
+
+    kernel = get("vllm.fused_moe")
+    assert kernel.interpreted() == "Triton's interpreter"
+    assert examples_in_default_run(kernel, None) == ROUTED_INTERPRETED_EXAMPLES
+    assert examples_in_default_run(kernel, 3) == 3 and examples_in_default_run(get("megablox.gmm"), None) is None
+    monkeypatch.setenv(adapter.WHEEL_ENV, WHEEL)
+    monkeypatch.setattr(resolve, "registry", lambda: [adapter.VllmFusedMoE()])  # the default run, this row alone
+    out = tmp_path / "run.json"
+    assert main.main(["check", "--in-process", "--modes", "normal,grad", "--json", str(out)]) == 0
+    cells = {c["check"]: c for c in json.loads(out.read_text())["cells"]}
+    assert cells["normal"]["family"] == "routed" and cells["normal"]["text"] == f"pass ({ROUTED_INTERPRETED_EXAMPLES})"
+    assert cells["grad"]["text"].startswith("n/a: routed: an inference kernel")
+    routed_cases = sum(c.family == "routed" for c in CASES)
+    assert routed_cases >= 5 and cells["goldens"]["text"] == f"pass ({routed_cases}/{routed_cases})"
+    assert "vllm.fused_moe" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------- a user's fused MoE in this convention

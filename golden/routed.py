@@ -1,0 +1,193 @@
+"""Routed golden cases: a case of a routed MoE convention describes a :class:`gmm_ref.Routing`, not a grouped
+``Problem`` (docs/goldens.md, "Routed cases").
+
+Its extents are ``m = T`` (tokens), ``k = K``, ``n = N``; ``groups`` is the global expert count, ``top_k`` the
+slots per token, ``expert_map`` (global -> local, -1 for another rank's expert) and ``mul_routed_weight`` as in
+``gmm_ref.Routing``. The inputs come from the generator like a grouped case's: ``tokens [T, K]``, ``experts`` in
+the convention's first expert layout, ``topk_weights [T, top_k]`` float32, and ``topk_ids``: token ``t`` routes to
+the ``top_k`` experts of smallest ``raw_bits(seed, "topk_ids")[t * E : (t + 1) * E]`` (distinct experts, as
+vLLM's routers give). ``poison`` puts NaN in every token row, expert and weight no local slot reads.
+
+The golden is the per-slot output ``[T, top_k, N]`` (:class:`RoutedGoldenReference`): the reference rounded
+once, its mask the elements the convention defines; a kernel is judged within ``slot_bound`` of its
+``RoutedNumerics`` (``gmm_ref.assert_routed_matches``), a failure naming the token, slot and expert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import gmm_ref
+from gmm_ref import dtypes as _dt
+from gmm_ref import families
+from gmm_ref.compare import routed_wrong
+from golden.generator import raw_bits, values
+
+__all__ = ["RoutedGoldenReference", "build_routing", "check", "check_of", "describe_bad", "inputs", "is_routed",
+           "record", "record_of", "reference", "reference_of"]
+
+#: the fields of a grouped case a routed case leaves at their defaults (its own meaning: the module docstring)
+_GROUPED_ONLY = {"group_sizes": None, "batch_shape": (), "lhs_transposed": False, "rhs_transposed": False,
+                 "packed": False, "existing": False, "group_offset": 0, "num_local_groups": None, "tiling": None,
+                 "quant": 0, "alignment": None}
+
+
+def is_routed(case: Any) -> bool:
+    """Whether a case's family is the routed one (``gmm_ref.families.ROUTED``)."""
+    return families.get(case.family).groups == families.ROUTING
+
+
+def _ids(case: Any, num_experts: int) -> np.ndarray:
+    """``[T, top_k]`` int32: each token's ``top_k`` distinct experts, by the order of its seeded bits."""
+    bits = raw_bits(case.seed, "topk_ids", case.m * num_experts).reshape(case.m, num_experts)
+    return np.argsort(bits, axis=1, kind="stable")[:, :case.top_k].astype(np.int32)
+
+
+def _poisoned(r: gmm_ref.Routing) -> dict[str, np.ndarray]:
+    """The routing's tokens, experts and weights with NaN wherever no local slot reads."""
+    local = r.local_ids >= 0
+    tokens, experts = r.tokens.copy(), r.experts.copy()
+    tokens[~local.any(axis=1)] = np.nan
+    used = np.zeros(r.num_local_experts, bool)
+    used[r.local_ids[local]] = True
+    experts[~used] = np.nan
+    weights = r.topk_weights.copy()
+    weights[~local if r.mul_routed_weight else np.ones_like(local)] = np.nan
+    return {"tokens": tokens, "experts": experts, "topk_weights": weights}
+
+
+def build_routing(case: Any, convention: Any) -> gmm_ref.Routing:
+    """The routing a routed case describes, in its convention (ValueError naming the case where it cannot)."""
+    for name, default in _GROUPED_ONLY.items():
+        if getattr(case, name) != default:
+            raise ValueError(f"case {case.name}: {name}={getattr(case, name)!r} is a grouped case's field; a routed "
+                             "case leaves it out")
+    if not case.top_k or not case.groups:
+        raise ValueError(f"case {case.name}: a routed case needs top_k >= 1 and groups (the global experts) >= 1, "
+                         f"got top_k={case.top_k!r}, groups={case.groups!r}")
+    if case.top_k > case.groups:
+        raise ValueError(f"case {case.name}: top_k={case.top_k} distinct experts of {case.groups}")
+    emap = None if case.expert_map is None else np.asarray(case.expert_map, np.int32)
+    local = case.groups if emap is None else int((emap >= 0).sum())
+    dt = _dt.as_dtype(case.dtype, name="dtype")
+    layout = convention.expert_layouts[0]
+    kw = {"kind": case.kind, "int_range": case.int_range}
+    shape = (local, case.n, case.k) if layout == "enk" else (local, case.k, case.n)
+    try:
+        r = gmm_ref.Routing(values(case.seed, "tokens", (case.m, case.k), dt, **kw),
+                            values(case.seed, "experts", shape, dt, **kw), _ids(case, case.groups),
+                            values(case.seed, "topk_weights", (case.m, case.top_k), np.float32, **kw),
+                            expert_layout=layout, expert_map=emap, mul_routed_weight=case.mul_routed_weight,
+                            out_dtype=case.out_dtype, foreign=convention.foreign)
+        if case.poison:
+            r = gmm_ref.Routing(**{**_fields(r), **_poisoned(r)})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"case {case.name}: {exc}") from None
+    reason = convention.refusal(r)
+    if reason:
+        raise ValueError(f"case {case.name}: {reason}")
+    return r
+
+
+def _fields(r: gmm_ref.Routing) -> dict[str, Any]:
+    return {f: getattr(r, f) for f in ("tokens", "experts", "topk_ids", "topk_weights", "expert_layout", "expert_map",
+                                       "mul_routed_weight", "out_dtype", "foreign")}
+
+
+def inputs(r: gmm_ref.Routing) -> dict[str, np.ndarray]:
+    """The arrays a routing is made of (what ``golden.store.inputs_sha256`` hashes)."""
+    d = {"tokens": r.tokens, "experts": r.experts, "topk_ids": r.topk_ids, "topk_weights": r.topk_weights}
+    if r.expert_map is not None:
+        d["expert_map"] = r.expert_map
+    return d
+
+
+def record(r: gmm_ref.Routing) -> tuple[tuple[int, ...], dict[str, str]]:
+    """(the per-slot output's shape, the manifest's dtypes: tokens as ``lhs``, experts as ``rhs``)."""
+    return ((r.num_tokens, r.top_k, r.n),
+            {"lhs": str(r.tokens.dtype), "rhs": str(r.experts.dtype), "out": str(np.dtype(r.out_dtype))})
+
+
+@dataclass(frozen=True)
+class RoutedGoldenReference:
+    """The routed reference as a golden reads it: the per-slot output (``values``, ``exact``, ``mask``,
+    :meth:`bound`), as ``gmm_ref.Reference`` is a grouped case's."""
+
+    routed: Any  # gmm_ref.RoutedReference
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.routed.slots
+
+    @property
+    def exact(self) -> np.ndarray:
+        return self.routed.slots_exact
+
+    @property
+    def mask(self) -> np.ndarray:
+        return self.routed.slots_mask
+
+    def bound(self, numerics: Any = None) -> np.ndarray:
+        return self.routed.slot_bound(numerics)
+
+
+def reference(r: gmm_ref.Routing) -> RoutedGoldenReference:
+    return RoutedGoldenReference(gmm_ref.routed_reference(r))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What :func:`check` found: ``ok``, the wrong elements ``bad`` (None for a wrong shape) and the report."""
+
+    ok: bool
+    bad: np.ndarray | None = None
+    message: str = ""
+
+
+def check(out: Any, ref: RoutedGoldenReference, *, numerics: Any = None, kernel: str = "kernel") -> Outcome:
+    """A per-slot output against the routed reference (``gmm_ref.assert_routed_matches``), without raising."""
+    try:
+        gmm_ref.assert_routed_matches(out, ref.routed, numerics=numerics, kernel=kernel)
+    except gmm_ref.Mismatch as exc:
+        a = np.asarray(out)
+        if a.shape != ref.values.shape:
+            return Outcome(False, None, str(exc))
+        bad = routed_wrong(_dt.as_numpy(a, name="output").astype(np.float64), ref.routed, ref.bound(numerics))
+        return Outcome(False, bad, str(exc))
+    return Outcome(True)
+
+
+def describe_bad(r: gmm_ref.Routing, bad: np.ndarray, mask: np.ndarray, actual: np.ndarray,
+                 desired: np.ndarray) -> str:
+    """One line: how many defined elements are wrong, in which slots, and the first one's token, slot, expert."""
+    idx = np.argwhere(bad)
+    t, j, c = (int(i) for i in idx[0])
+    slots = sorted({(int(x), int(y)) for x, y, _ in idx})
+    local = int(r.local_ids[t, j])
+    where = f"local {local}" + (", on another rank" if local < 0 else "")
+    return (f"{len(idx)} / {int(mask.sum())} defined elements wrong in {len(slots)} (token, slot)s "
+            f"{slots[:6]}{' ...' if len(slots) > 6 else ''}; first at token {t}, slot {j} (expert "
+            f"{int(r.topk_ids[t, j])}, {where}), column {c}: {float(actual[t, j, c])!r} vs {float(desired[t, j, c])!r}")
+
+
+# ---------------------------------------------- what the golden modules call: a grouped problem or a routing
+def reference_of(p: Any) -> Any:
+    """``gmm_ref.reference(p)``, or a routing's :func:`reference`."""
+    return reference(p) if isinstance(p, gmm_ref.Routing) else gmm_ref.reference(p)
+
+
+def check_of(out: Any, ref: Any, *, numerics: Any = None, kernel: str | None = None) -> Any:
+    """``gmm_ref.check``, or a routing's :func:`check` (each with ``ok``, ``bad`` and ``message``)."""
+    if isinstance(ref, RoutedGoldenReference):
+        return check(out, ref, numerics=numerics, kernel=kernel or "kernel")
+    return gmm_ref.check(out, ref, numerics=numerics, kernel=kernel)
+
+
+def record_of(p: Any) -> tuple[tuple[int, ...], dict[str, str]]:
+    """(output shape, the manifest's dtypes) of a problem or a routing (:func:`record`)."""
+    if isinstance(p, gmm_ref.Routing):
+        return record(p)
+    return tuple(p.out_shape), {"lhs": str(p.lhs.dtype), "rhs": str(p.rhs.dtype), "out": str(p.out_dtype)}

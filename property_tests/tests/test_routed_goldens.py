@@ -1,0 +1,131 @@
+"""Routed goldens (docs/goldens.md, "Routed cases"): the corpus' routed cases reach issue 29's edge classes, are
+stored and verified like the grouped ones, and a fused-MoE kernel that is wrong fails them naming the token, the
+slot and the expert of a wrong element."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gmm_kernels import Status, wrap
+from golden.case import Case, build_problem
+from golden.cases import CASES
+from golden.judge import check_goldens
+from golden.regeneration import regenerate
+from golden.routed import is_routed
+from golden.store import MANIFEST, GoldenStore
+from golden.verification import verify
+
+DATA = Path(__file__).resolve().parents[2] / "golden" / "data"
+needs_data = pytest.mark.skipif(not (DATA / MANIFEST).exists(), reason="no golden/data here (not a checkout)")
+ROUTED = [c for c in CASES if is_routed(c)]
+#: the cases of vLLM's convention: the ones a kernel in it (the torch fused MoE below, vLLM's own) is checked on
+VLLM = [c for c in ROUTED if c.convention == "vllm.fused_moe"]
+SLOT = r"token \d+, slot \d+ \(expert \d+, local -?\d+"
+
+
+def test_the_routed_cases_reach_the_edge_classes():
+    """Read from the routings the cases build, not from their tags."""
+    routings = {c.name: build_problem(c) for c in ROUTED}
+    assert {str(r.tokens.dtype) for r in routings.values()} == {"bfloat16", "float16", "float32"}
+    assert {1, 2, 8} <= {r.top_k for r in routings.values()}
+    assert any((r.local_ids < 0).any() and (r.local_ids >= 0).any() for r in routings.values()), "a -1 expert"
+    assert any((r.local_ids < 0).all(axis=1).any() for r in routings.values()), "a token on other ranks only"
+    assert any(np.bincount(r.local_ids[r.local_ids >= 0], minlength=r.num_local_experts).min() == 0
+               for r in routings.values()), "a local expert no slot routes to"
+    assert any(r.num_tokens == 1 for r in routings.values())
+    assert any(r.mul_routed_weight for r in routings.values()) and not all(r.mul_routed_weight
+                                                                            for r in routings.values())
+
+
+def test_a_routed_case_refuses_a_grouped_field_and_the_wrong_family():
+    case = ROUTED[0]
+    with pytest.raises(ValueError, match=rf"case {case.name}: tiling=\(16, 16, 16\) is a grouped case's field"):
+        build_problem(dataclasses.replace(case, tiling=(16, 16, 16)))
+    with pytest.raises(ValueError, match="a routed convention's cases are of the routed family"):
+        build_problem(dataclasses.replace(case, family="ragged_m"))
+    with pytest.raises(ValueError, match="top_k=9 distinct experts of 8"):
+        build_problem(dataclasses.replace(case, top_k=9))
+
+
+def test_a_routed_spec_round_trips_and_a_grouped_spec_is_unchanged():
+    for c in ROUTED:
+        assert Case.from_json(c.to_json()) == c
+    grouped = next(c for c in CASES if not is_routed(c))
+    assert not {"top_k", "expert_map", "mul_routed_weight"} & set(grouped.to_json())  # its golden is not stale
+
+
+@needs_data
+def test_the_routed_goldens_verify_and_a_changed_case_is_stale():
+    code, report = verify(DATA, CASES, cases="moe-*")
+    assert code == 0, report
+    moved = [dataclasses.replace(c, seed=7) if c.name == ROUTED[0].name else c for c in CASES]
+    code, report = verify(DATA, moved, cases=ROUTED[0].name)
+    assert code == 1 and "seed 200 -> 7" in report and f"regenerate --cases {ROUTED[0].name} --update" in report
+
+
+def _torch_moe(bug=None, name=None):
+    pytest.importorskip("torch")
+    from property_tests.tests.test_vllm_fused_moe import torch_fused_moe
+
+    def fused_moe(*args, **kwargs):
+        return torch_fused_moe(*args, **kwargs, bug=bug)
+
+    return wrap(fused_moe, "vllm.fused_moe", name=name or f"fused_moe[{bug}]")
+
+
+@needs_data
+def test_a_correct_fused_moe_passes_the_routed_goldens():
+    results = check_goldens(_torch_moe(), DATA)
+    assert len(results) == len(VLLM) and all(r.status is Status.PASSED for r in results), \
+        [r.line() for r in results]
+
+
+@needs_data
+@pytest.mark.parametrize("bug", ["reads_sentinel", "weight_without_flag", "swaps_slots"])
+def test_a_broken_fused_moe_fails_the_routed_goldens_naming_token_slot_and_expert(bug):
+    failed = [r for r in check_goldens(_torch_moe(bug), DATA) if r.status is Status.FAILED]
+    assert failed, f"{bug}: no routed golden caught it"
+    for r in failed:
+        assert re.search(rf"case moe-[a-z0-9-]+: \d+ / \d+ defined elements wrong .*first at {SLOT}", r.detail), \
+            r.detail
+
+
+def test_a_kernels_own_routed_goldens_are_stored_with_its_numerics_and_matched_bit_for_bit(tmp_path):
+    kernel = _torch_moe()
+    corpus = VLLM[:2]
+    assert regenerate(corpus, tmp_path, stream=io.StringIO())[0] == 0
+    code, report = regenerate(corpus, tmp_path, kernel=kernel, stream=io.StringIO())
+    assert code == 0, report
+    entries = [e for _, key, e in GoldenStore(tmp_path).goldens() if key != "reference"]
+    assert len(entries) == 2 and all(set(e["numerics"]) == {"routed_numerics"} for e in entries)
+    assert verify(tmp_path, corpus)[0] == 0
+    results = check_goldens(kernel, tmp_path)
+    assert [r.criterion for r in results] == ["bit-for-bit"] * 2 and all(r.status is Status.PASSED for r in results)
+    # the same kernel's output changed (its weight applied without the flag): its own golden no longer matches
+    broken = _torch_moe("weight_without_flag", name=kernel.name)
+    failed = [r for r in check_goldens(broken, tmp_path) if r.status is Status.FAILED]
+    assert failed and all("not bit-for-bit equal to its own golden" in r.detail for r in failed)
+    assert all(re.search(f"first at {SLOT}", r.detail) for r in failed), [r.detail for r in failed]
+
+
+@needs_data
+def test_vllms_kernel_with_one_line_broken_fails_the_routed_goldens(tmp_path, monkeypatch):
+    """The wheel's own kernel, each block computed with the expert of the block before it."""
+    from property_tests.tests import test_vllm_fused_moe as twins
+
+    if twins.WHEEL is None or not twins.triton_interpreter.use_if_no_gpu():
+        pytest.skip("needs vLLM's wheel and Triton's interpreter")
+    edit = twins.WHEEL_EDITS["expert_ids_shifted"]
+    monkeypatch.setenv(twins.adapter.WHEEL_ENV, twins.edited_wheel(twins.WHEEL, twins.adapter.FUSED_MOE_MEMBER,
+                                                                   "fused_moe_kernel", *edit,
+                                                                   tmp_path / "vllm-shifted.whl"))
+    results = check_goldens("vllm.fused_moe", DATA)
+    failed = [r for r in results if r.status is Status.FAILED]
+    assert len(results) == len(VLLM) and failed, [r.line() for r in results]
+    assert all(re.search(f"first at {SLOT}", r.detail) for r in failed), [r.detail for r in failed]
