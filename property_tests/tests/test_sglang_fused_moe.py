@@ -181,9 +181,10 @@ def test_the_wheels_kernel_passes_every_routed_mode_and_the_others_say_why_not(m
     monkeypatch.setenv(adapter.WHEEL_ENV, WHEEL)
     report = check_kernel("sglang.fused_moe", max_examples=12)
     status = {r.check: r.status for r in report}
-    assert {m for m, s in status.items() if s is Status.PASSED} == {"exact", "normal", "wide", "poisoned"}
+    # scale: the routed scale cell an interpreted kernel gets (property_tests.scale_routed), one seeded routing
+    assert {m for m, s in status.items() if s is Status.PASSED} == {"exact", "normal", "wide", "poisoned", "scale"}
     assert all(r.detail.startswith("routed: ") for r in report if r.status is Status.UNSUPPORTED)
-    assert all(r.examples >= 10 for r in report if r.status is Status.PASSED)
+    assert all(r.examples >= 10 for r in report if r.status is Status.PASSED and r.check != "scale")
 
 
 @needs_wheel
