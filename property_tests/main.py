@@ -52,8 +52,10 @@ from property_tests.table import (
     cells_of,
     check_cells,
     examples_in_default_run,
+    failure_line,
     render,
     run_cell,
+    run_order,
 )
 
 __all__ = ["main", "resolve_request"]
@@ -107,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--timeout", type=_positive(float), default=900.0,
                    help="seconds one cell may run before the kernel is reported as hung (default 900)")
     add_device_option(c.add_argument, action=_Once)
+    c.add_argument("-x", "--fail-fast", action="store_true", help="stop a kernel's run at its first failing cell")
     c.add_argument("--in-process", action="store_true", help="run the kernels in this process (no isolation)")
     c.add_argument("--jobs", "-j", type=_positive(int), default=None, action=_Once,
                    help="kernels checked at once, each in its own worker (default: the CPU count, at most one "
@@ -206,9 +209,12 @@ def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, Kern
 
         for name in dict.fromkeys(c.kernel for c in cells):  # kernel by kernel: the budget is each kernel's
             deadline = time.time() + args.budget if args.budget else None
-            for cell, o, _ in check_cells([c for c in cells if c.kernel == name], run, lambda c, extra: None,
-                                          deadline=deadline, seed=args.seed):
+            for cell, o, _ in check_cells(run_order(c for c in cells if c.kernel == name), run,
+                                          lambda c, extra: None, deadline=deadline, seed=args.seed,
+                                          fail_fast=args.fail_fast):
                 table.add(cell, o)
+                if o.status is Status.FAILED:  # as soon as it is found
+                    print(failure_line(cell, o), file=sys.stderr, flush=True)
         return
     # one lane per job; a lane takes the next kernel and checks all its cells in one worker, so the shapes a
     # kernel compiled for one mode serve its other modes; each kernel fills a table of its own, merged in
@@ -225,7 +231,7 @@ def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, Kern
         # the worker loads this kernel alone (another's module failing to load there is not this kernel's failure)
         lane = replace(request, kernels=(kernels[name].origin or name,), max_examples=examples[name],
                        deadline=time.time() + args.budget if args.budget else None)  # the kernel's budget
-        Supervisor(lane, tables[name], args.timeout, verbose=True).run(by_kernel[name])
+        Supervisor(lane, tables[name], args.timeout, verbose=True).run(run_order(by_kernel[name]))
 
     jobs = min(args.jobs or os.cpu_count() or 1, len(by_kernel))
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="gmm-lane") as lanes:
@@ -361,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           modes=tuple(modes), scope=scope_values, max_examples=args.max_examples, seed=args.seed,
                           golden_dir=None if args.golden_dir is None else str(Path(args.golden_dir).resolve()),
                           kernel_version=args.kernel_version, require_own=args.kernel_version is not None,
-                          example_db=args.example_db, environ=_ENVIRON, device=args.device)
+                          example_db=args.example_db, environ=_ENVIRON, device=args.device,
+                          fail_fast=args.fail_fast)
     try:
         kernels = resolve_request(request)
     except (ValueError, TypeError, ImportError) as exc:

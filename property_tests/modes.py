@@ -32,7 +32,7 @@ from property_tests import strategies as gst
 from property_tests.declared import problem_options, routing_options
 from property_tests.strategies.problems import Covering
 
-__all__ = ["ALL_MODES", "MODES", "OPT_IN_MODES", "Mode", "Unsupported", "mode_arguments", "mode_covering",
+__all__ = ["ALL_MODES", "MODES", "OPT_IN_MODES", "RUN_ORDER", "Mode", "Unsupported", "mode_arguments", "mode_covering",
            "mode_routings", "mode_strategy"]
 
 
@@ -200,6 +200,13 @@ OPT_IN_MODES: dict[str, Mode] = {
                   routed_why="routed: no routed problem past 2**31 elements is built yet"),
 }
 ALL_MODES: dict[str, Mode] = {**MODES, **OPT_IN_MODES}
+
+#: the order a run checks a kernel's modes in: the modes that caught the most kernels of the project's
+#: broken-kernel corpus first, so a broken kernel's first failure comes early (``benchmarks/mode_order.py``
+#: measures it; docs/speed.md gives the figures); the table keeps the order of :data:`MODES`. A mode not
+#: named here runs after these.
+RUN_ORDER: tuple[str, ...] = ("poisoned", "many_groups", "grad", "out_dtype", "normal", "wide", "exact", "graph",
+                              "scale", "all_empty", "sharded", "sharded_existing")
 
 
 def mode_of(mode: Mode | str) -> Mode:

@@ -10,13 +10,18 @@ its pytest configuration (this repository does). Then:
   ``gmm-thorough`` are there to pick (``property_tests.profiles``);
 - ``--gmm-kernel`` (repeatable: a built-in adapter name or ``pkg.module:fn``),
   ``--gmm-convention`` and ``--gmm-tiling`` select the kernels the kernel
-  checks run on. With ``--gmm-kernel`` the harness's own tests that are not kernel
-  checks are left out (its test modules without kernel checks are not collected,
-  the rest deselected, and the run's summary says so), while your own tests run as
-  always; a run in which no collected test checks the kernel (neither a kernel
-  check of ``--pyargs property_tests`` nor a test of yours using ``gmm_kernel``) is a
+  checks run on. With ``--gmm-kernel`` the harness's own tests are left out (its
+  tests directory is not even walked, and the run's summary says so) and its kernel
+  checks, ``property_tests.kernel_checks``, are collected by the plugin itself when
+  the run asks for the harness's package (``--pyargs property_tests``), while your
+  own tests run as always; a run in which no collected test checks the kernel
+  (neither ``--pyargs property_tests`` nor a test of yours using ``gmm_kernel``) is a
   usage error that says to add ``--pyargs property_tests`` (under xdist, whose
   workers cannot stop the run, a failing item with the same message);
+- a kernel check's failure is printed to stderr as soon as it is reported
+  (``gmm-harness: FAIL KERNEL / MODE: cause``); the checks run the modes most likely
+  to fail first (``property_tests.modes.RUN_ORDER``), so pytest's ``-x`` stops a
+  broken kernel's run at its first failing mode;
 - ``--gmm-families``, ``--gmm-dtypes``, ``--gmm-out-dtypes``, ``--gmm-multiple``,
   ``--gmm-no-tail``, ``--gmm-numerics`` and ``--gmm-quantizes`` declare the kernels' scope
   (``property_tests.options``; the same as the main job's options without the prefix);
@@ -37,7 +42,9 @@ its pytest configuration (this repository does). Then:
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +55,9 @@ from property_tests.profiles import DEFAULT, register_profiles
 
 __all__: list[str] = []
 
-#: the harness's own test modules that hold kernel checks (tests marked ``kernel``, using ``gmm_kernel``);
-#: with --gmm-kernel its other test modules are not collected (property_tests/tests/test_plugin.py keeps this true)
-KERNEL_CHECK_MODULES = ("test_kernels.py", "test_goldens.py")
 _TESTS = Path(__file__).resolve().parent / "tests"  # the harness's own tests, installed or in a checkout
+#: the harness's kernel checks, which the plugin collects itself with --gmm-kernel (never its own tests)
+_CHECKS = Path(__file__).resolve().parent / "kernel_checks.py"
 
 # the run's state, in pytest's public per-config stash
 _KERNELS = pytest.StashKey[list[Any]]()  # the adapters this run checks
@@ -246,15 +252,34 @@ def _harness_test(path: Path) -> bool:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    # with --gmm-kernel the harness's own tests that are not kernel checks concern the harness, not the
-    # kernel: their modules are not even collected (a module-level skip of one, such as the walk-through's
-    # outside a checkout, would otherwise show in every user's run); a path named on the command line is
-    # collected all the same (pytest asks this hook only about the paths it finds)
-    if (config.getoption("--gmm-kernel") and _harness_test(collection_path)
-            and collection_path.name not in KERNEL_CHECK_MODULES):
+    # with --gmm-kernel the harness's own tests concern the harness, not the kernel: its tests directory is not
+    # even walked (collecting its modules cost seconds, and a module-level skip of one, such as the
+    # walk-through's outside a checkout, would show in every user's run); the kernel checks come from
+    # property_tests.kernel_checks, which the plugin collects itself (pytest_collect_file) when the run walks the
+    # harness's package (--pyargs property_tests). A path named on the command line is collected all the same
+    # (pytest asks this hook only about the paths it finds).
+    if not config.getoption("--gmm-kernel"):
+        return None
+    if collection_path == _TESTS or collection_path.resolve() == _TESTS:
+        config.stash[_NOT_COLLECTED] = len(list(_TESTS.glob("test_*.py")))
+        return True
+    if _harness_test(collection_path):  # (a test module of the harness found another way)
         config.stash[_NOT_COLLECTED] = config.stash.get(_NOT_COLLECTED, 0) + 1
         return True
     return None
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    # the harness's kernel checks, collected when the run walks the harness's package with --gmm-kernel; not named
+    # test_*.py, so that this repository's suite (whose tests/test_kernels.py and tests/test_goldens.py import
+    # them) and a run without --gmm-kernel do not collect them twice
+    if not parent.config.getoption("--gmm-kernel") or file_path.name != _CHECKS.name:
+        return None
+    if file_path != _CHECKS and file_path.resolve() != _CHECKS:
+        return None
+    if any(fnmatch.fnmatch(file_path.name, pattern) for pattern in parent.config.getini("python_files")):
+        return None  # pytest's own collection takes it (a project collecting every *.py)
+    return pytest.Module.from_parent(parent, path=file_path)
 
 
 class _CheckedNothing(pytest.Item):
@@ -312,6 +337,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         triton_interpreter.fix()
     except triton_interpreter.InterpreterDefect as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # a kernel check's failure goes to stderr as soon as it is reported (under xdist, on the controller), not
+    # only in the summary at the end of the run
+    properties = dict(report.user_properties)
+    check = properties.get("gmm_check")  # property_tests.kernel_checks.CHECK and CAUSE
+    if check is None or not report.failed:
+        return
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = properties.get("gmm_cause") or (crash.message if crash is not None else str(report.longrepr))
+    text = " ".join(text.split())
+    text = text if len(text) <= 110 else text[:107] + "..."
+    sys.stderr.write(f"gmm-harness: FAIL {check[0]} / {check[1]}: {text}\n")
+    sys.stderr.flush()
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's: a worker ended, with what it collected

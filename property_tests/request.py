@@ -50,6 +50,8 @@ class WorkRequest:
     device: str = "cpu"
     #: ``time.time()`` until which the kernel's time budget adds rounds of examples; None: no budget
     deadline: float | None = None
+    #: ``--fail-fast``: a kernel's cells after its first failed one are not run
+    fail_fast: bool = False
     cells: tuple[Cell, ...] = ()
 
     def to_json(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 from gmm_kernels import Status
 from property_tests.request import WorkRequest
 from property_tests.shards import Cell
-from property_tests.table import CellOutcome, Table
+from property_tests.table import CellOutcome, Table, failure_line, not_run
 
 __all__ = ["Supervisor", "ended"]
 
@@ -74,15 +74,20 @@ class Supervisor:
                 done = self._worker(pending)
                 if done >= len(pending):
                     return
-                kernel = pending[done].kernel  # the cell it crashed or hung in: a failure already
+                done_cell = pending[done]  # the cell it crashed or hung in: a failure already
+                kernel = done_cell.kernel
                 lost[kernel] = lost.get(kernel, 0) + 1
                 pending = pending[done + 1:]  # at least one cell fewer: no restart without progress
-                if lost[kernel] >= self.MAX_LOST:
-                    not_run = CellOutcome(Status.UNSUPPORTED, f"not run: {kernel} crashed or hung in {lost[kernel]} "
-                                                              "cells already (see their notes)")
-                    for cell in [c for c in pending if c.kernel == kernel]:
-                        self.table.put(cell, not_run)
-                    pending = [c for c in pending if c.kernel != kernel]
+                if self.request.fail_fast:  # the lost cell is the kernel's first failure
+                    left_out = not_run(done_cell)
+                elif lost[kernel] >= self.MAX_LOST:
+                    left_out = CellOutcome(Status.UNSUPPORTED, f"not run: {kernel} crashed or hung in {lost[kernel]} "
+                                                               "cells already (see their notes)")
+                else:
+                    continue
+                for cell in [c for c in pending if c.kernel == kernel]:
+                    self.table.put(cell, left_out)
+                pending = [c for c in pending if c.kernel != kernel]
         finally:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -174,6 +179,8 @@ class Supervisor:
         self.table.add(cell, outcome)
         # an extra round of the time budget revises a cell already counted
         state.update(done=state["done"] + (not event.get("extra")), cell=None, started=state["since"])
+        if outcome.status is Status.FAILED:  # as soon as it is found, in every run (a round of the budget too)
+            print(failure_line(cell, outcome), file=sys.stderr, flush=True)
         if self.verbose:
             print(f"  {cell.kernel:<34} {cell.family or '':<9} {cell.column:<17} "
                   f"{outcome.text[:70]}  [{outcome.seconds:.1f}s]", file=sys.stderr, flush=True)
@@ -185,4 +192,6 @@ class Supervisor:
         last = f"; the last problem it was given: {state['problem']}" if state["problem"] else ""
         trace = f"\n{state['traceback'].rstrip()}" if state.get("traceback") else ""
         report = f"== {cell.kernel} / {cell.family} / {cell.column}\nthe kernel {what}{last}{trace}"
-        self.table.add(cell, CellOutcome(Status.FAILED, f"{what}{last}", seconds=seconds, details=(report,)))
+        outcome = CellOutcome(Status.FAILED, f"{what}{last}", seconds=seconds, details=(report,))
+        self.table.add(cell, outcome)
+        print(failure_line(cell, outcome), file=sys.stderr, flush=True)

@@ -22,11 +22,12 @@ from golden.judge import reasons_text, scope_reasons
 from golden.staleness import contents
 from property_tests.checking import check_mode
 from property_tests.failures import CheckRun
-from property_tests.modes import ALL_MODES, MODES
+from property_tests.modes import ALL_MODES, MODES, RUN_ORDER
 from property_tests.shards import Cell
 
 __all__ = ["GOLDENS", "ROUTED_INTERPRETED_EXAMPLES", "Cell", "CellOutcome", "FailedRound", "GoldenTally", "Table",
-           "cells_of", "check_cells", "examples_in_default_run", "render", "run_cell", "spend_budget"]
+           "cells_of", "check_cells", "examples_in_default_run", "failure_line", "not_run", "render", "run_cell",
+           "run_order", "spend_budget"]
 
 GOLDENS = "goldens"
 _WIDTH = 110
@@ -55,6 +56,33 @@ def cells_of(kernel: KernelAdapter, *, goldens: bool, modes: Sequence[str] | Non
     """Every ``(kernel, family, column)`` cell of a kernel, in table order (goldens: one per kernel)."""
     cells = [Cell(kernel.name, f, m) for f in kernel.families for m in (modes or MODES)]
     return cells + ([Cell(kernel.name, None, GOLDENS)] if goldens else [])
+
+
+def run_order(cells: Iterable[Cell]) -> list[Cell]:
+    """``cells`` in the order a run checks them: kernel by kernel (in the order given), each kernel's modes in
+    :data:`~property_tests.modes.RUN_ORDER` (the modes most likely to fail first), its families in the order
+    given within a mode, the goldens last. Only the execution order: the table keeps the plan's."""
+    cells = list(cells)
+    kernels = list(dict.fromkeys(c.kernel for c in cells))
+
+    def rank(cell: Cell) -> tuple[int, int]:
+        column = cell.column
+        where = RUN_ORDER.index(column) if column in RUN_ORDER else len(RUN_ORDER) + (column == GOLDENS)
+        return kernels.index(cell.kernel), where
+
+    return sorted(cells, key=rank)  # stable: the families keep their order
+
+
+def failure_line(cell: Cell, outcome: CellOutcome) -> str:
+    """The line a run prints to stderr as soon as a cell fails: the kernel, family, mode and the short failure."""
+    where = " / ".join(str(part) for part in cell if part is not None)
+    return f"gmm-harness: FAIL {where}: {_short(outcome.note)}"
+
+
+def not_run(cell: Cell) -> CellOutcome:
+    """A cell ``--fail-fast`` left out after ``cell``, its kernel's first failure."""
+    where = " / ".join(str(part) for part in cell if part is not None)
+    return CellOutcome(Status.UNSUPPORTED, f"not run: --fail-fast stopped at the kernel's first failure ({where})")
 
 
 class FailedRound(NamedTuple):
@@ -260,17 +288,24 @@ def spend_budget(done: dict[Cell, CellOutcome], deadline: float, run: Callable[[
 
 
 def check_cells(cells: Iterable[Cell], run: Callable[[Cell, int | None], CellOutcome],
-                started: Callable[[Cell, bool], None], *, deadline: float | None = None, seed: int | None = None
-                ) -> Iterator[tuple[Cell, CellOutcome, bool]]:
+                started: Callable[[Cell, bool], None], *, deadline: float | None = None, seed: int | None = None,
+                fail_fast: bool = False) -> Iterator[tuple[Cell, CellOutcome, bool]]:
     """Each cell once (``run(cell, seed)``, after ``started(cell, False)``), then, until ``deadline``, the time
     budget's rounds (:func:`spend_budget`, after ``started(cell, True)``); yields ``(cell, outcome, extra)``, extra
-    for a round's revision of a cell already yielded. One kernel's cells: the budget is the kernel's."""
-    done = {}
+    for a round's revision of a cell already yielded. One kernel's cells: the budget is the kernel's. With
+    ``fail_fast``, the cells after the first failed one are not run (each yielded as :func:`not_run`) and no
+    round of the budget follows."""
+    done, failed = {}, None
     for cell in cells:
+        if failed is not None:
+            yield cell, not_run(failed), False
+            continue
         started(cell, False)
         done[cell] = run(cell, seed)
         yield cell, done[cell], False
-    if deadline is not None:
+        if fail_fast and done[cell].status is Status.FAILED:
+            failed = cell
+    if deadline is not None and failed is None:
         for cell, o in spend_budget(done, deadline, run, lambda c: started(c, True), seed=seed):
             yield cell, o, True
 

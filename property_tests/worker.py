@@ -72,7 +72,8 @@ def _work(request: WorkRequest, emit: Callable[..., None]) -> None:
     forget = observe_calls(lambda adapter, problem: emit(event="problem", kernel=adapter.name,
                                                          text=problem.describe()))
     try:  # the deadline is the kernel's time budget: rounds of more examples for its passed cells
-        for cell, o, extra in check_cells(request.cells, run, started, deadline=request.deadline, seed=request.seed):
+        for cell, o, extra in check_cells(request.cells, run, started, deadline=request.deadline, seed=request.seed,
+                                          fail_fast=request.fail_fast):
             emit(event="cell", kernel=cell.kernel, family=cell.family, column=cell.column, result=o.to_json(),
                  extra=extra)
     finally:

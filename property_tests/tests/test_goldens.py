@@ -30,6 +30,7 @@ from golden.lock import LOCK_NAME
 from golden.regeneration import regenerate
 from golden.store import MANIFEST, GoldenStore, array_sha256
 from golden.verification import verify
+from property_tests.kernel_checks import test_kernel_matches_goldens  # noqa: F401 - collected here: each kernel vs the goldens
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "golden" / "data"
@@ -57,20 +58,6 @@ def _lax_ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_typ
 
 
 LOCAL_KERNEL = "property_tests.tests.test_goldens:_lax_ragged_dot"
-
-
-@needs_data
-@pytest.mark.kernel
-def test_kernel_matches_goldens(gmm_kernel):
-    """Every golden case of the kernel's convention (the plugin selects the kernels)."""
-    results = check_goldens(gmm_kernel, DATA)
-    if not results:
-        pytest.skip(f"no golden case in the {gmm_kernel.convention} convention")
-    fails = [r for r in results if r.status is Status.FAILED]
-    if fails:
-        pytest.fail("\n\n".join(r.detail + "\n" + r.full_report() for r in fails), pytrace=False)
-    if not any(r.status is Status.PASSED for r in results):
-        pytest.skip(f"{gmm_kernel.name}: every golden case unsupported: {results[0].detail}")
 
 
 @needs_data

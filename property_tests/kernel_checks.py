@@ -1,0 +1,75 @@
+"""The harness's kernel checks, as pytest tests: every selected kernel in every mode, and against the goldens.
+
+The plugin collects this module itself whenever a run asks for the harness's checks (``--pyargs
+property_tests --gmm-kernel ...``, or this repository's own suite, whose ``tests/test_kernels.py`` and
+``tests/test_goldens.py`` import them), so checking one kernel never collects the harness's own tests. The
+modes run in ``property_tests.modes.RUN_ORDER`` (the modes most likely to fail first): under pytest's ``-x``
+a broken kernel's run stops at its first failing mode. A mode in which an adapter declares a known upstream
+bug (``known_issues``) is a strict xfail: the harness must keep catching that bug.
+
+(Not named ``test_*.py``: a directory pytest walks does not collect it a second time.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gmm_kernels import Status
+from golden.judge import check_goldens
+from golden.store import MANIFEST
+from property_tests.checking import check_mode
+from property_tests.failures import raise_failure
+from property_tests.modes import MODES, RUN_ORDER
+from property_tests.table import examples_in_default_run
+
+__all__ = ["CAUSE", "CHECK", "GOLDEN_DATA", "test_kernel_matches_goldens", "test_kernel_matches_reference"]
+
+#: the keys of a kernel check's ``user_properties`` entries, ``(kernel name, mode)`` and a failure's short
+#: cause: the plugin prints a failure as soon as it is reported
+CHECK, CAUSE = "gmm_check", "gmm_cause"
+#: this repository's goldens, where the tests run from a checkout (the goldens check is skipped otherwise)
+GOLDEN_DATA = Path(__file__).resolve().parents[1] / "golden" / "data"
+_ORDER = [m for m in RUN_ORDER if m in MODES] + [m for m in MODES if m not in RUN_ORDER]
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("mode", _ORDER)
+def test_kernel_matches_reference(gmm_kernel, mode, request, gmm_check_run):
+    why = gmm_kernel.available()
+    if why is not None:
+        pytest.skip(f"{gmm_kernel.name} unavailable: {why}")
+    request.node.user_properties.append((CHECK, (gmm_kernel.name, mode)))
+    known = gmm_kernel.known_issue(mode)
+    if known:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"known upstream bug: {known}"))
+    # the default run (no --gmm-kernel): a routed kernel that runs interpreted gets few examples a mode
+    named = bool(request.config.getoption("--gmm-kernel"))
+    result = check_mode(gmm_kernel, mode, run=gmm_check_run,
+                        max_examples=None if named else examples_in_default_run(gmm_kernel, None))
+    if result.status is Status.UNSUPPORTED:
+        if known:
+            pytest.fail(f"{gmm_kernel.name} / {mode}: declared known issue, but the mode is unsupported: "
+                        f"{result.detail}")
+        pytest.skip(f"{gmm_kernel.name} / {mode}: {result.detail}")
+    if result.status is Status.FAILED:
+        request.node.user_properties.append((CAUSE, result.detail))
+    if result.status is Status.KNOWN_BUG:
+        result.raise_for_status()  # the strict xfail: the bug is still caught
+    raise_failure(result)
+
+
+@pytest.mark.skipif(not (GOLDEN_DATA / MANIFEST).exists(), reason="no golden/data here (not a gmm-harness checkout)")
+@pytest.mark.kernel
+def test_kernel_matches_goldens(gmm_kernel, request):
+    """Every golden case of the kernel's convention (the plugin selects the kernels)."""
+    request.node.user_properties.append((CHECK, (gmm_kernel.name, "goldens")))
+    results = check_goldens(gmm_kernel, GOLDEN_DATA)
+    if not results:
+        pytest.skip(f"no golden case in the {gmm_kernel.convention} convention")
+    fails = [r for r in results if r.status is Status.FAILED]
+    if fails:
+        pytest.fail("\n\n".join(r.detail + "\n" + r.full_report() for r in fails), pytrace=False)
+    if not any(r.status is Status.PASSED for r in results):
+        pytest.skip(f"{gmm_kernel.name}: every golden case unsupported: {results[0].detail}")
