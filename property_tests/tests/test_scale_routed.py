@@ -157,6 +157,31 @@ def test_the_scale_mode_rejects_it_naming_token_slot_and_expert(bug):
     assert re.match(EXPECTED[bug], text), text
 
 
+def _past_row_end(kernel):
+    """``kernel`` that also stores a zero one element past the end of each slot's row of C (a tile of N + 1
+    columns, C's strides read)."""
+
+    def past(A, B, C, *args, **kwargs):
+        import torch
+
+        kernel(A, B, C, *args, **kwargs)
+        t, k, n = C.shape
+        torch.as_strided(C, (t * k, n + 1), (C.stride(1), 1), C.storage_offset())[:, n] = 0
+
+    return past
+
+
+def test_a_store_past_a_row_of_the_strided_output_is_named_by_its_token_slot_and_expert():
+    """The offsets cell's row margins (property_tests.scale_offsets): between C's rows, outside any other guard (in
+    the other cells C is contiguous: the store lands on the next row's column 0, a wrong element there)."""
+    adapter = _torch(_past_row_end(bsr.fused_moe))
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        so.check(adapter, sr.scale_routing(adapter, sr.OFFSETS))
+    assert info.value.kind == "wrote_out_of_bounds"
+    assert re.match(r"token 0, slot 0 \(expert 0\): kernel .* wrote within 4096 elements of this slot's row of C, "
+                    r"outside it \(64 rows' margins changed\)", str(info.value)), info.value
+
+
 @pytest.mark.parametrize("bug", ["grid_capped", "scan_of_1024"])
 def test_the_default_modes_without_scale_miss_it(bug):
     report = check_kernel(_broken(bug), modes=DEFAULT_WITHOUT_SCALE, profile="gmm-ci", raise_on_failure=False)
