@@ -197,7 +197,8 @@ MODES: dict[str, Mode] = {
 OPT_IN_MODES: dict[str, Mode] = {
     "large": Mode("large", "an operand past 2**31 elements, where int32 offsets overflow (opt-in; several GiB; "
                   "property_tests.large)", fixed_problem=_large_problem, refuse=_large_family,
-                  routed_why="routed: no routed problem past 2**31 elements is built yet"),
+                  routed_why="routed: int32 slot offsets past 2**31 are the scale mode's offsets cell "
+                             "(property_tests.scale_offsets: no 2**31 elements needed)"),
 }
 ALL_MODES: dict[str, Mode] = {**MODES, **OPT_IN_MODES}
 

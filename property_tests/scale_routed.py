@@ -12,7 +12,10 @@ tokens, and never 1,025 experts; each cell here is one seeded routing:
 - ``experts``: E = 257, 513 and 1,025 experts, every one holding 1 to 3 slots (top_k = 8, the experts of a token
   consecutive in a shuffled order of the experts);
 - ``expert_map``: 1,026 global experts of which 513 are local (global 513 to 1,025, local 0 to 512), the slots
-  as in ``experts``: blocks of other ranks' experts (zeros), local ids past 128 and 512, global ids past 1,024.
+  as in ``experts``: blocks of other ranks' experts (zeros), local ids past 128 and 512, global ids past 1,024;
+- ``offsets``: T = 16 x top_k = 4 on 8 experts, the per-slot output's rows 2**26 elements apart: flat slot offsets
+  past 2**31 (an int32 ``token * top_k + slot`` times the row stride wraps), 64 rows written
+  (``property_tests.scale_offsets``, which runs this cell: a kernel writing a per-slot torch output only).
 
 Values are exact: tokens and experts small integers in [-2, 2], weights in {-2, -1, 1, 2} multiplied in
 (``mul_routed_weight``), so every slot value is a sum of at most 24 products below 2**8, exact in every input
@@ -23,7 +26,8 @@ by the convention as for any routing (``RoutedConvention.arguments``).
 
 A kernel that runs interpreted here (``KernelAdapter.interpreted()``) gets :func:`interpreted_cells` only: the
 ``expert_map`` cell, which crosses every expert limit above in one call (global ids past 256, 512 and 1,024, local
-ids past 128 and 512, other ranks' experts) in about 1,030 programs. The slot cells are left out for it, as the
+ids past 128 and 512, other ranks' experts) in about 1,030 programs, and the ``offsets`` cell (4 live programs,
+about 0.1 s). The slot cells are left out for it, as the
 grouped rows cell is: one interpreted program per block of 16 slots makes 4,100 programs (vLLM's kernel: 31 s
 alone, 89 s under load, against 20 s for the ``expert_map`` cell; docs/coverage.md). A convention without an
 expert map (``RoutedConvention.expert_parallel`` False) gets the ``experts`` cell of 1,025 instead. K and N are
@@ -42,8 +46,9 @@ import numpy as np
 
 import gmm_ref
 from gmm_kernels import KernelAdapter
+from property_tests import scale_offsets
 
-__all__ = ["EXPERT_COUNTS", "EXPERT_MAP", "HOT", "INTERPRETED_CELLS", "SLOTS", "RoutedCell", "cells",
+__all__ = ["EXPERT_COUNTS", "EXPERT_MAP", "HOT", "INTERPRETED_CELLS", "OFFSETS", "SLOTS", "RoutedCell", "cells",
            "interpreted_cells", "scale_routing"]
 
 #: T x top_k of the ``slots`` cell: 65,600 slots in one call
@@ -58,6 +63,8 @@ EXPERT_MAP = (1026, 513, 513)
 SMALL = 24
 #: the top_k of the experts cells
 TOP_K = 8
+#: the ``offsets`` cell's experts
+OFFSET_EXPERTS = 8
 
 
 @dataclass(frozen=True)
@@ -75,18 +82,23 @@ class RoutedCell:
             return f"T={sum(HOT):,} x top_k=1, {HOT[1]:,} slots in expert 1"
         if self.kind == "experts":
             return f"E={self.experts:,}"
+        if self.kind == "offsets":
+            t, k = scale_offsets.SHAPE
+            return f"T={t} x top_k={k}, C's rows {scale_offsets.ROW_STRIDE:,} elements apart (offsets past 2**31)"
         total, local, first = EXPERT_MAP
         return f"E={total:,} with an expert_map ({local} local from expert {first})"
 
 
+#: the ``offsets`` cell (``property_tests.scale_offsets``)
+OFFSETS = RoutedCell("offsets", OFFSET_EXPERTS)
 #: the cells of a kernel that runs interpreted here
-INTERPRETED_CELLS = (RoutedCell("expert_map", EXPERT_MAP[0]),)
+INTERPRETED_CELLS = (RoutedCell("expert_map", EXPERT_MAP[0]), OFFSETS)
 
 
 def cells(adapter: KernelAdapter) -> tuple[RoutedCell, ...]:
     """Every routed cell (whether ``adapter`` can take them or not)."""
     return (RoutedCell("slots", 8), RoutedCell("hot", 3), *(RoutedCell("experts", e) for e in EXPERT_COUNTS),
-            RoutedCell("expert_map", EXPERT_MAP[0]))
+            RoutedCell("expert_map", EXPERT_MAP[0]), OFFSETS)
 
 
 def _pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype] | str:
@@ -100,8 +112,8 @@ def _pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype] | str:
 
 def _ids(cell: RoutedCell, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
     """``topk_ids`` of ``cell`` (each token's experts distinct) and its ``expert_map`` (or None)."""
-    if cell.kind == "slots":
-        t, k = SLOTS
+    if cell.kind in ("slots", "offsets"):
+        t, k = SLOTS if cell.kind == "slots" else scale_offsets.SHAPE
         return ((np.arange(t)[:, None] + np.arange(k)) % cell.experts).astype(np.int32), None
     if cell.kind == "hot":
         return rng.permutation(np.repeat(np.arange(3), HOT)).astype(np.int32)[:, None], None
@@ -124,7 +136,7 @@ def interpreted_cells(adapter: KernelAdapter) -> tuple[RoutedCell, ...]:
     """The cells of ``adapter`` where it runs interpreted: :data:`INTERPRETED_CELLS`, or for a convention without
     an expert map the ``experts`` cell of the most experts (1,025: past every scan limit too)."""
     if adapter.convention_facts.expert_parallel is False:
-        return (RoutedCell("experts", EXPERT_COUNTS[-1]),)
+        return (RoutedCell("experts", EXPERT_COUNTS[-1]), OFFSETS)
     return INTERPRETED_CELLS
 
 
@@ -142,10 +154,12 @@ def scale_routing(adapter: KernelAdapter, cell: RoutedCell, seed: int = 0) -> gm
     only = interpreted_cells(adapter)
     if how is not None and cell not in only:
         return (f"{adapter.name} runs interpreted here ({how}): it gets the "
-                f"{' and '.join(c.describe() for c in only)} cell only")
+                f"{' and '.join(c.describe() for c in only)} cell{'s' * (len(only) > 1)} only")
     pair = _pair(adapter)
     if isinstance(pair, str):
         return pair
+    if cell.kind == "offsets" and (why := scale_offsets.refusal(adapter)):
+        return why
     conv = adapter.convention_facts
     rng = np.random.default_rng(seed + zlib.crc32(cell.describe().encode()))
     ids, emap = _ids(cell, rng)
@@ -188,7 +202,7 @@ def run_cells(adapter: KernelAdapter, mode: Any, check: Callable[[KernelAdapter,
             left_out.setdefault(routing, []).append(cell.describe())
             continue
         try:
-            check(adapter, routing, mode)
+            (scale_offsets.check if cell.kind == "offsets" else check)(adapter, routing, mode)
         except Exception as exc:
             exc.add_note(_rebuild(adapter, cell, seed))
             raise

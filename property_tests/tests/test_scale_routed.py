@@ -20,6 +20,7 @@ import pytest
 import gmm_ref
 from gmm_kernels import Status, resolve_kernel
 from gmm_ref.conventions.vllm import FUSED_MOE, FUSED_MOE_CONFIG, _FusedMoE
+from property_tests import scale_offsets as so
 from property_tests import scale_routed as sr
 from property_tests.checking import check_kernel, check_mode
 from property_tests.modes import MODES
@@ -81,6 +82,8 @@ def test_cells_cross_the_limits_exactly():
             assert r.topk_ids.size > 65_535 and r.top_k == 8
         elif cell.kind == "hot":
             assert counts.max() > 65_535 and counts.argmax() == 1
+        elif cell.kind == "offsets":  # the last slot's offset past 2**31 - 1; a wrapped one (>= -2**31) in FRONT
+            assert (r.topk_ids.size - 1) * so.ROW_STRIDE > 2**31 - 1 and so.FRONT >= 2**31
         else:
             assert counts.max() <= 3
         if cell.kind == "expert_map":
@@ -93,7 +96,7 @@ def test_cells_cross_the_limits_exactly():
         assert (ref.slots_exact[..., 0][local] != 0).all(), "every local slot has a non-zero element"
         assert np.array_equal(ref.slots_exact, ref.slots.astype(np.float64)), "exact in the output dtype"
         seen.add(cell.kind)
-    assert seen == {"slots", "hot", "experts", "expert_map"}
+    assert seen == {"slots", "hot", "experts", "expert_map", "offsets"}
 
 
 def test_the_scale_mode_draws_nothing_to_cover_for_a_routed_kernel():
@@ -120,9 +123,10 @@ def _declining(why):
 def test_cells_a_kernel_declines_are_left_out_with_the_reason_and_none_is_na():
     ep = _declining(lambda r: "takes an expert_map only" if r.expert_map is None else None)
     result = check_mode(ep, "scale")
-    assert result.status is Status.PASSED and result.cells == (1, 6), result
+    assert result.status is Status.PASSED and result.cells == (1, 7), result
     assert result.detail == ("left out: T=8,200 x top_k=8 (65,600 slots), T=65,664 x top_k=1, 65,600 slots in "
-                             f"expert 1, E=257, E=513, E=1,025 ({ep.name} declines it: takes an expert_map only)")
+                             "expert 1, E=257, E=513, E=1,025, T=16 x top_k=4, C's rows 67,108,864 elements apart "
+                             f"(offsets past 2**31) ({ep.name} declines it: takes an expert_map only)")
     none = check_mode(_declining(lambda r: "takes no routing at all"), "scale")
     assert none.status is Status.UNSUPPORTED and "takes none of the scale cells" in none.detail, none
     assert "takes no routing at all" in none.detail
@@ -151,6 +155,31 @@ def _broken(bug: str):
 def test_the_scale_mode_rejects_it_naming_token_slot_and_expert(bug):
     text = _rejected(_broken(bug))
     assert re.match(EXPECTED[bug], text), text
+
+
+def _past_row_end(kernel):
+    """``kernel`` that also stores a zero one element past the end of each slot's row of C (a tile of N + 1
+    columns, C's strides read)."""
+
+    def past(A, B, C, *args, **kwargs):
+        import torch
+
+        kernel(A, B, C, *args, **kwargs)
+        t, k, n = C.shape
+        torch.as_strided(C, (t * k, n + 1), (C.stride(1), 1), C.storage_offset())[:, n] = 0
+
+    return past
+
+
+def test_a_store_past_a_row_of_the_strided_output_is_named_by_its_token_slot_and_expert():
+    """The offsets cell's row margins (property_tests.scale_offsets): between C's rows, outside any other guard (in
+    the other cells C is contiguous: the store lands on the next row's column 0, a wrong element there)."""
+    adapter = _torch(_past_row_end(bsr.fused_moe))
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        so.check(adapter, sr.scale_routing(adapter, sr.OFFSETS))
+    assert info.value.kind == "wrote_out_of_bounds"
+    assert re.match(r"token 0, slot 0 \(expert 0\): kernel .* wrote within 4096 elements of this slot's row of C, "
+                    r"outside it \(64 rows' margins changed\)", str(info.value)), info.value
 
 
 @pytest.mark.parametrize("bug", ["grid_capped", "scan_of_1024"])
@@ -194,7 +223,7 @@ def test_vllms_kernel_interpreted_gets_the_expert_map_cell_and_says_what_it_left
     adapter = get("vllm.fused_moe")
     assert adapter.available() is None and adapter.interpreted() == "Triton's interpreter"
     result = check_mode(adapter, "scale")
-    assert result.status is Status.PASSED and result.cells == (1, len(sr.cells(adapter))), result
+    assert result.status is Status.PASSED and result.cells == (2, len(sr.cells(adapter))), result
     assert result.detail.startswith("left out: T=8,200 x top_k=8 (65,600 slots), ") and "interpreted" in result.detail
 
 
@@ -215,6 +244,10 @@ def test_every_routed_row_can_take_a_cell_of_its_own(name, monkeypatch):
     monkeypatch.setattr(type(adapter), "interpreted", lambda self: "Triton's interpreter")
     for cell in sr.interpreted_cells(adapter):
         routing = sr.scale_routing(adapter, cell)
+        if cell == sr.OFFSETS and adapter.convention_facts.out_argument is None:  # unsloth's: no C to stride
+            assert routing.endswith("does not write a per-slot [T, top_k, N] torch output in place (the cell "
+                                    "strides its rows)"), routing
+            continue
         assert isinstance(routing, gmm_ref.Routing), f"{name}: {cell.describe()}: {routing}"
-        assert routing.num_experts > 1024 and (routing.tokens.shape[1], routing.n) in (
-            adapter.convention_facts.extents or [(sr.SMALL, sr.SMALL)])
+        assert routing.num_experts > 1024 or cell == sr.OFFSETS
+        assert (routing.tokens.shape[1], routing.n) in (adapter.convention_facts.extents or [(sr.SMALL, sr.SMALL)])

@@ -143,7 +143,7 @@ pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[trito
 from gmm_kernels import get, triton_interpreter  # noqa: E402
 from gmm_kernels.adapters import sglang as adapter  # noqa: E402
 from gmm_kernels.wheels import WheelLayoutError  # noqa: E402
-from property_tests.checking import check_kernel  # noqa: E402
+from property_tests.checking import check_kernel, check_mode  # noqa: E402
 
 WHEEL = adapter.WHEEL.find()
 needs_wheel = pytest.mark.skipif(WHEEL is None, reason=f"no SGLang {adapter.WHEEL_VERSION} wheel here; get it "
@@ -235,6 +235,20 @@ def test_the_wheels_kernel_with_one_line_broken_is_rejected_naming_token_slot_an
                                                        *WHEEL_EDITS[bug], tmp_path / f"sglang-{bug}.whl"))
     text = rejected("sglang.fused_moe")
     assert re.match(NAMED.get(bug, SLOT), text), text
+
+
+@needs_wheel
+@interpreted
+def test_the_wheels_kernel_with_an_int32_flat_index_fails_the_offsets_cell_naming_token_slot_and_expert(
+        tmp_path, monkeypatch):
+    """SGLang's kernel casts the loaded ``sorted_token_ids`` to int64 as vLLM's does; without the cast
+    ``stride_cm`` times the flat index wraps in the scale mode's offsets cell (property_tests.scale_offsets)."""
+    monkeypatch.setenv(adapter.WHEEL_ENV, edited_wheel(WHEEL, adapter.FUSED_MOE_MEMBER, "fused_moe_kernel",
+                                                       "offs_token = offs_token.to(tl.int64)",
+                                                       "offs_token = offs_token", tmp_path / "sglang-int32.whl"))
+    result = check_mode(get("sglang.fused_moe"), "scale")
+    assert result.status is Status.FAILED, result
+    assert re.match(r"token 8, slot 0 \(expert \d, local \d\), column 0: got nan", str(result.error)), result.error
 
 
 class _MetadataBug(_FusedMoE):

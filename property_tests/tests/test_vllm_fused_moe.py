@@ -104,7 +104,7 @@ pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[trito
 
 from gmm_kernels import get, triton_interpreter  # noqa: E402
 from gmm_kernels.adapters import vllm as adapter  # noqa: E402
-from property_tests.checking import check_kernel  # noqa: E402
+from property_tests.checking import check_kernel, check_mode  # noqa: E402
 
 WHEEL = adapter.find_wheel()
 needs_wheel = pytest.mark.skipif(WHEEL is None, reason=f"no vLLM {adapter.WHEEL_VERSION} wheel here; get it with: "
@@ -131,8 +131,8 @@ def test_the_wheels_kernel_passes_every_routed_mode_and_the_others_say_why_not(m
     status = {r.check: r.status for r in report}
     assert {m for m, s in status.items() if s is Status.PASSED} == {"exact", "normal", "wide", "poisoned", "scale"}
     assert all(r.detail.startswith("routed: ") for r in report if r.status is Status.UNSUPPORTED)
-    # the drawn modes' examples; the scale mode's one cell interpreted (test_scale_routed)
-    assert all(r.examples >= 40 or r.cells == (1, 6) for r in report if r.status is Status.PASSED)
+    # the drawn modes' examples; the scale mode's two cells interpreted (test_scale_routed)
+    assert all(r.examples >= 40 or r.cells == (2, 7) for r in report if r.status is Status.PASSED)
 
 
 def test_the_row_reaches_past_256_experts_top_k_8_and_the_tile_edges():
@@ -168,6 +168,29 @@ def test_the_wheels_kernel_with_one_line_broken_is_rejected_naming_token_slot_an
                                                        *WHEEL_EDITS[bug], tmp_path / f"vllm-{bug}.whl"))
     text = rejected("vllm.fused_moe")
     assert re.match(SLOT, text), text
+
+
+#: the flat index ``token * top_k + slot`` left int32 (the cast of the loaded ``sorted_token_ids`` removed): times
+#: ``stride_cm`` it wraps past 2**31 - 1, which only the scale mode's offsets cell reaches (scale_offsets)
+INT32_EDIT = ("offs_token = offs_token.to(tl.int64)", "offs_token = offs_token")
+
+
+@needs_wheel
+@interpreted
+def test_the_wheels_kernel_with_an_int32_flat_index_fails_the_offsets_cell_naming_token_slot_and_expert(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv(adapter.WHEEL_ENV, edited_wheel(WHEEL, adapter.FUSED_MOE_MEMBER, "fused_moe_kernel",
+                                                       *INT32_EDIT, tmp_path / "vllm-int32.whl"))
+    twin = get("vllm.fused_moe")
+    result = check_mode(twin, "scale")
+    assert result.status is Status.FAILED, result
+    # flat slot 32 (token 8, slot 0) is the first at an offset past 2**31 - 1 (32 * 2**26): its row is never written
+    text = str(result.error)
+    assert re.match(r"token 8, slot 0 \(expert \d, local \d\), column 0: got nan", text), text
+    notes = "\n".join(result.error.__notes__)
+    assert "RoutedCell('offsets', 8)" in notes and "an offset computed in int32 wraps there" in notes, notes
+    # the drawn routings (at most 40 tokens) never reach it
+    assert check_kernel(twin, modes=["normal"], profile="gmm-ci", raise_on_failure=False).ok
 
 
 class _MetadataBug(_FusedMoE):
