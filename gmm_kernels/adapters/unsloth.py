@@ -23,7 +23,7 @@ import numpy as np
 from gmm_kernels import device, guards, triton_interpreter
 from gmm_kernels.base import RoutedKernelAdapter, RoutedLimits
 from gmm_kernels.convert import to_framework
-from gmm_kernels.wheels import Wheel, WheelLayoutError, load_functions
+from gmm_kernels.wheels import Wheel, load_functions
 
 __all__ = ["DOWNLOAD", "FORWARD_FUNCTIONS", "FORWARD_MEMBER", "INTERPRETED_SMS", "WHEEL", "WHEEL_VERSION",
            "UnslothGroupedGemm", "load_forward"]
@@ -69,21 +69,7 @@ class UnslothGroupedGemm(RoutedKernelAdapter):
     flush_subnormals = True
 
     def _unavailable(self) -> str | None:
-        import torch
-
-        reason = triton_interpreter.unrunnable("unsloth")
-        if reason is not None:
-            return reason
-        try:
-            _kernel()
-        except WheelLayoutError as exc:
-            return str(exc)
-        if not torch.cuda.is_available():
-            try:
-                triton_interpreter.fix()
-            except triton_interpreter.InterpreterDefect as exc:
-                return str(exc)
-        return None
+        return WHEEL.unavailable(_kernel)
 
     def routed_limits(self) -> RoutedLimits:
         """The convention's ``(K, N)`` extents, up to 257 experts (past 256: unsloth has no expert-count variants,

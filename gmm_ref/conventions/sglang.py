@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from gmm_ref.conventions import base
-from gmm_ref.conventions.vllm import fused_routing, slot_experts
+from gmm_ref.conventions.vllm import fused_operands, fused_routing, slot_experts
 from gmm_ref.routing import Routing
 from gmm_ref.routing_metadata import sglang_moe_align_block_size
 
@@ -89,15 +89,8 @@ class _FusedMoE(base.RoutedConvention):
                      {"use_fp8_w8a8": use_fp8_w8a8, "use_int8_w8a8": use_int8_w8a8, "use_int8_w8a16": use_int8_w8a16,
                       "use_int4_w4a16": use_int4_w4a16, "per_channel_quant": per_channel_quant},
                      {name: value for name, value in locals().items() if name in DEFAULT_OPTIONS})
-        a, b, c = base.as_array("A", A), base.as_array("B", B), base.as_array("C", C)
-        base.expect_ndim("A", a, 2)
-        base.expect_ndim("B", b, 3)
-        t, k = a.shape
-        e, n = b.shape[0], b.shape[1]
-        if b.shape[2] != k:
-            raise ValueError(f"B: expected [E, N, K={k}], got {b.shape}")
-        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
-            raise TypeError(f"top_k: expected a positive int, got {top_k!r}")
+        a, b, c = fused_operands(A, B, C, top_k)
+        t, (e, n) = a.shape[0], b.shape[:2]
         if c.shape not in ((t, top_k, n), (t * top_k, n)):
             raise ValueError(f"C: expected the output buffer of shape {(t, top_k, n)} or {(t * top_k, n)}, got "
                              f"{c.shape}")

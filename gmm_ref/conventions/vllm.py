@@ -35,8 +35,8 @@ from gmm_ref.routing import Routing
 from gmm_ref.routing_metadata import moe_align_block_size
 from gmm_ref.scaled import Quantization
 
-__all__ = ["BATCHED_MOE", "FUSED_MOE", "FUSED_MOE_CONFIG", "QUANTIZATIONS", "fused_routing", "slot_experts",
-           "vllm_batched_moe"]
+__all__ = ["BATCHED_MOE", "FUSED_MOE", "FUSED_MOE_CONFIG", "QUANTIZATIONS", "fused_operands", "fused_routing",
+           "slot_experts", "vllm_batched_moe"]
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -172,15 +172,8 @@ class _FusedMoE(base.RoutedConvention):
         The routing returned has the local experts as its experts; where some block's expert is -1 one more
         global expert stands for the other ranks' (``expert_map`` maps it to -1). Every slot must lie in exactly
         one block below ``num_tokens_post_padded`` (as ``moe_align_block_size`` places them)."""
-        a, b, c = base.as_array("A", A), base.as_array("B", B), base.as_array("C", C)
-        base.expect_ndim("A", a, 2)
-        base.expect_ndim("B", b, 3)
-        t, k = a.shape
-        e, n = b.shape[0], b.shape[1]
-        if b.shape[2] != k:
-            raise ValueError(f"B: expected [E, N, K={k}], got {b.shape}")
-        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
-            raise TypeError(f"top_k: expected a positive int, got {top_k!r}")
+        a, b, c = fused_operands(A, B, C, top_k)
+        t, (e, n) = a.shape[0], b.shape[:2]
         if c.shape != (t, top_k, n):
             raise ValueError(f"C: expected the output buffer of shape {(t, top_k, n)}, got {c.shape}")
         if not isinstance(mul_routed_weight, (bool, np.bool_)):
@@ -211,6 +204,19 @@ FUSED_MOE = _FusedMoE(
             "num_tokens_post_padded, mul_routed_weight, top_k, config, compute_type): routed tokens [T, K], "
             "experts [E, N, K], per-slot output [T, top_k, N], unquantized",
 )
+
+
+def fused_operands(A: Any, B: Any, C: Any, top_k: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A fused-MoE launcher's tokens ``A [T, K]``, experts ``B [E, N, K]`` and output ``C`` as arrays, their ranks,
+    K and ``top_k`` checked, naming the argument (``C``'s shape is the convention's to check)."""
+    a, b, c = base.as_array("A", A), base.as_array("B", B), base.as_array("C", C)
+    base.expect_ndim("A", a, 2)
+    base.expect_ndim("B", b, 3)
+    if b.shape[2] != a.shape[1]:
+        raise ValueError(f"B: expected [E, N, K={a.shape[1]}], got {b.shape}")
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
+        raise TypeError(f"top_k: expected a positive int, got {top_k!r}")
+    return a, b, c
 
 
 def slot_experts(config: Any, sorted_token_ids: Any, expert_ids: Any, num_tokens_post_padded: Any, numel: int,
