@@ -83,7 +83,8 @@ class Wheel:
     def launcher(self, modules: tuple[str, ...], name: str, what: str, loaded: Any) -> Any:
         """The function ``name``: the installed library's (the first of ``modules`` holding it) on a GPU where
         it is installed, else the one ``loaded(wheel, interpreted)`` reads from the wheel (``what`` names its
-        kernel where there is no wheel)."""
+        kernel where there is no wheel), Triton's interpreter fixed first where it runs interpreted
+        (``triton_interpreter.fix``: :class:`InterpreterDefect` on an unverified Triton that has a defect)."""
         import torch
 
         if torch.cuda.is_available() and self.installed():
@@ -95,7 +96,11 @@ class Wheel:
         wheel = self.find()
         if wheel is None:
             raise self.missing(what)
-        return getattr(loaded(wheel, triton_interpreter.in_use()), name)
+        interpreted = triton_interpreter.in_use()
+        module = loaded(wheel, interpreted)  # imports Triton, which fix() patches
+        if interpreted:  # a direct run (no available() first) gets the interpreter's fixes too
+            triton_interpreter.fix()
+        return getattr(module, name)
 
     def unavailable(self, kernel: Any) -> str | None:
         """Why a Triton kernel of this wheel cannot run here (``kernel()`` loads it), or None."""
@@ -106,7 +111,7 @@ class Wheel:
             return reason
         try:
             kernel()
-        except WheelLayoutError as exc:
+        except (WheelLayoutError, triton_interpreter.InterpreterDefect) as exc:
             return str(exc)
         if not torch.cuda.is_available():
             try:

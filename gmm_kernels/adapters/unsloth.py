@@ -55,7 +55,11 @@ def _kernel() -> Any:
     wheel = WHEEL.find()
     if wheel is None:
         raise WHEEL.missing("grouped GEMM")
-    return _loaded(wheel, triton_interpreter.in_use())._grouped_gemm_forward_kernel
+    interpreted = triton_interpreter.in_use()
+    module = _loaded(wheel, interpreted)  # imports Triton, which fix() patches
+    if interpreted:  # a direct run (no available() first) gets the interpreter's fixes too
+        triton_interpreter.fix()
+    return module._grouped_gemm_forward_kernel
 
 
 class UnslothGroupedGemm(RoutedKernelAdapter):

@@ -130,3 +130,32 @@ def test_a_no_driver_error_is_explained_and_others_are_not():
     outer.__cause__ = RuntimeError("0 active drivers ([]). There should only be one.")
     assert "TRITON_INTERPRET=1" in str(triton_interpreter.explain(outer))
     assert triton_interpreter.explain(RuntimeError("out of memory")) is None
+
+
+@pytest.mark.parametrize("name", ["vllm.fused_moe", "unsloth.grouped_gemm"])
+def test_a_wheel_kernel_run_directly_gets_the_interpreters_fixes(name, tmp_path):
+    """A script that resolves a wheel's kernel and runs it (no available() first) computes what a GPU would: the
+    launcher fixes the interpreter (bfloat16 dots and elementwise ops on raw bits were ~1e10 off without it)."""
+    from gmm_kernels import resolve_kernel
+
+    if resolve_kernel(name).available() is not None:
+        pytest.skip(f"{name}: {resolve_kernel(name).available()}")
+    script = (
+        "import numpy as np, ml_dtypes, gmm_ref\n"
+        "from gmm_kernels import resolve_kernel, triton_interpreter\n"
+        "triton_interpreter.use_if_no_gpu()\n"
+        f"k = resolve_kernel({name!r})\n"
+        "rng = np.random.default_rng(0)\n"
+        "bf = ml_dtypes.bfloat16\n"
+        "tokens = rng.integers(-2, 3, (6, 16)).astype(bf)\n"
+        "experts = rng.integers(-2, 3, (4, 8, 16)).astype(bf)\n"
+        "ids = np.array([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2], [1, 3]], np.int32)\n"
+        "w = rng.choice(np.array([-1.0, 1.0, 2.0], np.float32), ids.shape)\n"
+        "r = gmm_ref.Routing(tokens, experts, ids, w, mul_routed_weight=True, out_dtype=bf)\n"
+        "out = k.run(r)\n"
+        "gmm_ref.assert_routed_matches(out, gmm_ref.routed_reference(r), numerics=k.numerics_for(r), kernel=k.name)\n"
+        "print('OK')\n")
+    env = {k: v for k, v in os.environ.items() if k != triton_interpreter.ENV}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
