@@ -541,11 +541,10 @@ class RoutedKernelAdapter(KernelAdapter):
         return RoutedLimits()
 
     def large_refusal(self) -> str | None:
-        """A Triton kernel in Triton's interpreter runs interpreted (:meth:`interpreted`: few examples a mode in
-        the default run, ``property_tests.table.examples_in_default_run``)."""
-        from gmm_kernels import triton_interpreter
-
-        if "triton" in self.requires and triton_interpreter.in_use():
+        """A Triton kernel off CUDA runs in Triton's interpreter (:meth:`interpreted`: few examples a mode in the
+        default run, ``property_tests.table.examples_in_default_run``; or it is unavailable, the interpreter off),
+        whether or not ``available()`` has set ``TRITON_INTERPRET`` yet."""
+        if "triton" in self.requires and not device.on_cuda():
             return self._runs_interpreted("Triton's interpreter", takes="days")
         return None
 

@@ -205,10 +205,6 @@ class VllmFusedMoE(RoutedKernelAdapter):
     def _unavailable(self) -> str | None:
         return _unavailable_here(self._kernel)
 
-    def large_refusal(self) -> str | None:
-        """In Triton's interpreter: a kernel that runs interpreted (the ``scale`` mode gives it fewer cells)."""
-        return None if device.on_cuda() else self._runs_interpreted("Triton's interpreter", takes="days")
-
     def routed_limits(self) -> RoutedLimits:
         """The strategies' defaults (up to 40 tokens, 8 to 513 experts, top_k up to 8) with ``(K, N)`` extents
         around the launch config's tiles: ``(4, 4)``, ``(16, 8)`` (within one tile) and ``(40, 40)`` (K and N past

@@ -159,3 +159,22 @@ def test_a_wheel_kernel_run_directly_gets_the_interpreters_fixes(name, tmp_path)
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600, check=False)
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_every_routed_triton_kernel_says_it_runs_interpreted_before_available_sets_the_interpreter(tmp_path):
+    """The scale cells and the default run's examples read interpreted(): off CUDA a Triton kernel's answer is
+    the same whether or not available() has set TRITON_INTERPRET yet."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a GPU here: the kernels run compiled")
+    script = ("from gmm_kernels import resolve_kernel\n"
+              "for name in ('vllm.fused_moe', 'sglang.fused_moe', 'unsloth.grouped_gemm', 'torch.moe_experts'):\n"
+              "    print(name, resolve_kernel(name).interpreted())\n")
+    env = {k: v for k, v in os.environ.items() if k != triton_interpreter.ENV}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [f"{n} Triton's interpreter" for n in
+                                        ("vllm.fused_moe", "sglang.fused_moe", "unsloth.grouped_gemm")] + [
+        "torch.moe_experts None"], done.stdout
