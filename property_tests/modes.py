@@ -33,7 +33,7 @@ from property_tests.declared import problem_options, routing_options
 from property_tests.strategies.problems import Covering
 
 __all__ = ["ALL_MODES", "MODES", "OPT_IN_MODES", "RUN_ORDER", "Mode", "Unsupported", "mode_arguments", "mode_covering",
-           "mode_routings", "mode_strategy"]
+           "mode_routings", "mode_strategy", "run_rank"]
 
 
 class Unsupported(Exception):
@@ -208,6 +208,11 @@ ALL_MODES: dict[str, Mode] = {**MODES, **OPT_IN_MODES}
 #: named here runs after these.
 RUN_ORDER: tuple[str, ...] = ("poisoned", "many_groups", "grad", "out_dtype", "normal", "wide", "exact", "graph",
                               "scale", "all_empty", "sharded", "sharded_existing")
+
+
+def run_rank(mode: str) -> int:
+    """Where ``mode`` runs in :data:`RUN_ORDER` (a mode not named there: after all of them)."""
+    return RUN_ORDER.index(mode) if mode in RUN_ORDER else len(RUN_ORDER)
 
 
 def mode_of(mode: Mode | str) -> Mode:

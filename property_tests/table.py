@@ -22,7 +22,7 @@ from golden.judge import reasons_text, scope_reasons
 from golden.staleness import contents
 from property_tests.checking import check_mode
 from property_tests.failures import CheckRun
-from property_tests.modes import ALL_MODES, MODES, RUN_ORDER
+from property_tests.modes import ALL_MODES, MODES, run_rank
 from property_tests.shards import Cell
 
 __all__ = ["GOLDENS", "ROUTED_INTERPRETED_EXAMPLES", "Cell", "CellOutcome", "FailedRound", "GoldenTally", "Table",
@@ -66,9 +66,7 @@ def run_order(cells: Iterable[Cell]) -> list[Cell]:
     kernels = list(dict.fromkeys(c.kernel for c in cells))
 
     def rank(cell: Cell) -> tuple[int, int]:
-        column = cell.column
-        where = RUN_ORDER.index(column) if column in RUN_ORDER else len(RUN_ORDER) + (column == GOLDENS)
-        return kernels.index(cell.kernel), where
+        return kernels.index(cell.kernel), run_rank(cell.column) + (cell.column == GOLDENS)
 
     return sorted(cells, key=rank)  # stable: the families keep their order
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import zipfile
 
 import numpy as np
 import pytest
@@ -107,6 +106,7 @@ pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[trito
 from gmm_kernels import get, triton_interpreter  # noqa: E402
 from gmm_kernels.adapters import unsloth as adapter  # noqa: E402
 from property_tests.checking import check_kernel  # noqa: E402
+from property_tests.tests.wheel_twins import edited_wheel, rejected  # noqa: E402
 
 ENV = adapter.WHEEL.env
 WHEEL = adapter.WHEEL.find()
@@ -175,30 +175,14 @@ WHEEL_EDITS = {
 }
 
 
-def _edited_wheel(path, old: str, new: str) -> str:
-    with zipfile.ZipFile(WHEEL) as z:
-        text = z.read(adapter.FORWARD_MEMBER).decode()
-    assert text.count(old) == 1, old
-    with zipfile.ZipFile(path, "w") as z:
-        z.writestr(adapter.FORWARD_MEMBER, text.replace(old, new))
-    return str(path)
-
-
-def _rejected(kernel) -> str:
-    with pytest.raises(gmm_ref.Mismatch) as info:
-        check_kernel(kernel, modes=["normal"], profile="gmm-ci", max_examples=20)
-    text = str(info.value)
-    assert "Routing: T=" in "\n".join(getattr(info.value, "__notes__", [])), "the failure names its routing"
-    return text
-
-
 @needs_wheel
 @interpreted
 @pytest.mark.parametrize("bug", sorted(WHEEL_EDITS))
 def test_the_wheels_kernel_with_one_line_broken_is_rejected_naming_token_slot_and_expert(bug, tmp_path,
                                                                                           monkeypatch):
-    monkeypatch.setenv(ENV, _edited_wheel(tmp_path / f"unsloth-{bug}.whl", *WHEEL_EDITS[bug]))
-    text = _rejected("unsloth.grouped_gemm")
+    monkeypatch.setenv(ENV, edited_wheel(WHEEL, adapter.FORWARD_MEMBER, "_grouped_gemm_forward_kernel",
+                                         *WHEEL_EDITS[bug], tmp_path / f"unsloth-{bug}.whl"))
+    text = rejected("unsloth.grouped_gemm", max_examples=20)
     assert re.match(SLOT, text), text
 
 
@@ -233,5 +217,5 @@ class _BrokenMetadataKernel(adapter.UnslothGroupedGemm):
 @pytest.mark.parametrize("bug", ["gather_off_by_one"])
 def test_the_wheels_kernel_on_wrong_metadata_is_rejected_naming_token_slot_and_expert(bug, monkeypatch):
     monkeypatch.setenv(ENV, WHEEL)
-    text = _rejected(_BrokenMetadataKernel(bug))
+    text = rejected(_BrokenMetadataKernel(bug), max_examples=20)
     assert re.match(SLOT, text), text

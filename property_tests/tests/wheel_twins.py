@@ -1,4 +1,5 @@
-"""Broken twins of kernels read from a library's wheel (vLLM's, SGLang's fused MoE), shared by their tests.
+"""Broken twins of kernels read from a library's wheel (vLLM's, SGLang's fused MoE, unsloth's grouped GEMM), shared
+by their tests.
 
 A twin is the wheel's own kernel with one line of one function edited: a stand-in wheel holding the edited
 source (:func:`edited_wheel`), pointed at through the adapter's wheel variable. :func:`rejected` runs the
@@ -23,7 +24,8 @@ def edited_wheel(wheel: str, member: str, function: str, old: str, new: str, pat
     with zipfile.ZipFile(wheel) as z:
         text = z.read(member).decode()
     start = text.index(f"\ndef {function}(")
-    end = text.index("\ndef ", start + 1)
+    end = text.find("\ndef ", start + 1)
+    end = len(text) if end < 0 else end  # the file's last function
     body = text[start:end]
     assert body.count(old) == 1, old
     with zipfile.ZipFile(path, "w") as z:
@@ -31,12 +33,12 @@ def edited_wheel(wheel: str, member: str, function: str, old: str, new: str, pat
     return str(path)
 
 
-def rejected(kernel) -> str:
-    """The message of the harness's failure on ``kernel`` (the normal mode, the ``gmm-ci`` profile), which must
-    name the routing it was drawn on."""
+def rejected(kernel, max_examples: int | None = None) -> str:
+    """The message of the harness's failure on ``kernel`` (the normal mode, the ``gmm-ci`` profile, at most
+    ``max_examples`` routings), which must name the routing it was drawn on."""
     from property_tests.checking import check_kernel
 
     with pytest.raises(gmm_ref.Mismatch) as info:
-        check_kernel(kernel, modes=["normal"], profile="gmm-ci")
+        check_kernel(kernel, modes=["normal"], profile="gmm-ci", max_examples=max_examples)
     assert "Routing: T=" in "\n".join(getattr(info.value, "__notes__", [])), "the failure names its routing"
     return str(info.value)
