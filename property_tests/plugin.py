@@ -28,7 +28,9 @@ its pytest configuration (this repository does). Then:
 - the ``gmm_kernel`` fixture parametrizes a test over the selected kernels; the ``gmm_check_run`` fixture is the
   session's ``property_tests.failures.CheckRun`` (``check_mode(..., run=gmm_check_run)``: an exception a kernel
   raises is reported in the first check that finds it, the later ones say so in one line);
-- ``pytest_report_header`` lists the kernels under test and why any is skipped;
+- ``pytest_report_header`` lists the kernels under test; with ``--gmm-kernel``, each one's device and why it
+  is skipped if it is (without it, every built-in kernel by name only: probing them all imports every kernel
+  library);
 - JAX's persistent compilation cache is on (``--gmm-compile-cache=DIR|off``,
   default the one the main job and ``check_kernel`` use, ``~/.cache/gmm-harness/jax``),
   so xdist workers, later runs and the other front ends compile each shape once
@@ -216,10 +218,18 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     from gmm_kernels import device
 
     lines = []
-    for k in selected_kernels(config):
-        why = k.available()
-        lines.append(f"gmm kernel {k.name} ({k.convention}) on {device.of(k)}: "
-                     + ("available" if why is None else f"SKIPPED: {why}"))
+    kernels = selected_kernels(config)
+    named = bool(config.getoption("--gmm-kernel"))
+    if not named:
+        # every built-in kernel: probing each one's availability imports every kernel library (jax, torch, tokamax,
+        # ejkernel, triton, ...: 8 to 16 s), which a run whose tests may use none of them should not pay
+        lines.append(f"gmm kernels: {len(kernels)}, availability not probed (no --gmm-kernel; name one to see whether "
+                     "it runs here): " + ", ".join(k.name for k in kernels))
+    for k in kernels:
+        if named:
+            why = k.available()
+            lines.append(f"gmm kernel {k.name} ({k.convention}) on {device.of(k)}: "
+                         + ("available" if why is None else f"SKIPPED: {why}"))
         if k.scope is not None:
             lines.append(f"gmm kernel {k.name} declared scope: {k.scope.describe()}")
     tiling = _tiling(config)

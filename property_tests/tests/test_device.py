@@ -313,7 +313,8 @@ def test_a_worker_selects_the_device_of_its_request(tmp_path):
 
 def test_the_plugin_header_names_each_kernels_device(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\ngmm_harness = true\n")
-    proc = _pytest(tmp_path, "-v", "--gmm-device=cpu")
+    (tmp_path / "test_mine.py").write_text("def test_mine(gmm_kernel):\n    pass\n")
+    proc = _pytest(tmp_path, "-v", "--gmm-device=cpu", "--gmm-kernel=jax.ragged_dot", str(tmp_path / "test_mine.py"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gmm kernel jax.ragged_dot (ragged_dot) on cpu: available" in proc.stdout
 

@@ -57,10 +57,33 @@ def test_installing_the_plugin_changes_nothing_for_a_run_that_does_not_use_it(tm
     assert "PROFILE 7 False" in own.stdout, own.stdout + own.stderr
 
 
+LIBRARIES = ("jax", "torch", "triton", "tokamax", "ejkernel", "qwix", "torchao")
+IMPORTED = f'''
+import sys
+
+def pytest_sessionfinish(session):
+    print("IMPORTED", sorted(m for m in {LIBRARIES!r} if m in sys.modules))
+'''
+
+
 def test_a_project_opts_in_with_its_configuration(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\ngmm_harness = true\n")
-    proc = _run(tmp_path, "-v")  # (-q hides the header)
-    assert "PROFILE 50 True" in proc.stdout and "gmm kernel jax.ragged_dot (ragged_dot)" in proc.stdout
+    proc = _run(tmp_path, "-v", conftest=IMPORTED)  # (-q hides the header)
+    assert "PROFILE 50 True" in proc.stdout, proc.stdout + proc.stderr
+    # the header names every built-in kernel without probing them: probing imports every kernel library (8-16 s)
+    header = [line for line in proc.stdout.splitlines() if line.startswith("gmm kernels: ")]
+    assert len(header) == 1 and "not probed" in header[0] and "jax.ragged_dot," in header[0], proc.stdout
+    assert "IMPORTED []" in proc.stdout, proc.stdout
+
+
+def test_a_named_kernel_is_probed_and_no_other_kernel_library_is_imported(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\ngmm_harness = true\n")
+    (tmp_path / "test_mine.py").write_text("def test_mine(gmm_kernel):\n"
+                                           "    assert gmm_kernel.name == 'torch.grouped_mm'\n")
+    proc = _run(tmp_path, "-v", "--gmm-kernel=torch.grouped_mm", str(tmp_path / "test_mine.py"), conftest=IMPORTED)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gmm kernel torch.grouped_mm (torch.grouped_mm) on cpu: " in proc.stdout, proc.stdout
+    assert "IMPORTED ['torch']" in proc.stdout, proc.stdout
 
 
 def test_the_kernel_checks_live_outside_the_harness_tests():
