@@ -21,7 +21,8 @@ from gmm_ref.problem import Problem
 from gmm_ref.repro import fenced, reproducer
 
 __all__ = ["REPRODUCE", "Comparison", "Mismatch", "assert_deterministic", "assert_matches_reference",
-           "assert_routed_matches", "check", "group_of", "group_span", "groups_of", "routed_wrong", "scale_blocks_of"]
+           "assert_routed_matches", "check", "combined_feeds", "combined_wrong", "group_of", "group_span", "groups_of",
+           "routed_wrong", "scale_blocks_of"]
 
 DEFAULT_TILE = (128, 128, 128)
 MAX_LISTED = 8
@@ -384,6 +385,21 @@ def routed_wrong(actual: np.ndarray, ref: Any, bound: np.ndarray) -> np.ndarray:
     return ~(ok | ~ref.slots_mask)
 
 
+def combined_wrong(actual: np.ndarray, ref: Any, bound: np.ndarray) -> np.ndarray:
+    """``[T, N]``: the elements of a routed kernel's combined output (float64, of the reference's shape; every one
+    defined) that are neither the once-rounded value nor within ``bound`` of the exact one (NaN where it is NaN)."""
+    with np.errstate(invalid="ignore"):
+        ok = (actual == ref.combined.astype(np.float64)) | (np.abs(actual - ref.combined_exact) <= bound)
+        ok |= np.isnan(actual) & np.isnan(ref.combined_exact)
+    return ~ok
+
+
+def combined_feeds(r: Any, t: int) -> str:
+    """The slots feeding token ``t``'s combined row, each with its global and local expert and its weight:
+    ``slot 0 (expert 3, local 1, weight 0.5); slot 1 (expert 6, local -1, on another rank, weight 0.25)``."""
+    return "; ".join(f"slot {j} ({_expert(r, t, j)}, weight {float(r.weights64()[t, j]):.6g})" for j in range(r.top_k))
+
+
 def assert_routed_matches(actual: Any, ref: Any, *, numerics: Any = None, kernel: str = "kernel",
                           output: str = "slots") -> None:
     """Raise :class:`Mismatch` unless the output of a routed MoE kernel matches ``ref`` (a
@@ -406,10 +422,7 @@ def assert_routed_matches(actual: Any, ref: Any, *, numerics: Any = None, kernel
     a64 = _dt.as_numpy(a, name="actual").astype(np.float64) if a.size else np.zeros(shape)
     if combined:
         bound = ref.combined_bound(numerics)
-        with np.errstate(invalid="ignore"):
-            ok = (a64 == ref.combined.astype(np.float64)) | (np.abs(a64 - ref.combined_exact) <= bound)
-            ok |= np.isnan(a64) & np.isnan(ref.combined_exact)
-        bad = np.argwhere(~ok)
+        bad = np.argwhere(combined_wrong(a64, ref, bound))
     else:
         bound = ref.slot_bound(numerics)
         bad = np.argwhere(routed_wrong(a64, ref, bound))
@@ -436,8 +449,7 @@ def _combined_report(a64: np.ndarray, ref: Any, bound: np.ndarray, bad: np.ndarr
     r = ref.routing
     t, c = (int(i) for i in bad[0])
     tokens = sorted({int(x) for x, _ in bad})
-    feeds = "; ".join(f"slot {j} ({_expert(r, t, j)}, weight {float(r.weights64()[t, j]):.6g})"
-                      for j in range(r.top_k))
+    feeds = combined_feeds(r, t)
     culprit = _combined_culprit(a64[t] - ref.combined_exact[t], ref, t, bound[t])
     return (f"token {t}, column {c}: got {float(a64[t, c])!r}, expected {float(ref.combined[t, c])!r} within "
             f"{float(bound[t, c]):.3g} (the combined row of token {t}: the weighted sum of {feeds})\n"

@@ -43,7 +43,7 @@ from gmm_ref.numerics import U_REF, Numerics, error_bound, gamma, min_normal
 from gmm_ref.problem import Problem
 
 __all__ = ["EXPERT_LAYOUTS", "ID_DTYPES", "WEIGHT_DTYPES", "RoutedNumerics", "RoutedReference", "Routing",
-           "routed_reference"]
+           "peaked_weights", "routed_reference"]
 
 #: how the experts' weights are stored: ``[E, N, K]`` (vLLM, SGLang, unsloth) or ``[E, K, N]``
 EXPERT_LAYOUTS = ("enk", "ekn")
@@ -217,6 +217,25 @@ class Routing:
         problem = Problem(family="ragged_m", lhs=lhs, rhs=self.experts, group_sizes=sizes,
                           rhs_transposed=self.expert_layout == "enk", out_dtype=np.float64)
         return problem, flat
+
+
+def peaked_weights(weights: np.ndarray, signs: np.ndarray, tails: np.ndarray, out_dtype: Any) -> np.ndarray:
+    """A peaked router's weights (docs/routed.md), a new ``[T, top_k]`` array of ``weights``' dtype: slot 0 holds
+    the largest (``torch.topk`` sorts them), ``|weights[:, 0]|`` clamped to [1, 2] where it is an integer, else to
+    [0.5, 1 - 2**-8], times ``signs [T]`` (+-1); every other slot a tail of its sign, ``tails [T, top_k - 1]`` (1.5
+    or 1.75) times ``2**-(m + 3)`` times slot 0's weight, ``m`` the output dtype's fraction bits (never below the
+    weight dtype's normal range; every weight exact). A token whose slots share one expert then adds a dominant
+    slot and ``top_k - 1`` small ones of its sign, each between a quarter and a half of a unit in the last place
+    of the dominant one in the output dtype: a combine rounding every add to the output dtype drops each."""
+    w = np.asarray(weights)
+    w0 = np.abs(w[:, 0].astype(np.float64))
+    w0 = np.where(w0 == np.round(w0), np.clip(w0, 1, 2), np.clip(w0, 0.5, 1.0 - 2 ** -8))
+    e = min(_dt.float_format(np.dtype(out_dtype)).mant + 3, -_dt.float_format(w.dtype).emin - 1)
+    sign = np.asarray(signs, np.float64)
+    out = np.empty_like(w)
+    out[:, 0] = _dt.round_to(sign * w0, w.dtype)
+    out[:, 1:] = _dt.round_to(sign[:, None] * w0[:, None] * np.asarray(tails, np.float64) * 2.0 ** -e, w.dtype)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- numerics

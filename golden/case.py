@@ -79,6 +79,11 @@ class Case:
     top_k: int | None = None
     expert_map: Any = None
     mul_routed_weight: bool = False
+    #: a routed case only (left out of the JSON spec when at their defaults): ``"peaked"`` for a peaked router's
+    #: weights (``gmm_ref.routing.peaked_weights``; None: the generator's), and the tokens that list their slot 0's
+    #: expert in every slot (a convention whose callers never repeat an expert refuses them)
+    router: str | None = None
+    repeat_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         ok = set("abcdefghijklmnopqrstuvwxyz0123456789._-")
@@ -93,6 +98,7 @@ class Case:
             object.__setattr__(self, "tiling", tuple(int(t) for t in self.tiling))
         if self.expert_map is not None:
             object.__setattr__(self, "expert_map", np.asarray(self.expert_map, dtype=np.int64).tolist())
+        object.__setattr__(self, "repeat_tokens", tuple(int(t) for t in self.repeat_tokens))
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -102,8 +108,9 @@ class Case:
             d["tiling"] = list(self.tiling)
         if not self.quant:
             del d["quant"]
+        d["repeat_tokens"] = list(self.repeat_tokens)
         for name, default in (("alignment", None), ("top_k", None), ("expert_map", None),
-                              ("mul_routed_weight", False)):
+                              ("mul_routed_weight", False), ("router", None), ("repeat_tokens", [])):
             if d[name] == default:
                 del d[name]
         return d
@@ -117,6 +124,7 @@ class Case:
         d = dict(d)
         d["batch_shape"] = tuple(d.get("batch_shape", ()))
         d["tags"] = tuple(d.get("tags", ()))
+        d["repeat_tokens"] = tuple(d.get("repeat_tokens", ()))
         if d.get("tiling") is not None:
             d["tiling"] = tuple(d["tiling"])
         return cls(**d)
@@ -217,6 +225,7 @@ def build_problem(case: Case) -> gmm_ref.Problem:
                          "convention's cases are of the routed family, and only theirs")
     if routed.is_routed(case):  # a gmm_ref.Routing, not a grouped Problem
         return routed.build_routing(case, convention)
+    routed.refuse_routed_fields(case)
     local = case.num_local_groups
     if families.get(case.family).takes_sizes:
         gs = np.asarray(case.group_sizes, dtype=np.int64)

@@ -24,6 +24,10 @@ kernels compile once per shape (interpreted Pallas costs about a second each):
 - ``vllm.fused_moe`` (the routed family, ``golden.routed``): tokens ``[T, K]``, experts ``[E, N, K]``, the
   per-slot output ``[T, top_k, N]``; ``(K, N)`` of ``(16, 8)`` (within one 32-wide tile) or ``(40, 40)`` (past
   one); top_k 1, 2 and 8; experts no slot routes to; an ``expert_map`` with other ranks' experts; T = 1.
+- ``sglang.fused_moe`` and ``unsloth.grouped_gemm`` (routed, per slot): two cases each;
+- ``torch.moe_experts`` (routed, the combined ``[T, N]`` output): bf16 top_k 8 with a peaked router and tokens whose
+  slots repeat one expert (what a combine summing in bf16 loses), float32 top_k 4, fp16 with an ``expert_map`` and
+  poison, T = 1 with exact values.
 
 Tags name the edge classes a case covers (``python -m golden list``).
 """
@@ -50,6 +54,7 @@ DGM = dict(convention="deep_gemm.m_grouped_masked", family="masked", m=200, k=25
 MOE = dict(convention="vllm.fused_moe", family="routed")
 SGLANG_MOE = dict(convention="sglang.fused_moe", family="routed")
 UNSLOTH = dict(convention="unsloth.grouped_gemm", family="routed")
+TORCH_MOE = dict(convention="torch.moe_experts", family="routed", mul_routed_weight=True)
 VB = dict(convention="vllm.batched_moe", family="masked", m=32, k=256, n=48, rhs_transposed=True,
           dtype="float8_e4m3fn", out_dtype="bfloat16", tiling=(16, 128, 32))
 
@@ -217,6 +222,17 @@ CASES: list[Case] = [
          dtype="bfloat16", mul_routed_weight=True, seed=220, tags=("routed", "top_k_2", "weighted")),
     Case("moe-unsloth-f32-permute-x-exact", **UNSLOTH, m=6, k=48, n=40, groups=9, top_k=4, kind="int",
          int_range=2, seed=221, tags=("routed", "top_k_4", "exact", "empty_expert")),
+    # --------------------------- torch MoE experts: the combined [T, N] output, the weighted sum of each token's slots
+    Case("moe-torch-bf16-top8-peaked-repeats", **TORCH_MOE, m=10, k=40, n=24, groups=16, top_k=8, dtype="bfloat16",
+         router="peaked", repeat_tokens=(2, 7), seed=230,
+         tags=("routed", "combined", "top_k_8", "peaked", "repeated_expert", "weighted", "unaligned")),
+    Case("moe-torch-f32-top4", **TORCH_MOE, m=7, k=16, n=8, groups=6, top_k=4, seed=231,
+         tags=("routed", "combined", "top_k_4", "weighted")),
+    Case("moe-torch-f16-expert-map-poison", **TORCH_MOE, m=9, k=16, n=8, groups=8, top_k=2, dtype="float16",
+         expert_map=[-1, 0, 1, -1, 2, -1, -1, 3], poison=True, seed=233,
+         tags=("routed", "combined", "top_k_2", "expert_map", "foreign", "poison", "weighted")),
+    Case("moe-torch-f32-t1-exact", **TORCH_MOE, m=1, k=8, n=4, groups=32, top_k=4, kind="int", int_range=2, seed=234,
+         tags=("routed", "combined", "t1", "top_k_4", "exact", "empty_expert", "weighted")),
     # ---------------------------------------------------- TransformerEngine (reference only)
     Case("te-m-f32-lhs-last-packed", **TE, family="ragged_m", m=24, k=8, n=8, lhs_transposed=True,
          packed=True, group_sizes=[5, 0, 19], seed=100, tags=("packed", "transposed", "empty_middle")),

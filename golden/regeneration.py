@@ -117,9 +117,9 @@ def drift_table(changes: Sequence[Change]) -> str:
     return "\n".join(lines)
 
 
-def _old_within_bound(p: gmm_ref.Problem, old: np.ndarray, numerics: Any) -> tuple[bool, float, float]:
-    """(within, worst |old - exact| / bound, largest bound) of an old golden as an output of ``p`` now."""
-    ref = routed.reference_of(p)
+def _old_within_bound(case: Case, p: gmm_ref.Problem, old: np.ndarray, numerics: Any) -> tuple[bool, float, float]:
+    """(within, worst |old - exact| / bound, largest bound) of an old golden as an output of ``p`` (``case``) now."""
+    ref = routed.reference_of(p, case)
     ok = routed.check_of(old, ref, numerics=numerics).ok
     bound = ref.bound(numerics)[ref.mask]  # (zeros for an integer output: exact)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -134,7 +134,7 @@ def _produce(case: Case, kernel: KernelAdapter | None
              ) -> tuple[gmm_ref.Problem, np.ndarray, np.ndarray, dict, Any, str]:
     """(problem, canonical output, mask, producer, numerics, failure) for one case."""
     p = build_problem(case)
-    ref = routed.reference_of(p)
+    ref = routed.reference_of(p, case)
     if kernel is None:
         return p, canonical_output(ref.values, ref.mask), ref.mask, reference_producer(), None, ""
     out = canonical_output(kernel.run(p), ref.mask)
@@ -161,24 +161,24 @@ def _entry(case: Case, p: gmm_ref.Problem, out: np.ndarray, mask: np.ndarray, pr
         "output_sha256": array_sha256(out),
         "mask_sha256": array_sha256(mask),
         "out_shape": list(out.shape),
-        "dtypes": {**routed.record_of(p)[1], "out": str(out.dtype)},
+        "dtypes": {**routed.record_of(p, case)[1], "out": str(out.dtype)},
         "producer": producer,
         "numerics": numerics_json(numerics),
         "inputs_stored": bool(store_inputs),
     }, data
 
 
-def _changed(store: GoldenStore, name: str, prev: dict, entry: dict, out: np.ndarray, mask: np.ndarray,
+def _changed(store: GoldenStore, case: Case, prev: dict, entry: dict, out: np.ndarray, mask: np.ndarray,
              p: gmm_ref.Problem, numerics: Any) -> Change:
     """How a new golden differs from the stored one, and whether the old one is within the bound of the case now."""
-    note, within, ratio, bound = "", None, None, None
+    name, note, within, ratio, bound = case.name, "", None, None, None
     try:
         old_golden = store.load(name, prev)
         common = mask & old_golden.mask if old_golden.mask.shape == mask.shape else mask
         dmax, ulps, ndiff = drift(old_golden.out, out, common)
         same_problem = prev["spec"] == entry["spec"] and prev["inputs_sha256"] == entry["inputs_sha256"]
         if same_problem and old_golden.out.shape == out.shape and old_golden.out.dtype == out.dtype:
-            within, ratio, bound = _old_within_bound(p, old_golden.out, numerics)
+            within, ratio, bound = _old_within_bound(case, p, old_golden.out, numerics)
     except GoldenError as exc:
         dmax, ulps, ndiff = float("nan"), float("nan"), -1
         note = f"old file unusable: {exc}"
@@ -233,7 +233,7 @@ def _plan_case(plan: _Plan, store: GoldenStore, old: dict, case: Case, k: Kernel
         if update:  # only metadata (numerics, shape records) moved on
             plan.refresh[n, key] = entry
         return
-    plan.changes.append(_changed(store, n, prev, entry, out, mask, p, numerics))
+    plan.changes.append(_changed(store, case, prev, entry, out, mask, p, numerics))
     plan.pending[n, key] = (entry, data)
 
 

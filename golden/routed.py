@@ -6,11 +6,18 @@ slots per token, ``expert_map`` (global -> local, -1 for another rank's expert) 
 ``gmm_ref.Routing``. The inputs come from the generator like a grouped case's: ``tokens [T, K]``, ``experts`` in
 the convention's first expert layout, ``topk_weights [T, top_k]`` float32, and ``topk_ids``: token ``t`` routes to
 the ``top_k`` experts of smallest ``raw_bits(seed, "topk_ids")[t * E : (t + 1) * E]`` (distinct experts, as
-vLLM's routers give). ``poison`` puts NaN in every token row, expert and weight no local slot reads.
+vLLM's routers give), except that each token of ``repeat_tokens`` lists its slot 0's expert in every slot.
+``router="peaked"`` makes the weights a peaked router's (``gmm_ref.routing.peaked_weights`` of the generated
+weights, the signs ``+-1`` from bit 0 of ``raw_bits(seed, "router_signs")`` (1: negative), the tails 1.5 or 1.75
+from bit 0 of ``raw_bits(seed, "router_tails")`` (1: 1.75)). ``poison`` puts NaN in every token row, expert and
+weight no local slot reads.
 
-The golden is the per-slot output ``[T, top_k, N]`` (:class:`RoutedGoldenReference`): the reference rounded
-once, its mask the elements the convention defines; a kernel is judged within ``slot_bound`` of its
-``RoutedNumerics`` (``gmm_ref.assert_routed_matches``), a failure naming the token, slot and expert.
+The golden is what the convention's kernels return (:attr:`gmm_ref.conventions.base.RoutedConvention.output`;
+:class:`RoutedGoldenReference`): the per-slot output ``[T, top_k, N]``, its mask the elements the convention
+defines, judged within ``slot_bound``; or the combined output ``[T, N]``, every element defined, judged within
+``combined_bound``; either the reference rounded once, a kernel judged by the bound of its ``RoutedNumerics``
+(``gmm_ref.assert_routed_matches``), a failure naming the token, slot and expert (a combined row: the token, the
+column and every slot feeding it).
 """
 
 from __future__ import annotations
@@ -21,13 +28,19 @@ from typing import Any
 import numpy as np
 
 import gmm_ref
+from gmm_ref import conventions, families
 from gmm_ref import dtypes as _dt
-from gmm_ref import families
-from gmm_ref.compare import routed_wrong
+from gmm_ref.compare import combined_feeds, combined_wrong, routed_wrong
+from gmm_ref.routing import peaked_weights
 from golden.generator import raw_bits, values
 
-__all__ = ["RoutedGoldenReference", "build_routing", "check", "check_of", "describe_bad", "inputs", "is_routed",
-           "record", "record_of", "reference", "reference_of"]
+__all__ = ["ROUTERS", "RoutedGoldenReference", "build_routing", "check", "check_of", "describe_bad", "inputs",
+           "is_routed", "output_of", "record", "record_of", "reference", "reference_of", "refuse_routed_fields"]
+
+#: a routed case's ``router``: None, the generator's weights; ``"peaked"``, a peaked router's
+ROUTERS = (None, "peaked")
+#: the fields of a routed case a grouped case leaves at their defaults
+_ROUTED_ONLY = {"top_k": None, "expert_map": None, "mul_routed_weight": False, "router": None, "repeat_tokens": ()}
 
 #: the fields of a grouped case a routed case leaves at their defaults (its own meaning: the module docstring)
 _GROUPED_ONLY = {"group_sizes": None, "batch_shape": (), "lhs_transposed": False, "rhs_transposed": False,
@@ -40,10 +53,53 @@ def is_routed(case: Any) -> bool:
     return families.get(case.family).groups == families.ROUTING
 
 
+def refuse_routed_fields(case: Any) -> None:
+    """A ValueError naming the case and field where a grouped case sets a routed case's field."""
+    for name, default in _ROUTED_ONLY.items():
+        if getattr(case, name) != default:
+            raise ValueError(f"case {case.name}: {name}={getattr(case, name)!r} is a routed case's field; a "
+                             f"{case.family} case leaves it out")
+
+
+def output_of(case: Any) -> str | None:
+    """What a routed case's golden holds, its convention's ``output`` (``"slots"`` or ``"combined"``); None for a
+    grouped case."""
+    return conventions.get(case.convention).output if is_routed(case) else None
+
+
 def _ids(case: Any, num_experts: int) -> np.ndarray:
-    """``[T, top_k]`` int32: each token's ``top_k`` distinct experts, by the order of its seeded bits."""
+    """``[T, top_k]`` int32: each token's ``top_k`` distinct experts, by the order of its seeded bits; a token of
+    ``repeat_tokens`` lists its slot 0's expert in every slot."""
     bits = raw_bits(case.seed, "topk_ids", case.m * num_experts).reshape(case.m, num_experts)
-    return np.argsort(bits, axis=1, kind="stable")[:, :case.top_k].astype(np.int32)
+    ids = np.argsort(bits, axis=1, kind="stable")[:, :case.top_k].astype(np.int32)
+    for t in case.repeat_tokens:
+        ids[t] = ids[t, 0]
+    return ids
+
+
+def _router_fields(case: Any) -> None:
+    """ValueErrors naming the case for a ``router`` or ``repeat_tokens`` it cannot have."""
+    if case.router not in ROUTERS:
+        raise ValueError(f"case {case.name}: router={case.router!r}: expected one of {list(ROUTERS)}")
+    if case.router == "peaked" and (case.top_k < 2 or not case.mul_routed_weight):
+        raise ValueError(f"case {case.name}: router='peaked' needs top_k >= 2 and mul_routed_weight=True (a dominant "
+                         f"weight and a tail), got top_k={case.top_k}, mul_routed_weight={case.mul_routed_weight}")
+    if case.repeat_tokens and case.top_k < 2:
+        raise ValueError(f"case {case.name}: repeat_tokens={list(case.repeat_tokens)} needs top_k >= 2 (a repeat "
+                         "is one expert in two slots)")
+    for t in case.repeat_tokens:
+        if not 0 <= t < case.m:
+            raise ValueError(f"case {case.name}: repeat_tokens holds {t}: expected a token in [0, {case.m})")
+    if len(set(case.repeat_tokens)) != len(case.repeat_tokens):
+        raise ValueError(f"case {case.name}: repeat_tokens={list(case.repeat_tokens)} lists a token twice")
+
+
+def _peaked(case: Any, r: gmm_ref.Routing) -> np.ndarray:
+    """The routing's weights as a peaked router's (module docstring)."""
+    t, top_k = r.topk_ids.shape
+    signs = 1.0 - 2.0 * (raw_bits(case.seed, "router_signs", t) & np.uint64(1)).astype(np.float64)
+    tails = 1.5 + 0.25 * (raw_bits(case.seed, "router_tails", t * (top_k - 1)) & np.uint64(1)).astype(np.float64)
+    return peaked_weights(r.topk_weights, signs, tails.reshape(t, top_k - 1), r.out_dtype)
 
 
 def _poisoned(r: gmm_ref.Routing) -> dict[str, np.ndarray]:
@@ -70,6 +126,7 @@ def build_routing(case: Any, convention: Any) -> gmm_ref.Routing:
                          f"got top_k={case.top_k!r}, groups={case.groups!r}")
     if case.top_k > case.groups:
         raise ValueError(f"case {case.name}: top_k={case.top_k} distinct experts of {case.groups}")
+    _router_fields(case)
     emap = None if case.expert_map is None else np.asarray(case.expert_map, np.int32)
     local = case.groups if emap is None else int((emap >= 0).sum())
     dt = _dt.as_dtype(case.dtype, name="dtype")
@@ -82,6 +139,8 @@ def build_routing(case: Any, convention: Any) -> gmm_ref.Routing:
                             values(case.seed, "topk_weights", (case.m, case.top_k), np.float32, **kw),
                             expert_layout=layout, expert_map=emap, mul_routed_weight=case.mul_routed_weight,
                             out_dtype=case.out_dtype, foreign=convention.foreign)
+        if case.router == "peaked":
+            r = gmm_ref.Routing(**{**_fields(r), "topk_weights": _peaked(case, r)})
         if case.poison:
             r = gmm_ref.Routing(**{**_fields(r), **_poisoned(r)})
     except (TypeError, ValueError) as exc:
@@ -105,37 +164,48 @@ def inputs(r: gmm_ref.Routing) -> dict[str, np.ndarray]:
     return d
 
 
-def record(r: gmm_ref.Routing) -> tuple[tuple[int, ...], dict[str, str]]:
-    """(the per-slot output's shape, the manifest's dtypes: tokens as ``lhs``, experts as ``rhs``)."""
-    return ((r.num_tokens, r.top_k, r.n),
-            {"lhs": str(r.tokens.dtype), "rhs": str(r.experts.dtype), "out": str(np.dtype(r.out_dtype))})
+def record(r: gmm_ref.Routing, output: str = "slots") -> tuple[tuple[int, ...], dict[str, str]]:
+    """(the golden's shape, ``[T, top_k, N]`` per slot or ``[T, N]`` combined; the manifest's dtypes: tokens as
+    ``lhs``, experts as ``rhs``)."""
+    shape = (r.num_tokens, r.n) if output == "combined" else (r.num_tokens, r.top_k, r.n)
+    return shape, {"lhs": str(r.tokens.dtype), "rhs": str(r.experts.dtype), "out": str(np.dtype(r.out_dtype))}
 
 
 @dataclass(frozen=True)
 class RoutedGoldenReference:
-    """The routed reference as a golden reads it: the per-slot output (``values``, ``exact``, ``mask``,
-    :meth:`bound`), as ``gmm_ref.Reference`` is a grouped case's."""
+    """The routed reference as a golden reads it (``values``, ``exact``, ``mask``, :meth:`bound`, as
+    ``gmm_ref.Reference`` is a grouped case's): the per-slot output (``output="slots"``) or the combined output
+    (``"combined"``, every element defined)."""
 
     routed: Any  # gmm_ref.RoutedReference
+    output: str = "slots"
+
+    def __post_init__(self) -> None:
+        if self.output not in ("slots", "combined"):
+            raise ValueError(f"output: expected 'slots' or 'combined', got {self.output!r}")
+
+    @property
+    def combined(self) -> bool:
+        return self.output == "combined"
 
     @property
     def values(self) -> np.ndarray:
-        return self.routed.slots
+        return self.routed.combined if self.combined else self.routed.slots
 
     @property
     def exact(self) -> np.ndarray:
-        return self.routed.slots_exact
+        return self.routed.combined_exact if self.combined else self.routed.slots_exact
 
     @property
     def mask(self) -> np.ndarray:
-        return self.routed.slots_mask
+        return np.ones(self.routed.combined.shape, bool) if self.combined else self.routed.slots_mask
 
     def bound(self, numerics: Any = None) -> np.ndarray:
-        return self.routed.slot_bound(numerics)
+        return self.routed.combined_bound(numerics) if self.combined else self.routed.slot_bound(numerics)
 
 
-def reference(r: gmm_ref.Routing) -> RoutedGoldenReference:
-    return RoutedGoldenReference(gmm_ref.routed_reference(r))
+def reference(r: gmm_ref.Routing, output: str = "slots") -> RoutedGoldenReference:
+    return RoutedGoldenReference(gmm_ref.routed_reference(r), output)
 
 
 @dataclass(frozen=True)
@@ -148,22 +218,32 @@ class Outcome:
 
 
 def check(out: Any, ref: RoutedGoldenReference, *, numerics: Any = None, kernel: str = "kernel") -> Outcome:
-    """A per-slot output against the routed reference (``gmm_ref.assert_routed_matches``), without raising."""
+    """A per-slot or combined output against the routed reference (``gmm_ref.assert_routed_matches``), without
+    raising."""
     try:
-        gmm_ref.assert_routed_matches(out, ref.routed, numerics=numerics, kernel=kernel)
+        gmm_ref.assert_routed_matches(out, ref.routed, numerics=numerics, kernel=kernel, output=ref.output)
     except gmm_ref.Mismatch as exc:
         a = np.asarray(out)
         if a.shape != ref.values.shape:
             return Outcome(False, None, str(exc))
-        bad = routed_wrong(_dt.as_numpy(a, name="output").astype(np.float64), ref.routed, ref.bound(numerics))
+        wrong = combined_wrong if ref.combined else routed_wrong
+        bad = wrong(_dt.as_numpy(a, name="output").astype(np.float64), ref.routed, ref.bound(numerics))
         return Outcome(False, bad, str(exc))
     return Outcome(True)
 
 
 def describe_bad(r: gmm_ref.Routing, bad: np.ndarray, mask: np.ndarray, actual: np.ndarray,
                  desired: np.ndarray) -> str:
-    """One line: how many defined elements are wrong, in which slots, and the first one's token, slot, expert."""
+    """One line: how many defined elements are wrong, in which slots, and the first one's token, slot, expert (a
+    combined ``[T, N]`` output: in which tokens, and the first one's token, column and the slots feeding its row)."""
     idx = np.argwhere(bad)
+    if bad.ndim == 2:  # the combined output
+        t, c = (int(i) for i in idx[0])
+        tokens = sorted({int(x) for x, _ in idx})
+        return (f"{len(idx)} / {int(mask.sum())} defined elements wrong in {len(tokens)} token(s) "
+                f"{tokens[:8]}{' ...' if len(tokens) > 8 else ''}; first at token {t}, column {c}: "
+                f"{float(actual[t, c])!r} vs {float(desired[t, c])!r} (the combined row of token {t}: the weighted "
+                f"sum of {combined_feeds(r, t)})")
     t, j, c = (int(i) for i in idx[0])
     slots = sorted({(int(x), int(y)) for x, y, _ in idx})
     local = int(r.local_ids[t, j])
@@ -174,9 +254,9 @@ def describe_bad(r: gmm_ref.Routing, bad: np.ndarray, mask: np.ndarray, actual: 
 
 
 # ---------------------------------------------- what the golden modules call: a grouped problem or a routing
-def reference_of(p: Any) -> Any:
-    """``gmm_ref.reference(p)``, or a routing's :func:`reference`."""
-    return reference(p) if isinstance(p, gmm_ref.Routing) else gmm_ref.reference(p)
+def reference_of(p: Any, case: Any) -> Any:
+    """``gmm_ref.reference(p)``, or a routing's :func:`reference` of what its case's convention returns."""
+    return reference(p, output_of(case)) if isinstance(p, gmm_ref.Routing) else gmm_ref.reference(p)
 
 
 def check_of(out: Any, ref: Any, *, numerics: Any = None, kernel: str | None = None) -> Any:
@@ -186,8 +266,9 @@ def check_of(out: Any, ref: Any, *, numerics: Any = None, kernel: str | None = N
     return gmm_ref.check(out, ref, numerics=numerics, kernel=kernel)
 
 
-def record_of(p: Any) -> tuple[tuple[int, ...], dict[str, str]]:
-    """(output shape, the manifest's dtypes) of a problem or a routing (:func:`record`)."""
+def record_of(p: Any, case: Any) -> tuple[tuple[int, ...], dict[str, str]]:
+    """(output shape, the manifest's dtypes) of a problem or a routing (:func:`record`, of what its case's
+    convention returns)."""
     if isinstance(p, gmm_ref.Routing):
-        return record(p)
+        return record(p, output_of(case))
     return tuple(p.out_shape), {"lhs": str(p.lhs.dtype), "rhs": str(p.rhs.dtype), "out": str(p.out_dtype)}

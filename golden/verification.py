@@ -92,7 +92,7 @@ def _record_errors(n: str, key: str, entry: dict, g: Any, p: Any) -> str | None:
         return f"numerics {entry['numerics']!r} cannot be read: {exc}"
     if entry["file"] != f"{n}-{entry['file_sha256'][:10]}.npz":
         return f"file name {entry['file']!r} is not the case name and its hash"
-    shape, want = routed.record_of(p)
+    shape, want = routed.record_of(p, g.case)
     if entry["out_shape"] != list(g.out.shape) or list(shape) != entry["out_shape"]:
         return f"out_shape {entry['out_shape']} but the file holds {list(g.out.shape)}, the problem {list(shape)}"
     if entry["dtypes"] != want or str(g.out.dtype) != want["out"]:
@@ -126,7 +126,7 @@ def _verify_golden(store: GoldenStore, n: str, key: str, entry: dict, command: s
 
 
 def _verify_values(n: str, who: str, entry: dict, g: Any, p: Any, fix: str) -> str | None:
-    ref = routed.reference_of(p)
+    ref = routed.reference_of(p, g.case)
     if not np.array_equal(ref.mask, g.mask):
         differ = int((ref.mask != g.mask).sum())
         return f"{n}{who}: the defined-mask differs from gmm_ref's ({differ} elements); {fix}"

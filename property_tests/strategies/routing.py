@@ -29,7 +29,7 @@ from hypothesis.strategies import SearchStrategy
 
 import gmm_ref
 from gmm_ref import dtypes as _dt
-from gmm_ref.routing import EXPERT_LAYOUTS, ID_DTYPES, WEIGHT_DTYPES
+from gmm_ref.routing import EXPERT_LAYOUTS, ID_DTYPES, WEIGHT_DTYPES, peaked_weights
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, check_int, integers, resolve, sampled
 from property_tests.strategies.values import VALUE_KINDS, fill, poison
 
@@ -350,21 +350,15 @@ def weights_of(rng: np.random.Generator, shape: tuple[int, int], dtype: np.dtype
 
 
 def peak(rng: np.random.Generator, weights: np.ndarray, ids: np.ndarray, repeats: bool, out_dtype: Any) -> None:
-    """A peaked router, in place: slot 0 of every token holds the largest weight (``torch.topk`` sorts them), 1 or
-    2 (in [0.5, 1) for drawn floats), the others a tail of its sign, ``c * 2**-(m + 3)`` times it with ``c`` in
-    {1.5, 1.75} and ``m`` the output dtype's fraction bits (exact in every weight dtype, never below its normal
-    range); with ``repeats``, half the tokens list slot 0's expert in every slot. Such a token's combined sum adds
-    a dominant slot and ``top_k - 1`` small ones of its sign, each between a quarter and a half of a unit in the
-    last place of the dominant one in the output dtype: a combine that rounds every add to the output dtype drops
-    each (past the bound from ``top_k = 8``), one that sums in float32 keeps them (docs/routed.md)."""
+    """A peaked router, in place: :func:`gmm_ref.routing.peaked_weights` (slot 0 holds the largest weight, the
+    others a tail of its sign, each between a quarter and a half of a unit in the last place of slot 0's in the
+    output dtype) with its signs and tails drawn; with ``repeats``, half the tokens list slot 0's expert in every
+    slot. A combine that rounds every add of such a token to the output dtype drops each tail (past the bound from
+    ``top_k = 8``), one that sums in float32 keeps them (docs/routed.md)."""
     t, k = weights.shape
-    w0 = np.abs(weights[:, 0].astype(np.float64))
-    w0 = np.where(w0 == np.round(w0), np.clip(w0, 1, 2), np.clip(w0, 0.5, 1.0 - 2 ** -8))
     sign = rng.choice((-1.0, 1.0), size=t)
-    e = min(_dt.float_format(np.dtype(out_dtype)).mant + 3, -_dt.float_format(weights.dtype).emin - 1)
-    tail = rng.choice((1.5, 1.75), size=(t, k - 1)) * 2.0 ** -e
-    weights[:, 0] = _dt.round_to(sign * w0, weights.dtype)
-    weights[:, 1:] = _dt.round_to(sign[:, None] * w0[:, None] * tail, weights.dtype)
+    tail = rng.choice((1.5, 1.75), size=(t, k - 1))
+    weights[...] = peaked_weights(weights, sign, tail, out_dtype)
     if repeats:
         same = rng.random(t) < 0.5
         ids[same] = ids[same, :1]

@@ -86,11 +86,10 @@ def test_corpus_covers_every_family_convention_and_edge_class():
     corpus = _corpus()
     fams = {c.family for c in corpus}
     assert fams == set(gmm_ref.FAMILIES) | set(gmm_ref.families.routed_names())
-    # a routed convention's golden is its per-slot output: the combined [T, N] output has none yet (docs/routed.md,
-    # "Not done yet"), every per-slot convention has cases
-    per_slot = {n for n in gmm_ref.conventions.routed_names() if gmm_ref.conventions.get(n).output == "slots"}
-    assert per_slot != set(gmm_ref.conventions.routed_names())
-    assert {c.convention for c in corpus} == set(gmm_ref.conventions.names()) | per_slot
+    # every convention has cases, the routed ones of both outputs (per slot and combined) included
+    outputs = {gmm_ref.conventions.get(n).output for n in gmm_ref.conventions.routed_names()}
+    assert outputs == {"slots", "combined"}
+    assert {c.convention for c in corpus} == set(gmm_ref.conventions.names()) | set(gmm_ref.conventions.routed_names())
     tags = {t for c in corpus for t in c.tags}
     for t in ("empty_first", "empty_middle", "empty_last", "all_empty", "unaligned", "tail", "sharded",
               "existing", "exact", "poison", "transposed", "packed", "batch_dims"):

@@ -129,3 +129,139 @@ def test_vllms_kernel_with_one_line_broken_fails_the_routed_goldens(tmp_path, mo
     failed = [r for r in results if r.status is Status.FAILED]
     assert len(results) == len(VLLM) and failed, [r.line() for r in results]
     assert all(re.search(f"first at {SLOT}", r.detail) for r in failed), [r.detail for r in failed]
+
+
+# -------------------------------------------------------------- the combined [T, N] output: torch.moe_experts
+#: the cases of the combined convention: their goldens hold [T, N], the weighted sum of each token's slots
+TORCH = [c for c in ROUTED if c.convention == "torch.moe_experts"]
+#: a failure on a combined golden: the case, the wrong tokens, the first wrong element's token and column, and the
+#: slots (experts, weights) feeding that row
+ROW = (r"case moe-torch-[a-z0-9-]+: (.*: )?\d+ / \d+ defined elements wrong in \d+ token\(s\) \[[\d, ]+\]( \.\.\.)?; "
+       r"first at token (?P<t>\d+), column \d+: \S+ vs \S+ \(the combined row of token (?P=t): the weighted sum of "
+       r"slot 0 \(expert \d+, local -?\d+")
+
+
+def _case(name):
+    return next(c for c in TORCH if c.name == name)
+
+
+def test_the_output_kind_follows_from_the_convention_and_the_new_fields_are_left_out_of_older_specs():
+    """No case field says what a golden holds: a routed convention's kernels return one kind (its ``output``)."""
+    from golden.routed import output_of, record_of
+
+    for c in ROUTED:
+        r = build_problem(c)
+        combined = c.convention == "torch.moe_experts"
+        assert output_of(c) == ("combined" if combined else "slots")
+        assert record_of(r, c)[0] == ((r.num_tokens, r.n) if combined else (r.num_tokens, r.top_k, r.n))
+        assert Case.from_json(c.to_json()) == c
+    assert len(TORCH) >= 4
+    assert not {"router", "repeat_tokens"} & {k for c in CASES if c not in TORCH for k in c.to_json()}
+
+
+def test_the_combined_cases_reach_their_edge_classes():
+    """Read from the routings the cases build, not from their tags."""
+    rs = [build_problem(c) for c in TORCH]
+    bf16 = [r for r in rs if str(r.tokens.dtype) == "bfloat16" and r.top_k >= 4]
+    peaked = [r for r in bf16 if (np.abs(r.topk_weights[:, 1:]) < np.abs(r.topk_weights[:, :1]) * 2 ** -8).all()
+              and (np.sign(r.topk_weights[:, 1:]) == np.sign(r.topk_weights[:, :1])).all()]
+    assert peaked, "bf16, top_k >= 4, a peaked router: a dominant slot and a tail of its sign in every token"
+    assert any(r.repeats_an_expert and (r.topk_ids == r.topk_ids[:, :1]).all(axis=1).any() for r in peaked)
+    assert any(str(r.tokens.dtype) == "float32" for r in rs)
+    mapped = [r for r in rs if r.expert_map is not None]
+    assert any((r.local_ids < 0).all(axis=1).any() and np.isnan(r.tokens.astype(np.float64)).any() for r in mapped), \
+        "an expert_map: a token on other ranks only, its row poisoned (nothing reads it)"
+    assert any(r.num_tokens == 1 for r in rs)
+
+
+def test_routed_case_fields_are_checked_by_name():
+    peaked = _case("moe-torch-bf16-top8-peaked-repeats")
+    with pytest.raises(ValueError, match=r"case moe-torch-bf16-top8-peaked-repeats: router='flat': expected one of "
+                                         r"\[None, 'peaked'\]"):
+        build_problem(dataclasses.replace(peaked, router="flat"))
+    with pytest.raises(ValueError, match=r"repeat_tokens holds 10: expected a token in \[0, 10\)"):
+        build_problem(dataclasses.replace(peaked, repeat_tokens=(10,)))
+    with pytest.raises(ValueError, match="router='peaked' needs top_k >= 2"):
+        build_problem(dataclasses.replace(peaked, top_k=1, repeat_tokens=()))
+    with pytest.raises(ValueError, match=r"vllm\.fused_moe's callers never list one expert twice"):
+        build_problem(dataclasses.replace(VLLM[0], repeat_tokens=(0,)))
+    grouped = next(c for c in CASES if not is_routed(c))
+    with pytest.raises(ValueError, match=rf"case {grouped.name}: router='peaked' is a routed case's field"):
+        build_problem(dataclasses.replace(grouped, router="peaked"))
+
+
+@needs_data
+def test_the_combined_goldens_verify_and_hold_the_once_rounded_combined_output():
+    import gmm_ref
+
+    code, report = verify(DATA, CASES, cases="moe-torch-*")
+    assert code == 0 and f"{len(TORCH)} case(s)" in report, report
+    man = GoldenStore(DATA).manifest()["cases"]
+    for c in TORCH:
+        g = GoldenStore(DATA).load(c.name, man[c.name]["reference"])
+        ref = gmm_ref.routed_reference(build_problem(c))
+        assert g.out.shape == ref.combined.shape and g.mask.all(), c.name  # [T, N], every element defined
+        assert np.array_equal(g.out.view(np.uint8), ref.combined.view(np.uint8)), c.name
+
+
+@needs_data
+def test_the_built_in_torch_moe_experts_passes_the_combined_goldens():
+    pytest.importorskip("torch")
+    results = check_goldens("torch.moe_experts", DATA)
+    assert len(results) == len(TORCH) and all(r.status is Status.PASSED and r.criterion == "bound"
+                                              for r in results), [r.line() for r in results]
+
+
+#: each broken torch twin of test_torch_moe.py, with the case built to catch it
+TWINS = {"bf16_sum": "moe-torch-bf16-top8-peaked-repeats", "lost_updates": "moe-torch-f32-top4",
+         "unsorted_weights": "moe-torch-f32-top4", "foreign_computed": "moe-torch-f16-expert-map-poison"}
+
+
+@needs_data
+@pytest.mark.parametrize("bug", sorted(TWINS))
+def test_the_broken_torch_twins_fail_the_combined_goldens_naming_the_token(bug):
+    pytest.importorskip("torch")
+    from property_tests.tests.test_torch_moe import Broken
+
+    results = check_goldens(Broken(bug), DATA)
+    failed = {r.check: r for r in results if r.status is Status.FAILED}
+    assert len(results) == len(TORCH) and TWINS[bug] in failed, [r.line() for r in results]
+    for r in failed.values():
+        assert re.search(ROW, r.detail), r.detail
+
+
+@needs_data
+def test_a_bf16_combine_declaring_its_sum_passes_the_combined_goldens():
+    """The bf16 combine fails the peaked case by its declared float32 sum's bound, not by a wrong golden."""
+    pytest.importorskip("torch")
+    from property_tests.tests.test_torch_moe import DeclaresItsSum
+
+    results = check_goldens(DeclaresItsSum("bf16_sum"), DATA)
+    assert len(results) == len(TORCH) and all(r.status is Status.PASSED for r in results), \
+        [r.line() for r in results]
+
+
+def test_a_kernels_own_combined_goldens_match_bit_for_bit_and_go_stale_when_the_case_changes(tmp_path):
+    pytest.importorskip("torch")
+    from property_tests.tests.test_torch_moe import Broken
+
+    corpus = [_case("moe-torch-f32-top4")]
+    assert regenerate(corpus, tmp_path, stream=io.StringIO())[0] == 0
+    code, report = regenerate(corpus, tmp_path, kernel="torch.moe_experts", stream=io.StringIO())
+    assert code == 0, report
+    own = [e for _, key, e in GoldenStore(tmp_path).goldens() if key != "reference"]
+    assert len(own) == 1 and own[0]["out_shape"] == [7, 8] and set(own[0]["numerics"]) == {"routed_numerics"}
+    assert verify(tmp_path, corpus)[0] == 0
+    [ok] = check_goldens("torch.moe_experts", tmp_path)
+    assert ok.status is Status.PASSED and ok.criterion == "bit-for-bit", ok.line()
+    broken = Broken("lost_updates")
+    broken.name = "torch.moe_experts"  # the same kernel, its output changed: its own golden no longer matches
+    [bad] = check_goldens(broken, tmp_path)
+    assert bad.status is Status.FAILED and "not bit-for-bit equal to its own golden" in bad.detail, bad.line()
+    assert re.search(ROW, bad.detail), bad.detail
+    moved = [dataclasses.replace(corpus[0], seed=7)]
+    [stale] = check_goldens("torch.moe_experts", tmp_path, corpus=moved)
+    assert stale.status is Status.FAILED and stale.criterion == "stale" and "seed 231 -> 7" in stale.detail, \
+        stale.line()
+    code, report = verify(tmp_path, moved)
+    assert code == 1 and "regenerate --cases moe-torch-f32-top4 --update" in report, report
