@@ -34,7 +34,8 @@ from collections.abc import Callable, MutableMapping
 from glob import glob
 from typing import Any
 
-__all__ = ["DEFECTS", "ENV", "VERIFIED", "InterpreterDefect", "defects", "explain", "fix", "in_use", "ready",
+__all__ = ["DEFECTS", "ENV", "VERIFIED", "InterpreterDefect", "defects", "explain", "fix", "imported_too_early",
+           "in_use", "ready",
            "stale_kernels", "unfix", "unrunnable", "use_if_no_gpu"]
 
 ENV = "TRITON_INTERPRET"
@@ -100,10 +101,32 @@ def unrunnable(what: str) -> str | None:
     if not torch.cuda.is_available() and not use_if_no_gpu():
         return (f"no GPU here and {ENV} is off: {what}'s Triton kernels cannot run (unset {ENV} to run them in "
                 "Triton's interpreter)")
+    early = imported_too_early()
+    if early is not None:
+        return f"{what}'s Triton kernels cannot run in Triton's interpreter in this process: {early}"
     if torch.cuda.is_available() and not device.on_cuda():
         return (f"{what}'s Triton kernels are compiled for the GPU here (Triton's interpreter is off where a GPU "
                 f"is seen); the selected device is {device.selected()} (--device)")
     return None
+
+
+def imported_too_early() -> str | None:
+    """Why Triton's interpreter cannot run kernels in this process, or None: Triton was imported before
+    ``TRITON_INTERPRET=1`` was set (by a library imported earlier: ejkernel imports it), so Triton's own
+    ``@triton.jit`` helpers (``tl.cdiv``, ``tl.sum``, ...) were made for a GPU, and every interpreted kernel that
+    calls one raises ``Cannot call @triton.jit'd outside of the scope of a kernel``."""
+    if not _loaded() or not in_use():
+        return None
+    try:
+        from triton.language import standard
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return None
+    if not isinstance(getattr(standard, "cdiv", None), JITFunction):
+        return None
+    return (f"Triton was imported before {ENV}=1 was set, so its own @triton.jit helpers (tl.cdiv, tl.sum, ...) "
+            f"were made for a GPU; set {ENV}=1 (gmm_kernels.triton_interpreter.use_if_no_gpu()) before anything "
+            "imports triton, or check the kernel in a process of its own (gmm-harness check does)")
 
 
 def in_use(environ: MutableMapping[str, str] | None = None) -> bool:

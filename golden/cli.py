@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import gmm_ref
-from gmm_kernels import configure, device, load_object, resolve_kernel
+from gmm_kernels import configure, device, load_object, resolve_kernel, triton_interpreter
 from gmm_ref.numerics import parse_numerics
 from golden.case import Case, GoldenError, select
 from golden.cases import CASES
@@ -180,6 +180,9 @@ def main(argv: Sequence[str] | None = None, *, corpus: Sequence[Case] | None = N
     try:
         if getattr(args, "device", None) is not None:  # the commands that run a kernel; a ValueError names it
             device.select(args.device, option="--device")
+        # Triton's interpreter where no GPU is seen, before any kernel library imports triton (ejkernel does): its
+        # own @triton.jit helpers are made for the GPU otherwise, and every interpreted kernel fails
+        triton_interpreter.use_if_no_gpu()
         if args.corpus:
             cor = load_corpus(args.corpus)
         elif corpus is not None:

@@ -178,3 +178,31 @@ def test_every_routed_triton_kernel_says_it_runs_interpreted_before_available_se
     assert done.stdout.splitlines() == [f"{n} Triton's interpreter" for n in
                                         ("vllm.fused_moe", "sglang.fused_moe", "unsloth.grouped_gemm")] + [
         "torch.moe_experts None"], done.stdout
+
+
+def test_triton_imported_before_the_interpreter_was_set_makes_a_wheel_kernel_na_with_the_reason(tmp_path):
+    """A library imported earlier (ejkernel imports triton) made Triton's own @triton.jit helpers for a GPU: every
+    interpreted kernel then raised "Cannot call @triton.jit'd outside of the scope of a kernel", a failure that was
+    the process's, not the kernel's. The kernel is n/a with the reason instead."""
+    script = ("import os, triton\n"  # imported with the interpreter off, as ejkernel's import does
+              "os.environ['TRITON_INTERPRET'] = '1'\n"
+              "from gmm_kernels import resolve_kernel\n"
+              "print(resolve_kernel('vllm.fused_moe').available())\n")
+    env = {k: v for k, v in os.environ.items() if k != triton_interpreter.ENV}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Triton was imported before TRITON_INTERPRET=1 was set" in done.stdout, done.stdout
+    assert triton_interpreter.imported_too_early() is None  # this process set it first (the plugin does)
+
+
+def test_the_golden_command_checks_interpreted_kernels_after_a_library_imported_triton(tmp_path):
+    """`python -m golden check` runs every kernel in one process: ejkernel's (which imports triton) before vLLM's
+    interpreted one. It sets the interpreter before any kernel library is imported; vLLM's case failed without."""
+    env = {k: v for k, v in os.environ.items() if k != triton_interpreter.ENV}
+    done = subprocess.run([sys.executable, "-m", "golden", "check", "--cases", "gmm-bf16-aligned*,moe-vllm-f32-t1*"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "PASSED      ejkernel.grouped_matmul[xla] :: gmm-bf16-aligned" in out, out[-3000:]
+    assert "PASSED      vllm.fused_moe :: moe-vllm-f32-t1" in out, out[-3000:]
