@@ -71,7 +71,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     def kernel_opts(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--kernel", default=None,
                         help="a built-in kernel name (gmm_kernels.registry()) or 'pkg.module:function'")
-        sp.add_argument("--convention", default=None, choices=gmm_ref.conventions.names(),
+        sp.add_argument("--convention", default=None,
+                        choices=[*gmm_ref.conventions.names(), *gmm_ref.conventions.routed_names()],
                         help="the calling convention of a 'pkg.module:function' kernel")
         sp.add_argument("--numerics", default=None, metavar="SPEC",
                         help="the kernel's arithmetic: accumulate=DTYPE[,multiply=DTYPE][,flush] "

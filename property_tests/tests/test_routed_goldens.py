@@ -265,3 +265,18 @@ def test_a_kernels_own_combined_goldens_match_bit_for_bit_and_go_stale_when_the_
         stale.line()
     code, report = verify(tmp_path, moved)
     assert code == 1 and "regenerate --cases moe-torch-f32-top4 --update" in report, report
+
+
+def test_the_golden_command_takes_a_routed_convention_for_a_function(tmp_path):
+    """`python -m golden check --kernel pkg.mod:fn --convention C` takes the routed conventions too (its choices
+    were the grouped ones only): a user's fused-MoE function is judged on its convention's cases."""
+    import subprocess
+    import sys
+
+    (tmp_path / "mymoe.py").write_text("from gmm_kernels.adapters.torch_moe import moe_experts\n\n\n"
+                                       "def kernel(*args, **kwargs):\n    return moe_experts(*args, **kwargs)\n")
+    done = subprocess.run([sys.executable, "-m", "golden", "check", "--kernel", "mymoe:kernel", "--convention",
+                           "torch.moe_experts", "--cases", "moe-torch-f32-*"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASSED      mymoe:kernel :: moe-torch-f32-top4" in done.stdout, done.stdout
