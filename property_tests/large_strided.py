@@ -132,7 +132,8 @@ def cell_problem(adapter: KernelAdapter, family: str, seed: int = 0) -> gmm_ref.
     if fam.ragged is not None:
         ragged = min(RAGGED, limits.max_extent or RAGGED) // mults[fam.ragged] * mults[fam.ragged]
         if ragged < MIN_RAGGED:
-            return f"{adapter.name} takes extents up to {limits.max_extent} (declared); the cells need {MIN_RAGGED}"
+            return (f"{adapter.name} takes {fam.ragged.upper()} up to {limits.max_extent or RAGGED} in multiples of "
+                    f"{mults[fam.ragged]}: at most {ragged}, and the cells need {MIN_RAGGED} or more")
         mkn[fam.ragged] = ragged
     if limits.max_extent is not None and max(mkn.values()) > limits.max_extent:
         return f"{adapter.name} takes extents up to {limits.max_extent} (declared)"
