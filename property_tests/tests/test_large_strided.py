@@ -189,6 +189,15 @@ def test_a_memory_cap_that_is_no_number_is_named(monkeypatch):
         large.allowed_memory()
 
 
+def test_a_memory_cap_that_is_no_number_is_a_usage_error_of_the_main_job(monkeypatch, capsys):
+    from property_tests.main import main
+
+    monkeypatch.setenv(large.MEMORY_ENV, "lots")
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--kernel", "torch.grouped_mm", "--modes", "large"])
+    assert info.value.code == 2 and "GMM_LARGE_MEMORY: expected the GiB" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------- Triton kernels, interpreted
 pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[triton]; the newest-JAX leg has none)")
 
@@ -249,3 +258,4 @@ def test_vllms_batched_experts_with_an_int32_stride_fail_naming_the_group(stride
     result = check_mode(twin, "large")
     assert result.status is Status.FAILED, result
     assert re.match(first, result.detail), result.detail
+
