@@ -164,6 +164,9 @@ class KernelAdapter:
     known_issues: ClassVar[tuple[KnownIssue, ...]] = ()
     #: input ("lhs", "rhs", "existing_out") -> the upstream bug in its gradient
     known_gradient_issues: ClassVar[dict[str, KnownIssue]] = {}
+    #: why the kernel copies a strided operand contiguous before its own arithmetic (None: it reads its operands
+    #: through their strides): the large mode's strided cells would check the copy, so it gets none of them
+    copies_strided: ClassVar[str | None] = None
     #: ``(lhs, rhs)`` ``gmm_ref.MXQuantizer`` (or None) of a kernel that quantizes its high-precision inputs
     #: itself: it is held to the reference of its inputs quantized so (:meth:`reference_problem`)
     quantizes: ClassVar[tuple[Any, Any] | None] = None
@@ -215,8 +218,9 @@ class KernelAdapter:
         return issue.describe() if issue is not None and issue.applies() else None
 
     def large_refusal(self) -> str | None:
-        """Why the ``large`` mode (an operand past 2**31 elements) cannot run this kernel here, or None.
-        Kernels that run interpreted on this machine say so (:meth:`_runs_interpreted`)."""
+        """Why the ``large`` mode's full-size cell (an operand past 2**31 elements) cannot run this kernel here, or
+        None. Kernels that run interpreted on this machine say so (:meth:`_runs_interpreted`); the mode's strided
+        cells (``property_tests.large_strided``: a few blocks) run them all the same."""
         return None
 
     def _runs_interpreted(self, how: str = "Pallas interpret mode", takes: str = "hours") -> str:

@@ -5,7 +5,7 @@ drivers``); Triton's interpreter runs it instead, on NumPy, when ``TRITON_INTERP
 the kernel's module is imported (``@triton.jit`` reads it). :func:`use_if_no_gpu` sets it: the main
 job and its workers, the pytest plugin and the resolver (before it imports ``pkg.module:fn``) call it.
 
-The interpreter has six defects that real kernels hit, each fixed here by patching
+The interpreter has seven defects that real kernels hit, each fixed here by patching
 ``triton.runtime.interpreter`` at runtime (:func:`fix`), for the Triton versions in :data:`VERIFIED`:
 
 * ``bf16_dot``: ``tl.dot`` of bfloat16 blocks multiplies their raw uint16 bit patterns (bfloat16 is
@@ -17,7 +17,10 @@ The interpreter has six defects that real kernels hit, each fixed here by patchi
 * ``fp8_nan_dot``: ``tl.dot`` of float8_e4m3fn blocks decodes them through float16 with no NaN case: the
   NaN codes (0x7f, 0xff) count as +-480 (its ``dot_scaled`` path has the case; ``dot`` lacks it);
 * ``bf16_arith``: ``binary_op`` applies NumPy's operator to the uint16 bits bfloat16 is stored as: ``x * y`` of
-  two bfloat16 blocks multiplies the bits (unsloth's ``FUSE_MUL_POST``: the weight times the rounded product).
+  two bfloat16 blocks multiplies the bits (unsloth's ``FUSE_MUL_POST``: the weight times the rounded product);
+* ``int_annotation``: a scalar argument annotated with an integer type (``stride_cm: tl.int64``) is typed by its
+  value (int32 below 2**31), where compiled code types it as annotated: ``row * stride`` wraps in int32 past
+  2**31 - 1 where a GPU computes it in int64 (vLLM's batched experts, the large mode's strided cells).
 
 For any other version nothing is patched: :func:`defects` runs a tiny probe kernel per defect
 (``gmm_kernels.triton_probes``) and :func:`fix` raises :class:`InterpreterDefect` naming those found,
@@ -49,6 +52,8 @@ DEFECTS = {
     "range_int": "tl.range loop variables are Python ints ('int' object has no attribute 'to')",
     "fp8_nan_dot": "tl.dot of float8_e4m3fn blocks reads the NaN codes (0x7f, 0xff) as +-480",
     "bf16_arith": "elementwise arithmetic and comparisons of two bfloat16 blocks act on their uint16 bits",
+    "int_annotation": "a scalar argument annotated tl.int64 is typed by its value (int32 below 2**31), not as "
+                      "annotated: its products wrap in int32",
 }
 _NO_DRIVER = "0 active drivers"
 _saved: dict[str, Any] = {}  # the interpreter's own functions, while fixed
@@ -141,7 +146,7 @@ def _version() -> str:
 
 
 def fix() -> list[str]:
-    """Patch the interpreter's six defects (once per process) where Triton is imported, the interpreter is
+    """Patch the interpreter's seven defects (once per process) where Triton is imported, the interpreter is
     in use and its version is in :data:`VERIFIED`; the names of the defects fixed. An unverified version is
     probed instead: any defect found raises :class:`InterpreterDefect` naming it."""
     if not _loaded() or not in_use():
@@ -164,9 +169,10 @@ def unfix() -> None:
     """Undo :func:`fix` (for tests that show each defect)."""
     from triton.runtime import interpreter as ti
 
+    owners = {"module": ti, "InterpreterBuilder": ti.InterpreterBuilder, "InterpretedFunction": ti.InterpretedFunction}
     for name, value in _saved.items():
         owner, attr = name.split(".")
-        setattr(ti if owner == "module" else ti.InterpreterBuilder, attr, value)
+        setattr(owners[owner], attr, value)
     _saved.clear()
 
 
@@ -181,7 +187,9 @@ def _patch() -> None:
                    "InterpreterBuilder.cast_impl": builder.cast_impl,
                    "InterpreterBuilder.create_splat": builder.create_splat,
                    "InterpreterBuilder.binary_op": builder.binary_op,
-                   "module._patch_lang_core": ti._patch_lang_core})
+                   "module._patch_lang_core": ti._patch_lang_core,
+                   "module._implicit_cvt": ti._implicit_cvt,
+                   "InterpretedFunction.run": ti.InterpretedFunction.run})
     original_dot, original_cast, original_splat, original_core = (
         _saved["InterpreterBuilder.create_dot"], _saved["InterpreterBuilder.cast_impl"],
         _saved["InterpreterBuilder.create_splat"], _saved["module._patch_lang_core"])
@@ -224,6 +232,57 @@ def _patch() -> None:
     builder.create_splat = create_splat
     builder.binary_op = _bf16_binary_op(_saved["InterpreterBuilder.binary_op"], as_float)
     ti._patch_lang_core = patch_lang_core
+    ti._implicit_cvt, ti.InterpretedFunction.run = _annotated_ints(_saved["module._implicit_cvt"],
+                                                                   _saved["InterpretedFunction.run"])
+
+
+class _AnnotatedInt(int):
+    """An int argument of a kernel parameter annotated with an integer type (``tl.int64``), carrying that type."""
+
+    ty: Any
+
+
+def _int_annotations(fn: Any) -> dict[str, Any]:
+    """``fn``'s non-constexpr parameters annotated with an integer type: name -> the ``tl`` dtype."""
+    from triton import language as tl
+    from triton.runtime.jit import _normalize_ty
+
+    out = {}
+    for name, annotation in inspect.get_annotations(fn).items():
+        ty = _normalize_ty(annotation)
+        if ty in ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"):
+            out[name] = tl.str_to_ty(ty, None)
+    return out
+
+
+def _annotated_ints(implicit_cvt: Callable[[Any], Any], run: Callable[..., Any]) -> tuple[Callable[..., Any], ...]:
+    """``_implicit_cvt`` and ``InterpretedFunction.run`` that type an int argument of a parameter annotated with an
+    integer type as annotated (as ``triton.runtime.jit`` does for compiled code), not by its value."""
+    import numpy as np
+    from triton import language as tl
+    from triton.runtime import interpreter as ti
+
+    def typed_cvt(arg: Any) -> Any:
+        if isinstance(arg, _AnnotatedInt):
+            dtype = ti._get_np_dtype(arg.ty)
+            if np.iinfo(dtype).min <= int(arg) <= np.iinfo(dtype).max:
+                return tl.tensor(ti.TensorHandle(np.array([int(arg)], dtype=dtype), arg.ty), arg.ty)
+        return implicit_cvt(arg)
+
+    def typed_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        typed = _int_annotations(self.fn)
+
+        def wrap(name: str, value: Any) -> Any:
+            if name not in typed or type(value) is not int:
+                return value
+            out = _AnnotatedInt(value)
+            out.ty = typed[name]
+            return out
+
+        args = tuple(wrap(self.arg_names[i], a) if i < len(self.arg_names) else a for i, a in enumerate(args))
+        return run(self, *args, **{k: wrap(k, v) for k, v in kwargs.items()})
+
+    return typed_cvt, typed_run
 
 
 def _bf16_binary_op(original: Callable[..., Any], as_float: Callable[[Any], Any]) -> Callable[..., Any]:

@@ -46,6 +46,10 @@ def _mul(x_ptr, y_ptr, z_ptr, BLOCK: tl.constexpr):
     tl.store(z_ptr + offs, tl.load(x_ptr + offs) * tl.load(y_ptr + offs))
 
 
+def _wide(y_ptr, n, stride: tl.int64):
+    tl.store(y_ptr + tl.arange(0, 1), n * stride + tl.zeros((1,), dtype=tl.int64))
+
+
 def _interpreted(fn: Callable[..., None]) -> InterpretedFunction:
     return InterpretedFunction(fn)
 
@@ -101,9 +105,15 @@ def _probe_bf16_arith() -> bool:
     return bool(torch.equal(z.view(torch.int16), (x * y).view(torch.int16)))  # torch rounds the product to even
 
 
+def _probe_int_annotation() -> bool:
+    y = torch.zeros(1, dtype=torch.int64)
+    _interpreted(_wide)[(1,)](y, 3, 2**30)  # n int32, stride annotated int64: a GPU's i64 product is 3 * 2**30
+    return int(y[0]) == 3 * 2**30
+
+
 #: defect name -> its probe (True: the interpreter computes what a GPU does)
 PROBES: dict[str, Callable[[], bool]] = {
     "bf16_dot": _probe_dot, "bf16_cast": _probe_cast, "bool_splat": _probe_splat, "range_int": _probe_range,
-    "fp8_nan_dot": _probe_fp8_nan, "bf16_arith": _probe_bf16_arith}
+    "fp8_nan_dot": _probe_fp8_nan, "bf16_arith": _probe_bf16_arith, "int_annotation": _probe_int_annotation}
 
 

@@ -26,7 +26,7 @@ from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, cuda_graph
 from gmm_kernels import device as devices
 from property_tests import compile_cache, failures, scale
 from property_tests import example_db as example_dbs
-from property_tests.modes import MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
+from property_tests.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
 from property_tests.profiles import PROFILES
 from property_tests.profiles import profile as profile_settings
 from property_tests.strategies.design import observe, pairs_of
@@ -411,12 +411,10 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     t0 = time.perf_counter()
     common = dict(kernel=adapter.name, check=mode.name, family=family,
                   setting=_run_setting(profile, seed, max_examples))
-    if mode.fixed_problem is not None and not adapter.routed:
-        return _check_fixed(adapter, mode, t0, common)
     try:
         if mode.cells:  # a routed kernel's cells are routings (property_tests.scale_routed)
-            checked, left_out = scale.run_cells(adapter, mode, family,
-                                                _check_routed if adapter.routed else _check_forward)
+            checked, left_out = (mode.cell_runner or scale.run_cells)(
+                adapter, mode, family, _check_routed if adapter.routed else _check_forward)
             return Result(status=Status.PASSED, examples=checked, seconds=time.perf_counter() - t0,
                           cells=(checked, checked + sum(map(len, left_out.values()))),
                           detail=scale.cells_detail(left_out), **common)
@@ -442,30 +440,6 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     return Result(status=Status.PASSED, seconds=time.perf_counter() - t0, **tally.reached_fields(), **common)
 
 
-def _check_fixed(adapter: KernelAdapter, mode: Mode, t0: float, common: dict[str, Any]) -> Result:
-    """A mode of one fixed problem (``Mode.fixed_problem``: the ``large`` mode's, past 2**31 elements)."""
-    assert mode.fixed_problem is not None
-    why = mode.applicable(adapter, common["family"])
-    if why is not None:
-        return Result(status=Status.UNSUPPORTED, detail=why, **common)
-    try:
-        problem = mode.fixed_problem(adapter)
-    except Unsupported as exc:
-        return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
-    try:
-        _check_forward(adapter, problem, mode)
-    except Exception as exc:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
-        detail = failures.one_line(exc)
-        failures.forget(exc)  # the report keeps its text, not the 4 GiB problem
-        if isinstance(exc, MemoryError) or "RESOURCE_EXHAUSTED" in str(exc) or "out of memory" in str(exc).lower():
-            # a machine's limit, not a verdict: the kernel needs more memory than is here
-            return Result(status=Status.UNSUPPORTED, detail=f"the kernel ran out of memory here: {detail}",
-                          seconds=time.perf_counter() - t0, **common)
-        return Result(status=Status.FAILED, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
-    return Result(status=Status.PASSED, examples=1, seconds=time.perf_counter() - t0,
-                  detail=problem.describe(), **common)
-
-
 def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
              max_examples: int | None = None, profile: str | None = None, seed: int | None = None) -> Result:
     """What :func:`check_mode` would check, without calling the kernel: the examples it would draw,
@@ -474,15 +448,12 @@ def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = N
     t0 = time.perf_counter()
     common = dict(kernel=adapter.name, check=mode.name, family=family,
                   setting=_run_setting(profile, seed, max_examples))
-    if mode.fixed_problem is not None:  # one fixed problem, no drawn examples: nothing to cover
-        return Result(status=Status.UNSUPPORTED, detail=f"the {mode.name} mode draws no examples (one fixed problem)",
-                      **common)
     if adapter.routed:
         return Result(status=Status.UNSUPPORTED, detail="routed: no covering design of routed relations yet (the "
                       "routings are drawn in one cell)", **common)
-    if mode.cells:  # fixed problems, one per cell (property_tests.scale): nothing drawn to cover
+    if mode.cells:  # fixed problems, one per cell (property_tests.scale, property_tests.large): nothing drawn
         return Result(status=Status.UNSUPPORTED, detail=f"the {mode.name} mode draws no examples (one fixed problem "
-                      "per cell, property_tests.scale)", **common)
+                      "per cell, built for the kernel)", **common)
     try:
         tally = _run_property(adapter, mode, family, max_examples, profile, seed, dry=True)
     except Unsupported as exc:
@@ -578,9 +549,9 @@ def _modes(modes: Iterable[str] | None) -> list[str]:
 def check_known_issue_modes(adapter: KernelAdapter, *, option: str) -> None:
     """ValueError naming ``option`` when the kernel's declared known issues name a mode that does not exist."""
     declared = adapter.scope.known_issues if adapter.scope is not None else ()
-    bad = sorted({m for issue in declared for m in issue.modes if m not in MODES})
+    bad = sorted({m for issue in declared for m in issue.modes if m not in ALL_MODES})  # opt-in modes too
     if bad:
-        raise ValueError(f"{option}: known_issues name the modes {bad}; expected some of {sorted(MODES)}")
+        raise ValueError(f"{option}: known_issues name the modes {bad}; expected some of {sorted(ALL_MODES)}")
 
 
 def _check_options(max_examples: Any, profile: Any, seed: Any) -> None:

@@ -7,12 +7,16 @@ families, multiples, group counts and refused features of a kernel, its scope ap
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import numpy as np
 
 from gmm_kernels import KernelAdapter
 from gmm_kernels.scope import Limits
 
-__all__ = ["FEATURE_OPTIONS", "limits_options", "problem_options", "routing_options"]
+__all__ = ["FEATURE_OPTIONS", "axis_multiple", "exact_pair", "limits_options", "problem_options",
+           "routing_options"]
 
 #: a feature a kernel may refuse (``gmm_kernels.scope.FEATURES``) -> the ``problems()`` keyword that draws it
 FEATURE_OPTIONS: dict[str, str] = {"sharding": "sharding", "existing_out": "existing_out"}
@@ -74,3 +78,21 @@ def routing_options(adapter: KernelAdapter) -> dict[str, Any]:
     if lim.max_top_k is not None:
         opts["top_k"] = tuple(k for k in (1, 2, 3, 4, 8) if k <= lim.max_top_k)
     return opts
+
+
+def exact_pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype]:
+    """The (input, output) pair of the smallest floating input the kernel takes (not a quantized operand's codes),
+    an output equal to it first: small integers are exact in it (sums of K products of |x| <= 2 stay below 2**8).
+    The problems built for a kernel (``property_tests.scale``, ``property_tests.large_strided``) are in it."""
+    declared = adapter.limits().dtypes or adapter.convention_facts.dtype_pairs
+    pairs = [(np.dtype(i), np.dtype(o)) for i, o in ((p, p) if isinstance(p, str) else p for p in declared)]
+    floats = [p for p in pairs if p[0].kind in "fV" and p[0] not in adapter.convention_facts.code_dtypes] or pairs
+    return min(floats, key=lambda p: (p[0].itemsize, p[0] != p[1], str(p[0])))
+
+
+def axis_multiple(adapter: KernelAdapter, axis: str, family: str, in_dt: np.dtype) -> int:
+    """The multiple ``axis`` of a ``family`` problem in ``in_dt`` must be for ``adapter``: its convention's (at its
+    tiling) and its own declared one."""
+    rules = adapter.convention_facts
+    tiling = adapter.tiling or rules.default_tiling
+    return math.lcm(rules.axis_multiple(axis, family, tiling, in_dt), adapter.limits().multiples.get(axis, 1))

@@ -38,7 +38,7 @@ from typing import Any
 from gmm_kernels import KernelAdapter, Status, device, triton_interpreter
 from gmm_ref import conventions
 from gmm_ref.names import did_you_mean
-from property_tests import compile_cache, coverage, example_db, paths, shards
+from property_tests import compile_cache, coverage, example_db, large, paths, shards
 from property_tests.failures import CheckRun
 from property_tests.modes import ALL_MODES, MODES
 from property_tests.options import SCOPE_OPTIONS, add_device_option, add_scope_options, modes_option
@@ -184,6 +184,10 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
         parser.error("--shard: given without --json, which gmm-harness merge joins the shards from")
     if args.durations is not None and args.shard is None:
         parser.error("--durations: given without --shard, which it balances")
+    try:
+        large.allowed_memory()  # $GMM_LARGE_MEMORY, where set: a value that is no number of GiB is a usage error
+    except ValueError as exc:
+        parser.error(str(exc))
     return modes, values
 
 

@@ -22,7 +22,6 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_ref import dtypes as _dt
 from gmm_ref import families
@@ -54,11 +53,13 @@ class Mode:
       return the same bits;
     - ``gradient``: it checks ``adapter.vjp`` against ``gmm_ref.gradients`` instead of the forward result (a
       kernel without a gradient declines its problems);
-    - ``fixed_problem``: it checks one problem built for the kernel (raising :class:`Unsupported` where it
-      cannot be built here) instead of drawing examples;
     - ``cells``: it checks the deterministic problems of a list of cells built for the kernel
-      (:mod:`property_tests.scale`: group and row counts past real kernels' limits) instead of drawing examples;
-      a cell the kernel cannot take is left out with its reason, none: the mode is ``n/a``;
+      (:mod:`property_tests.scale`: group and row counts past real kernels' limits; :mod:`property_tests.large`:
+      offsets past 2**31) instead of drawing examples; a cell the kernel cannot take is left out with its reason,
+      none: the mode is ``n/a``;
+    - ``cell_runner``: ``(adapter, mode, family, check) -> (cells checked, {why: cells left out})``, which runs
+      those cells (raising :class:`Unsupported` where it takes none); None: the scale mode's
+      (``property_tests.scale.run_cells``);
     - ``replays``: how many group-size vectors are checked per drawn problem, one call after the other on the
       same adapter with the same operands and shapes (a kernel that keeps the group sizes of its first call,
       e.g. a launch plan cached by shape or a captured CUDA graph replayed with stale sizes, fails the later
@@ -75,8 +76,8 @@ class Mode:
     needs_sharding: bool = False
     deterministic_repeat: bool = False
     gradient: bool = False
-    fixed_problem: Callable[[KernelAdapter], gmm_ref.Problem] | None = None
     cells: bool = False
+    cell_runner: Callable[..., tuple[int, dict[str, list[str]]]] | None = None
     replays: int = 1
     refuse: Callable[[KernelAdapter, str | None], str | None] | None = None
     routed_values: str | None = None
@@ -95,8 +96,8 @@ class Mode:
 
     @property
     def draws_examples(self) -> bool:
-        """Whether it draws examples (else it checks one fixed problem)."""
-        return self.fixed_problem is None and not self.cells
+        """Whether it draws examples (else it checks problems built for the kernel, one per cell)."""
+        return not self.cells
 
 
 def _no_gradient(adapter: KernelAdapter, family: str | None) -> str | None:
@@ -139,15 +140,12 @@ def _replayable(adapter: KernelAdapter, kwargs: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def _large_family(adapter: KernelAdapter, family: str | None) -> str | None:
-    if family not in (None, large.FAMILY):
-        return "the large mode builds one ragged-M problem (the token axis)"
-    return None
-
-
-def _large_problem(adapter: KernelAdapter) -> gmm_ref.Problem:
+def _large_cells(adapter: KernelAdapter, mode: Mode, family: str | None,
+                 check: Callable[..., None]) -> tuple[int, dict[str, list[str]]]:
+    """The large mode's cells (``property_tests.large.run_cells``); :class:`Unsupported` where the kernel takes none."""
+    __tracebackhide__ = True
     try:
-        return large.large_problem(adapter)
+        return large.run_cells(adapter, mode, family, check)
     except large.TooLarge as exc:
         raise Unsupported(str(exc)) from None
 
@@ -195,8 +193,9 @@ MODES: dict[str, Mode] = {
 
 #: modes a run leaves out unless asked for by name (``--modes large``, ``check_kernel(modes=[...])``)
 OPT_IN_MODES: dict[str, Mode] = {
-    "large": Mode("large", "an operand past 2**31 elements, where int32 offsets overflow (opt-in; several GiB; "
-                  "property_tests.large)", fixed_problem=_large_problem, refuse=_large_family,
+    "large": Mode("large", "element offsets past 2**31, where int32 offsets overflow: strided views in a lazily "
+                  "committed allocation (a few MiB) and an operand past 2**31 elements (several GiB) (opt-in; "
+                  "property_tests.large)", cells=True, cell_runner=_large_cells,
                   routed_why="routed: int32 slot offsets past 2**31 are the scale mode's offsets cell "
                              "(property_tests.scale_offsets: no 2**31 elements needed)"),
 }

@@ -30,7 +30,6 @@ the reasons, never a pass that checked nothing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +40,7 @@ import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_ref import families
 from property_tests import scale_routed
+from property_tests.declared import axis_multiple, exact_pair
 from property_tests.modes import Unsupported
 
 __all__ = ["GROUP_COUNTS", "INTERPRETED_GROUP_COUNTS", "ROWS", "ScaleCell", "cells", "cells_detail", "run_cells",
@@ -88,23 +88,8 @@ def cells(adapter: KernelAdapter) -> tuple[ScaleCell, ...]:
     return tuple(out)
 
 
-def _pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype]:
-    """The (input, output) pair of the smallest floating input the kernel takes, an output equal to it
-    first: small integers are exact in it (sums of K products of |x| <= 2 stay below 2**8)."""
-    declared = adapter.limits().dtypes or adapter.convention_facts.dtype_pairs
-    pairs = [(np.dtype(i), np.dtype(o)) for i, o in ((p, p) if isinstance(p, str) else p for p in declared)]
-    floats = [p for p in pairs if p[0].kind in "fV" and p[0] not in adapter.convention_facts.code_dtypes] or pairs
-    return min(floats, key=lambda p: (p[0].itemsize, p[0] != p[1], str(p[0])))
-
-
 def _round_up(x: int, mult: int) -> int:
     return -(-x // mult) * mult
-
-
-def _multiple(adapter: KernelAdapter, axis: str, family: str, in_dt: np.dtype) -> int:
-    rules = adapter.convention_facts
-    tiling = adapter.tiling or rules.default_tiling
-    return math.lcm(rules.axis_multiple(axis, family, tiling, in_dt), adapter.limits().multiples.get(axis, 1))
 
 
 def _sizes(cell: ScaleCell, rng: np.random.Generator) -> np.ndarray:
@@ -142,7 +127,7 @@ def _shape(adapter: KernelAdapter, cell: ScaleCell, rng: np.random.Generator, in
     kernel's declared limits leave it out."""
     fam, limits = families.get(cell.family), adapter.limits()
     total, local, offset = (cell.groups, cell.groups, 0) if cell.kind != "sharded" else SHARDED
-    mults = {a: _multiple(adapter, a, cell.family, in_dt) for a in "mkn"}
+    mults = {a: axis_multiple(adapter, a, cell.family, in_dt) for a in "mkn"}
     mkn = {a: _round_up(SMALL, mults[a]) for a in "mkn"}
     sizes: np.ndarray | None = None
     if fam.takes_sizes and not fam.serving:
@@ -175,7 +160,7 @@ def scale_problem(adapter: KernelAdapter, cell: ScaleCell, seed: int = 0) -> gmm
     if why is not None:
         return why
     rules, fam = adapter.convention_facts, families.get(cell.family)
-    in_dt, out_dt = _pair(adapter)
+    in_dt, out_dt = exact_pair(adapter)
     rng = np.random.default_rng(seed + cell.groups)
     shape = _shape(adapter, cell, rng, in_dt)
     if isinstance(shape, str):

@@ -244,7 +244,7 @@ def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_exam
     details = (f"== {kernel.name} / {family} / {column}\n{result.full_report()}",) if failed else ()
     covered = result.coverage_report()
     covered = f"== {kernel.name} / {family} / {column}: {covered}" if covered else ""
-    # a mode checking one fixed problem (large): no more examples to draw
+    # a mode checking problems built for the kernel (scale, large): no more examples to draw
     extendable = result.status is Status.PASSED and result.examples > 0 and ALL_MODES[column].draws_examples
     return CellOutcome(result.status, _short(result.detail) if failed else result.detail, result.examples,
                        time.perf_counter() - t0, details, covered, result.cells, extendable=extendable)

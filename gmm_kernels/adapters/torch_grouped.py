@@ -36,10 +36,11 @@ from gmm_kernels.adapters._torchao import quiet_torchao_import
 from gmm_kernels.base import KernelAdapter, dtype_name, import_failure
 from gmm_kernels.convert import to_framework
 from gmm_kernels.known_issues import TORCH_CPU_RAGGED_K_LEAK
-from gmm_kernels.scope import Limits, Scope
+from gmm_kernels.scope import KnownIssue, Limits, Scope
 from gmm_ref import MXQuantizer, Numerics, Problem
 
-__all__ = ["GMM_BF16_2D3D_CONFIG", "GroupedMMBf16", "GroupedMMBf16RaggedN", "TorchGroupedMM", "TorchaoMXFP8GroupedMM"]
+__all__ = ["GMM_BF16_2D3D_CONFIG", "GMM_BF16_INT32_OFFSETS", "GroupedMMBf16", "GroupedMMBf16RaggedN", "TorchGroupedMM",
+           "TorchaoMXFP8GroupedMM"]
 
 
 class TorchGroupedMM(KernelAdapter):
@@ -143,6 +144,8 @@ class TorchaoMXFP8GroupedMM(KernelAdapter):
     scope = Scope(families=("ragged_m",), dtypes=("bfloat16",), out_dtypes=("bfloat16",), multiples={"k": 32},
                   zero_extents=("m",), quantizes=(MXFP8_RCEIL, MXFP8_RCEIL),
                   numerics=Numerics(multiply="bfloat16", accumulate="float32", flush_subnormals=True))
+    copies_strided = ("its documented layouts, as its MoE layer passes them: A made row-major and B per-group "
+                      "column-major by .contiguous() before it quantizes them")
 
     def _unavailable(self) -> str | None:
         with quiet_torchao_import():
@@ -195,6 +198,21 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+#: found by the large mode's strided cells (property_tests.large_strided), every form: rows, columns, K indices and
+#: groups past 2**31 - 1 elements come back 0 (read at a wrapped offset: the cells' untouched zero pages)
+GMM_BF16_INT32_OFFSETS = KnownIssue(
+    modes=("large",),
+    text=("upstream bug, grouped_mm_bf16/kernels.py: every element offset is an int32 product (m[:, None] * "
+          "stride_am, g_safe * stride_bg, m[:, None] * stride_cm, ...: the strides are tl.constexpr ints below "
+          "2**31, which Triton types i32, times int32 indices), so it wraps past 2**31 - 1 and the kernel reads and "
+          "writes at negative offsets: a contiguous mat_a of more than 2**31 elements (300,000 rows of K = 7,168), "
+          "an output of more than 2**31, experts past 2**31 elements of mat_b. Repro: grouped_mm_2d3d with mat_a a "
+          "[64, 32] bfloat16 view whose rows lie 2**26 elements apart (torch.as_strided into a 12 GiB torch.empty, "
+          "2**31 elements in): rows 32 on come back 0"),
+    versions={"grouped-mm-bf16": "<=0.1.7"},
+)
+
+
 class GroupedMMBf16(KernelAdapter):
     """grouped-mm-bf16's Triton ``grouped_mm`` (its kernel functions in Triton's interpreter where no GPU is)."""
 
@@ -206,6 +224,7 @@ class GroupedMMBf16(KernelAdapter):
     input_dtypes = ("bfloat16",)
     equal_input_dtypes = True
     output_is_input = True  # 'Grouped gemm output dtype must match `mat_a` dtype'
+    known_issues = (GMM_BF16_INT32_OFFSETS,)
 
     def _unavailable(self) -> str | None:
         import torch

@@ -72,7 +72,8 @@ def test_unavailable_where_the_interpreter_is_switched_off(monkeypatch):
     assert get("grouped_mm_bf16").available() is None
 
 
-def test_refuses_the_large_mode_in_the_interpreter():
+def test_refuses_the_large_modes_full_size_cell_in_the_interpreter():
+    """(its strided cells run: test_large_strided.py)"""
     from gmm_kernels import get
 
     assert "Triton's interpreter" in get("grouped_mm_bf16").large_refusal()

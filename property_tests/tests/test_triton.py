@@ -1,5 +1,5 @@
 """Triton kernels run here with no step of the user's (issue 28): where torch sees no GPU the harness sets
-``TRITON_INTERPRET=1`` before it imports a kernel's module, and fixes the six defects of Triton's interpreter
+``TRITON_INTERPRET=1`` before it imports a kernel's module, and fixes the seven defects of Triton's interpreter
 (``gmm_kernels.triton_interpreter``), each pinned below by a tiny kernel that shows it without the fix.
 
 The kernels are property_tests/tests/triton_gmm.py's: a right bfloat16 grouped matmul in ``torch._grouped_mm``'s

@@ -98,7 +98,8 @@ def test_unavailable_where_the_interpreter_is_switched_off(monkeypatch):
     assert "TRITON_INTERPRET is off" in get("vllm.batched_moe").available()
 
 
-def test_refuses_the_large_mode_in_the_interpreter():
+def test_refuses_the_large_modes_full_size_cell_in_the_interpreter():
+    """(its strided cells run: test_large_strided.py)"""
     assert "Triton's interpreter" in get("vllm.batched_moe").large_refusal()
 
 

@@ -14,8 +14,8 @@ import triton.language as tl
 import gmm_kernels
 from gmm_kernels.guards import torch_empty
 
-__all__ = ["grouped_mm", "grouped_mm_boundary_off_by_one", "grouped_mm_no_k_tail", "grouped_mm_reads_past_a",
-           "grouped_mm_writes_past_out"]
+__all__ = ["grouped_mm", "grouped_mm_boundary_off_by_one", "grouped_mm_int32_offsets", "grouped_mm_no_k_tail",
+           "grouped_mm_reads_past_a", "grouped_mm_writes_past_out"]
 
 _BLOCK = 32
 LAUNCHES = [0]  # kernel launches so far: a check whose every problem was empty launched nothing
@@ -26,14 +26,22 @@ def _grouped_mm_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, G, N, K,
                        stride_am, stride_ak, stride_bg, stride_bk, stride_bn, stride_cm, stride_cn,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        START_SHIFT: tl.constexpr, K_TAIL: tl.constexpr, MASK_A_K: tl.constexpr,
-                       MASK_STORE_END: tl.constexpr):
+                       MASK_STORE_END: tl.constexpr, WIDE: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if WIDE:  # row and group offsets (index * stride) in int64; else int32, wrapping past 2**31 - 1
+        rows_at = rows.to(tl.int64)
+    else:
+        rows_at = rows
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_end = tl.cdiv(K, BLOCK_K) * BLOCK_K if K_TAIL else (K // BLOCK_K) * BLOCK_K
     for g in tl.range(0, G):
         gi = g.to(tl.int64)
+        if WIDE:
+            g_at = gi
+        else:
+            g_at = g
         start = tl.load(offs_ptr + tl.maximum(gi - 1, 0), mask=gi > 0, other=0)
         start = tl.where(gi > 0, start + START_SHIFT, 0)
         end = tl.load(offs_ptr + gi)
@@ -43,16 +51,17 @@ def _grouped_mm_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, G, N, K,
             for k0 in tl.range(0, k_end, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
                 a_mask = live[:, None] & (ks < K)[None, :] if MASK_A_K else live[:, None] & (ks >= 0)[None, :]
-                a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak, mask=a_mask, other=0.0)
-                b = tl.load(b_ptr + gi * stride_bg + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
+                a = tl.load(a_ptr + rows_at[:, None] * stride_am + ks[None, :] * stride_ak, mask=a_mask, other=0.0)
+                b = tl.load(b_ptr + g_at * stride_bg + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
                             mask=(ks < K)[:, None] & (cols < N)[None, :], other=0.0)
                 acc = tl.dot(a, b, acc)
             stored = live if MASK_STORE_END else rows >= start
-            tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn,
+            tl.store(c_ptr + rows_at[:, None] * stride_cm + cols[None, :] * stride_cn,
                      acc.to(c_ptr.dtype.element_ty), mask=stored[:, None] & (cols < N)[None, :])
 
 
-def _launch(mat_a, mat_b, offs, out_dtype, *, start_shift=0, k_tail=True, mask_a_k=True, mask_store_end=True):
+def _launch(mat_a, mat_b, offs, out_dtype, *, start_shift=0, k_tail=True, mask_a_k=True, mask_store_end=True,
+            wide=True):
     m, k = mat_a.shape
     groups, _, n = mat_b.shape
     # the output through the harness (a guarded buffer when the harness calls it; torch.empty else)
@@ -63,7 +72,7 @@ def _launch(mat_a, mat_b, offs, out_dtype, *, start_shift=0, k_tail=True, mask_a
     LAUNCHES[0] += 1
     _grouped_mm_kernel[grid](mat_a, mat_b, out, offs, groups, n, k, *mat_a.stride(), *mat_b.stride(), *out.stride(),
                              BLOCK_M=_BLOCK, BLOCK_N=_BLOCK, BLOCK_K=_BLOCK, START_SHIFT=start_shift, K_TAIL=k_tail,
-                             MASK_A_K=mask_a_k, MASK_STORE_END=mask_store_end)
+                             MASK_A_K=mask_a_k, MASK_STORE_END=mask_store_end, WIDE=wide)
     return out
 
 
@@ -99,3 +108,11 @@ def grouped_mm_writes_past_out(mat_a, mat_b, offs=None, bias=None, out_dtype=Non
     written (and rewritten by the next group, or undefined past the last); those past the output's last row land
     past the end of the buffer it allocated (through ``gmm_kernels.guards.torch_empty``)."""
     return _launch(mat_a, mat_b, offs, out_dtype, mask_store_end=False)
+
+
+@gmm_kernels.declare("torch.grouped_mm", families=["ragged_m"], dtypes=["bfloat16"])
+def grouped_mm_int32_offsets(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Wrong: a row's offset ``row * stride_am`` and a group's ``g * stride_bg`` are int32 products (as
+    grouped-mm-bf16 0.1.7 computes them): past 2**31 - 1 they wrap and the kernel reads before mat_a or mat_b.
+    Right wherever every operand holds fewer than 2**31 elements; the large mode's strided cells catch it."""
+    return _launch(mat_a, mat_b, offs, out_dtype, wide=False)

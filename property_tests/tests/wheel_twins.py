@@ -18,11 +18,12 @@ import gmm_ref
 SLOT = r"token \d+, slot \d+ \(expert \d+, local -?\d+"
 
 
-def edited_wheel(wheel: str, member: str, function: str, old: str, new: str, path) -> str:
+def edited_wheel(wheel: str, member: str, function: str, old: str, new: str, path, also: tuple[str, ...] = ()) -> str:
     """A wheel at ``path`` holding ``wheel``'s ``member`` with ``old`` (which occurs once in the body of the
-    top-level ``function``) replaced by ``new`` there."""
+    top-level ``function``) replaced by ``new`` there, and ``wheel``'s members ``also`` as they are."""
     with zipfile.ZipFile(wheel) as z:
         text = z.read(member).decode()
+        kept = {name: z.read(name) for name in also}
     start = text.index(f"\ndef {function}(")
     end = text.find("\ndef ", start + 1)
     end = len(text) if end < 0 else end  # the file's last function
@@ -30,6 +31,8 @@ def edited_wheel(wheel: str, member: str, function: str, old: str, new: str, pat
     assert body.count(old) == 1, old
     with zipfile.ZipFile(path, "w") as z:
         z.writestr(member, text[:start] + body.replace(old, new) + text[end:])
+        for name, data in kept.items():
+            z.writestr(name, data)
     return str(path)
 
 
