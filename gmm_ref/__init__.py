@@ -24,9 +24,9 @@ from gmm_ref.compare import (
     Mismatch,
     assert_deterministic,
     assert_matches_reference,
-    assert_routed_matches,
     check,
 )
+from gmm_ref.compare_routed import assert_routed_matches
 from gmm_ref.conventions import arguments, problem_from_arguments
 from gmm_ref.conventions.deep_gemm import deep_gemm_m_grouped_contiguous, deep_gemm_m_grouped_masked
 from gmm_ref.conventions.megablox import gmm, tgmm
@@ -45,6 +45,7 @@ from gmm_ref.problem import FAMILIES, Problem, as_tiling
 from gmm_ref.quantize import quantize_problem
 from gmm_ref.quantizers import AmaxQuantizer
 from gmm_ref.repro import load_array, load_problem, reproducer, save_problem
+from gmm_ref.routed_gradients import RoutedBackward, RoutedGradients, routed_gradients
 from gmm_ref.routing import RoutedNumerics, RoutedReference, Routing, routed_reference
 from gmm_ref.routing_metadata import (
     moe_align_block_size,
@@ -66,6 +67,8 @@ __all__ = [
     "Quantization",
     "RaggedDotDimensionNumbers",
     "Reference",
+    "RoutedBackward",
+    "RoutedGradients",
     "RoutedNumerics",
     "RoutedReference",
     "Routing",
@@ -95,6 +98,7 @@ __all__ = [
     "reference",
     "reproducer",
     "round_to",
+    "routed_gradients",
     "routed_reference",
     "save_problem",
     "scaled_grouped_mm",

@@ -317,11 +317,15 @@ class RoutedReference:
     """The reference of one :class:`Routing`: per-slot and combined exact values (float64), each rounded once
     (``slots``, ``combined``), the per-slot mask and the bounds of :class:`RoutedNumerics`."""
 
-    def __init__(self, routing: Routing, products: np.ndarray, product_error: Any):
+    def __init__(self, routing: Routing, products: np.ndarray, product_error: Any, *,
+                 operands: tuple[Any, Any] | None = None, product_of: Any = None):
         self.routing = routing
         #: ``[T, top_k, N]`` float64: ``tokens[t] @ W[e]`` of every local slot, 0 elsewhere (unweighted)
         self.products = products
         self._product_error = product_error
+        #: the GEMM's operand dtypes (the default product numerics'): the tokens' and the experts' unless given
+        self.operands = operands or (routing.tokens.dtype, routing.experts.dtype)
+        self._product_of = product_of
         self._errors: dict[Numerics, np.ndarray] = {}
         #: ``[T, top_k]``: whether the slot's expert is on this rank
         self.local = routing.local_ids >= 0
@@ -348,6 +352,22 @@ class RoutedReference:
         """The combined output, the exact sum of the weighted products rounded once to the output dtype."""
         return _dt.round_to(self.combined_exact, self.routing.out_dtype)
 
+    def product_of(self, t: int, j: int, e: int) -> np.ndarray:
+        """Slot ``(t, j)``'s unweighted product computed with local expert ``e`` (float64; a report's "what if")."""
+        if self._product_of is not None:
+            return self._product_of(t, j, e)
+        r = self.routing
+        x = _dt.as_numpy(r.tokens[t]).astype(np.float64)
+        wt = _dt.as_numpy(r.experts[e]).astype(np.float64)
+        return wt @ x if r.expert_layout == "enk" else x @ wt
+
+    def routed_numerics(self, numerics: RoutedNumerics | None) -> tuple[RoutedNumerics, Numerics]:
+        """``numerics`` (None: the default) and its product's :class:`Numerics` (None: the default for
+        :attr:`operands` and the output dtype)."""
+        rn = _routed_numerics(numerics)
+        r = self.routing
+        return rn, rn.product or Numerics.default_for(*self.operands, r.out_dtype)
+
     def product_error(self, numerics: Numerics) -> np.ndarray:
         """``[T, top_k, N]``: bound on the error of a kernel's accumulator value of each local slot's product
         (gmm_ref.numerics' bound of the grouped problem, before any rounding to the output dtype); 0 elsewhere."""
@@ -362,8 +382,7 @@ class RoutedReference:
     @_ieee
     def slot_bound(self, numerics: RoutedNumerics | None = None) -> np.ndarray:
         """``[T, top_k, N]``: per-element bound on ``|kernel slot - slots_exact|``."""
-        r, rn = self.routing, _routed_numerics(numerics)
-        num = rn.product_numerics(r)
+        r, (rn, num) = self.routing, self.routed_numerics(numerics)
         p, e_p = self.products, self.product_error(num)
         u_out, tiny_out = _dt.unit_roundoff(r.out_dtype), _tinies(r.out_dtype, num.flush_subnormals)
         ref = gamma(2, U_REF) * np.abs(self.slots_exact)  # the float64 weight product
@@ -379,8 +398,7 @@ class RoutedReference:
     @_ieee
     def combined_bound(self, numerics: RoutedNumerics | None = None) -> np.ndarray:
         """``[T, N]``: per-element bound on ``|kernel combined - combined_exact|`` (``top_k`` terms a row)."""
-        r, rn = self.routing, _routed_numerics(numerics)
-        num = rn.product_numerics(r)
+        r, (rn, num) = self.routing, self.routed_numerics(numerics)
         u_out, tiny_out = _dt.unit_roundoff(r.out_dtype), _tinies(r.out_dtype, num.flush_subnormals)
         adds, mag = r.top_k - 1, np.abs(self.slots_exact)
         local = self.local[:, :, None]

@@ -23,7 +23,7 @@ import numpy as np
 import gmm_ref
 from gmm_ref import dtypes as _dt
 from gmm_ref import families
-from gmm_ref.compare import routed_wrong
+from gmm_ref.compare_routed import routed_wrong
 from golden.generator import raw_bits, values
 
 __all__ = ["RoutedGoldenReference", "build_routing", "check", "check_of", "describe_bad", "inputs", "is_routed",
