@@ -162,7 +162,7 @@ def scale_blocks_of(p: Problem, idx: np.ndarray) -> np.ndarray:
     return out
 
 
-def _ranges(values: list[int], most: int = 6) -> str:
+def ranges(values: list[int], most: int = 6) -> str:
     """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (the first ``most`` runs)."""
     runs: list[list[int]] = []
     for v in sorted(set(values)):
@@ -194,7 +194,7 @@ def _scale_block_summary(p: Problem, idx: np.ndarray) -> list[str]:
                 continue
             total = p.scales_of(name, g - p.group_offset).shape[0]
             rows = mine[:, j].tolist()
-            parts.append(f"{name} block rows {_ranges(rows)} ({len(set(rows))} of {total})")
+            parts.append(f"{name} block rows {ranges(rows)} ({len(set(rows))} of {total})")
         lines.append(f"  group {g}: {'; '.join(parts)}")
     if len(groups) > MAX_LISTED:
         lines.append(f"  ... and {len(groups) - MAX_LISTED} more groups")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from gmm_ref import dtypes as _dt
-from gmm_ref.compare import Mismatch, _ranges
+from gmm_ref.compare import Mismatch, ranges
 from gmm_ref.routed_gradients import GRADIENT_OUTPUTS, OUTPUTS, RoutedGradients
 
 __all__ = ["assert_routed_matches", "routed_element", "routed_wrong"]
@@ -212,7 +212,7 @@ def _experts_report(a64: np.ndarray, g: RoutedGradients, bound: np.ndarray, bad:
             + (f"likely culprit: {culprit}\n" if culprit else "")
             + f"{kernel} differs from the routed reference's experts' gradient in {len(bad)} elements of "
             f"{len(wrong_e)} experts (of {r.num_local_experts} local); wrong local experts: {wrong_e[:8]}"
-            f"{' ...' if len(wrong_e) > 8 else ''}; wrong n: {_ranges(ns.tolist())}; wrong k: {_ranges(ks.tolist())} "
+            f"{' ...' if len(wrong_e) > 8 else ''}; wrong n: {ranges(ns.tolist())}; wrong k: {ranges(ks.tolist())} "
             f"(N = {r.n}, K = {r.k})")
 
 

@@ -40,7 +40,7 @@ from gmm_ref.checks import frozen_copy, set_field
 from gmm_ref.exact import reference
 from gmm_ref.numerics import U_REF, Numerics, error_bound, gamma
 from gmm_ref.problem import Problem
-from gmm_ref.routing import RoutedNumerics, RoutedReference, Routing, _ieee, _tinies, routed_reference
+from gmm_ref.routing import RoutedNumerics, RoutedReference, Routing, ieee, routed_reference, tinies
 
 __all__ = ["GRADIENT_OUTPUTS", "OUTPUTS", "RoutedBackward", "RoutedGradients", "routed_gradients"]
 
@@ -151,7 +151,7 @@ class RoutedGradients:
                             f"{type(numerics).__name__}")
         return rn, rn.product or Numerics.default_for(*operands, out)
 
-    @_ieee
+    @ieee
     def experts_bound(self, numerics: RoutedNumerics | Numerics | None = None) -> np.ndarray:
         """Per-element bound on ``|kernel - experts_exact|``: the grouped bound of the ``ragged_k`` problem in the
         accumulator (``e_S``); weighted, the weighted cotangent rounded to the weight's dtype first
@@ -165,15 +165,15 @@ class RoutedGradients:
         e_s = np.zeros(s.shape) if p is None else error_bound(p, s, num)
         if p is not None and r.mul_routed_weight:
             g = rn.weight_dtype(r) or num.accumulate
-            u_g, tiny_g = _dt.unit_roundoff(g), _tinies(g, num.flush_subnormals)
+            u_g, tiny_g = _dt.unit_roundoff(g), tinies(g, num.flush_subnormals)
             gx, x = (reference(q).exact for q in self.abs_problems)  # sum |g||x| and sum |x| per element
             e_s = (1 + u_g) * e_s + u_g * gx + tiny_g * x
-        u_out, tiny_out = _dt.unit_roundoff(out), _tinies(out, num.flush_subnormals)
+        u_out, tiny_out = _dt.unit_roundoff(out), tinies(out, num.flush_subnormals)
         total = self.experts_exact
         if r.existing is None:
             return e_s + u_out * (np.abs(total) + e_s) + tiny_out
         acc = num.accumulate
-        e_q = e_s + _dt.unit_roundoff(acc) * (np.abs(total) + e_s) + _tinies(acc, num.flush_subnormals)
+        e_q = e_s + _dt.unit_roundoff(acc) * (np.abs(total) + e_s) + tinies(acc, num.flush_subnormals)
         return e_q if np.dtype(acc) == np.dtype(out) else e_q + u_out * (np.abs(total) + e_q) + tiny_out
 
     # ---------------------------------------------------------------------------------- the weights' gradient
@@ -198,7 +198,7 @@ class RoutedGradients:
         r = self.routing
         return None if not r.mul_routed_weight else _dt.round_to(self.weights_exact, r.topk_weights.dtype)
 
-    @_ieee
+    @ieee
     def weights_bound(self, numerics: RoutedNumerics | Numerics | None = None) -> np.ndarray:
         """``[T, top_k]``: bound on ``|kernel - weights_exact|``: the product as the forward left it (in the
         accumulator, ``e_p``; rounded to the output dtype where the weight multiplies a rounded product, ``e_y``),
@@ -208,15 +208,15 @@ class RoutedGradients:
         ref = self.forward
         p, e = ref.products, ref.product_error(num)
         if rn.weight != "accumulator":
-            e = e + _dt.unit_roundoff(r.out_dtype) * (np.abs(p) + e) + _tinies(r.out_dtype, num.flush_subnormals)
+            e = e + _dt.unit_roundoff(r.out_dtype) * (np.abs(p) + e) + tinies(r.out_dtype, num.flush_subnormals)
         a = np.abs(_dt.as_numpy(r.cotangent).astype(np.float64))
         a = np.where(self.inputs.local[:, :, None], a, 0.0)
         n = r.n
-        tiny_acc = _tinies(num.accumulate, num.flush_subnormals)
+        tiny_acc = tinies(num.accumulate, num.flush_subnormals)
         err = ((a * e).sum(axis=2) + gamma(n + 1, num.u_acc) * (a * (np.abs(p) + e)).sum(axis=2) + n * tiny_acc
                + gamma(n + 1, U_REF) * (a * np.abs(p)).sum(axis=2))
         w = r.topk_weights.dtype if r.topk_weights is not None else np.dtype(np.float32)
-        bound = err + _dt.unit_roundoff(w) * (np.abs(self.weights_exact) + err) + _tinies(w, num.flush_subnormals)
+        bound = err + _dt.unit_roundoff(w) * (np.abs(self.weights_exact) + err) + tinies(w, num.flush_subnormals)
         return np.where(self.inputs.local & bool(r.mul_routed_weight), bound, 0.0)
 
     def slots_of_expert(self, e: int) -> np.ndarray:

@@ -242,7 +242,7 @@ class UnslothGroupedGemmDW(_UnslothBackward):
 
     def routed_limits(self) -> RoutedLimits:
         """The convention's ``(K, N)`` extents, 8 and 20 experts (one interpreted program per expert and tile:
-        20 experts is 20 to 60 programs, ``EXPERTS_POW2`` 32 with 12 masked; 1,025 experts are the ``scale``
+        20 experts are 20 to 120 programs, ``EXPERTS_POW2`` 32 with 12 masked; 1,025 experts are the ``scale``
         mode's), ``top_k`` up to 8, 40 tokens."""
         return RoutedLimits(num_experts=(8, 20))
 

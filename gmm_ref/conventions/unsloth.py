@@ -434,8 +434,9 @@ GRADIENT_DTYPES = (BF16, np.dtype(np.float16), np.dtype(np.float32))
 _BACKWARD = dict(framework="torch", dtype_pairs=((BF16, BF16), ("float16", "float16"), ("float32", "float32")),
                  expert_layouts=("enk",), foreign="zero", distinct_experts=False,
                  block_size=GROUPED_GEMM_CONFIG["BLOCK_SIZE_M"], expert_parallel=False, mul_routed_weight=False)
-#: (K, N) of dW: K and N tails within one tile, past one and past two, and whole tiles
-DW_EXTENTS = ((8, 16), (24, 8), (48, 40))
+#: (K, N) of dW: K tails within one tile and past two, three whole K tiles; N tails within one tile and past one,
+#: one whole N tile; the scale cells take (8, 16), one tile (nearest 24 x 24: 1,025 experts, one program each)
+DW_EXTENTS = ((8, 16), (40, 8), (48, 24))
 
 GROUPED_GEMM_DX = _GroupedGemmDX(
     name="unsloth.grouped_gemm_dX", output="d_slots", extents=((16, 16), (32, 48), (48, 32)), **_BACKWARD,
