@@ -11,7 +11,8 @@ convention front-end with a kernel's own arguments (:func:`ragged_dot`,
 into its convention's arguments. Scaled (quantized) grouped GEMM: a :class:`Problem` with
 ``lhs_quant``/``lhs_scales`` (a :class:`Quantization` and its scales), the exact
 :func:`scaled_reference` and the MX quantizer :func:`to_mx` (``gmm_ref.scaled``). Routed MoE
-(tokens gathered per expert by ``topk_ids``): :class:`Routing`, its exact :func:`routed_reference`, and the
+(tokens gathered per expert by ``topk_ids``): :class:`Routing`, its exact :func:`routed_reference`, its gradients
+(:class:`RoutedBackward`: a routing with its cotangent; :func:`routed_gradients`), and the
 metadata fused-MoE kernels take (:func:`moe_align_block_size`, :func:`unsloth_routing_indices` and their
 validators; docs/routed.md). Needs only
 NumPy and ml_dtypes. The semantics are in the repository's docs/ (semantics.md, conventions.md,

@@ -120,7 +120,6 @@ class RoutedGradients:
         self.flat, self.sizes = _slots_by_expert(backward)
         self.inputs = _inputs(backward, self.flat, self.sizes)
         self.experts_problem, self.abs_problems = _experts_problems(backward, self.flat, self.sizes)
-        self.experts_mask = np.ones(backward.experts.shape, bool)
 
     # ---------------------------------------------------------------------------------- the experts' gradient
     @cached_property
@@ -141,7 +140,7 @@ class RoutedGradients:
         """The experts' gradient rounded once to the experts' dtype."""
         return _dt.round_to(self.experts_exact, self.routing.experts.dtype)
 
-    def numerics(self, numerics: RoutedNumerics | Numerics | None, operands: tuple[Any, Any], out: Any
+    def _numerics(self, numerics: RoutedNumerics | Numerics | None, operands: tuple[Any, Any], out: Any
                  ) -> tuple[RoutedNumerics, Numerics]:
         """``numerics`` as a :class:`RoutedNumerics` and its product's :class:`Numerics` (the default of
         ``operands`` and ``out`` where it names none)."""
@@ -160,7 +159,7 @@ class RoutedGradients:
         the reduction and then that rounding (one only where the accumulator is the experts' dtype)."""
         r = self.routing
         out = r.experts.dtype
-        rn, num = self.numerics(numerics, (r.cotangent.dtype, r.tokens.dtype), out)
+        rn, num = self._numerics(numerics, (r.cotangent.dtype, r.tokens.dtype), out)
         p, s = self.experts_problem, self._sum
         e_s = np.zeros(s.shape) if p is None else error_bound(p, s, num)
         if p is not None and r.mul_routed_weight:
@@ -204,7 +203,7 @@ class RoutedGradients:
         accumulator, ``e_p``; rounded to the output dtype where the weight multiplies a rounded product, ``e_y``),
         its dot with the cotangent over ``N`` in the accumulator, one rounding to the weights' dtype."""
         r = self.routing
-        rn, num = self.numerics(numerics, (r.tokens.dtype, r.experts.dtype), r.out_dtype)
+        rn, num = self._numerics(numerics, (r.tokens.dtype, r.experts.dtype), r.out_dtype)
         ref = self.forward
         p, e = ref.products, ref.product_error(num)
         if rn.weight != "accumulator":

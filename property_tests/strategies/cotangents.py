@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 import gmm_ref
 from gmm_ref import dtypes as _dt
-from property_tests.strategies._common import SEEDS
+from property_tests.strategies._common import SEEDS, check_bool
 from property_tests.strategies.values import VALUE_KINDS, fill, poison
 
 __all__ = ["cotangent_of", "existing_of", "routed_backwards"]
@@ -76,7 +77,10 @@ def routed_backwards(routings: SearchStrategy[gmm_ref.Routing], *, values: str =
     gradient) of values ``values`` (one of ``values.VALUE_KINDS``, the routings' own kind), seeded by a draw, so
     that they shrink with the routing."""
     if values not in VALUE_KINDS:
-        raise ValueError(f"values: expected one of {VALUE_KINDS}, got {values!r}")
+        raise InvalidArgument(f"values={values!r}, but it must be one of {VALUE_KINDS}")
+    if not isinstance(routings, SearchStrategy):
+        raise InvalidArgument(f"routings={routings!r}, but it must be a strategy of gmm_ref.Routing (gst.routings())")
+    check_bool("existing", existing)
 
     @st.composite
     def _draw(draw: Any) -> gmm_ref.RoutedBackward:

@@ -164,6 +164,39 @@ interpreted = pytest.mark.skipif(not triton_interpreter.use_if_no_gpu(),
                                         "unsloth's kernels on CPU tensors in Triton's interpreter")
 
 
+def torch_dw(X, dY, m_sizes, gather_indices, topk, BLOCK_SIZE_M=32, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32,
+             permute_x=False, permute_y=False, *, expert_order=False, **options):
+    """A user's dW in torch, in the convention (``expert_order``: the bug of reading dY in expert order under
+    ``permute_y``)."""
+    import torch
+
+    out = torch.zeros(m_sizes.shape[0], dY.shape[1], X.shape[1], dtype=torch.float32)
+    start = 0
+    for e, m in enumerate(m_sizes.tolist()):
+        rows = gather_indices[start:start + m]
+        x = X[rows // topk] if permute_x else X[start:start + m]
+        dy = dY[start:start + m] if permute_x or expert_order else dY[rows]
+        out[e] = dy.float().T @ x.float()
+        start += m
+    return out.to(X.dtype)
+
+
+def torch_dw_expert_order(*args, **kwargs):
+    return torch_dw(*args, expert_order=True, **kwargs)
+
+
+def test_a_users_dw_in_the_convention_passes_and_its_broken_twin_is_named():
+    report = check_kernel(torch_dw, convention="unsloth.grouped_gemm_dW", modes=["exact", "normal"],
+                          profile="gmm-ci", max_examples=30)
+    assert [(r.check, r.status) for r in report] == [("exact", Status.PASSED), ("normal", Status.PASSED)]
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        check_kernel(torch_dw_expert_order, convention="unsloth.grouped_gemm_dW", modes=["normal"], profile="gmm-ci",
+                     max_examples=30)
+    assert re.match(EXPERT, str(info.value)), str(info.value)
+    assert "likely culprit: the cotangent rows read in expert order" in str(info.value), str(info.value)
+    assert "Routing: T=" in "\n".join(info.value.__notes__)
+
+
 @pytest.mark.parametrize("name", KERNELS)
 def test_without_the_wheel_each_kernel_is_na_naming_how_to_get_it(name, tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, str(tmp_path))
