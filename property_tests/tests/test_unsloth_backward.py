@@ -338,3 +338,8 @@ def test_the_accumulating_kernel_seeded_with_the_existing_gradient_fails_where_t
                                                 r"33554436\.0 within 2"):
         gmm_ref.assert_routed_matches(kernel.run(b), gmm_ref.routed_gradients(b), output="d_experts",
                                       numerics=kernel.numerics_for(b))
+    # the drawn exact mode reaches it too: an expert over several M tiles, an existing element of +-2**25
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        check_kernel(_cheap("unsloth.grouped_gemm_dW_accumulate"), modes=["exact"], profile="gmm-ci",
+                     max_examples=50)
+    assert re.match(EXPERT, str(info.value)) and "plus the existing gradient" in str(info.value), str(info.value)
