@@ -240,3 +240,19 @@ def test_an_accumulator_seeded_with_the_existing_gradient_is_separated_from_one_
     out[0, 0, 0] = seeded
     text = _experts_failure(b, out)
     assert text.startswith("expert 0 (local 0), n 0, k 0: got 33554432.0, expected 33554436.0 within 2"), text
+
+
+def test_an_element_of_each_output_is_named_in_its_words():
+    """What a determinism failure (a second call's other bits) says where: the token, slot and expert; the
+    experts' gradient: its expert and element, in either layout."""
+    from gmm_ref.compare_routed import routed_element
+
+    b = _plain(ids=[[0, 1], [2, 0], [0, 0], [1, 2], [0, 1], [2, 2]])
+    assert routed_element(b, "slots", (3, 1, 5)) == "token 3, slot 1 (expert 2, local 2), column 5"
+    assert routed_element(b, "d_slots", (3, 1, 5)) == "token 3, slot 1 (expert 2, local 2), k 5"
+    assert routed_element(b, "d_tokens", (4, 2)) == "token 4, k 2"
+    assert routed_element(b, "d_weights", (1, 0)) == "token 1, slot 0 (expert 2, local 2)"
+    assert routed_element(b, "d_experts", (2, 7, 3)) == "expert 2 (local 2), n 7, k 3"
+    ekn = RoutedBackward.of(gmm_ref.Routing(b.tokens, b.experts.transpose(0, 2, 1).copy(), b.topk_ids,
+                                            expert_layout="ekn"), b.cotangent)
+    assert routed_element(ekn, "d_experts", (2, 3, 7)) == "expert 2 (local 2), n 7, k 3"
