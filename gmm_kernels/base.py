@@ -521,7 +521,9 @@ class RoutedKernelAdapter(KernelAdapter):
     :class:`gmm_ref.conventions.base.RoutedConvention`, it runs on a :class:`gmm_ref.Routing` and returns its
     convention's ``output``: per slot ``[T, top_k, N]`` or combined ``[T, N]``, held to
     :func:`gmm_ref.routed_reference` within the bound of its :meth:`numerics_for` (a
-    :class:`gmm_ref.RoutedNumerics`). Its row in the main job is its convention's ``family`` (``routed``)."""
+    :class:`gmm_ref.RoutedNumerics`); a backward kernel (its convention's ``backward``) runs on a
+    :class:`gmm_ref.RoutedBackward` and returns a gradient, held to :func:`gmm_ref.routed_gradients`. Its row in
+    the main job is its convention's ``family`` (``routed``)."""
 
     #: a routed kernel (``property_tests.checking`` draws routings for it, not grouped problems)
     routed: ClassVar[bool] = True
@@ -564,9 +566,11 @@ class RoutedKernelAdapter(KernelAdapter):
         return RoutedNumerics(product=dataclasses.replace(product, flush_subnormals=self.flush_subnormals))
 
     def reference_for(self, routing: Any) -> Any:  # type: ignore[override]
-        from gmm_ref import routed_reference
+        """The routed reference of ``routing``; for a backward kernel its gradients (``routing`` a
+        :class:`gmm_ref.RoutedBackward`)."""
+        from gmm_ref import routed_gradients, routed_reference
 
-        return routed_reference(routing)
+        return routed_gradients(routing) if self.convention_facts.backward else routed_reference(routing)
 
     def run(self, routing: Any) -> np.ndarray:  # type: ignore[override]
         """Run the kernel on fresh copies of its convention's arguments for ``routing``; its output (per slot or

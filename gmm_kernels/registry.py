@@ -36,7 +36,12 @@ from gmm_kernels.adapters.torch_scaled import (
     TorchScaledMMLoop,
 )
 from gmm_kernels.adapters.torchao import TorchaoNVFP4GroupedMM
-from gmm_kernels.adapters.unsloth import UnslothGroupedGemm
+from gmm_kernels.adapters.unsloth import (
+    UnslothGroupedGemm,
+    UnslothGroupedGemmDW,
+    UnslothGroupedGemmDWAccumulate,
+    UnslothGroupedGemmDX,
+)
 from gmm_kernels.adapters.vllm import VllmBatchedMoE, VllmFusedMoE
 from gmm_kernels.base import KernelAdapter
 
@@ -103,7 +108,8 @@ def registry() -> list[KernelAdapter]:
 def routed() -> list[KernelAdapter]:
     """The built-in routed MoE kernels (``gmm_kernels.base.RoutedKernelAdapter``, docs/routed.md), a part of
     :func:`registry`."""
-    return [VllmFusedMoE(), SglangFusedMoE(), UnslothGroupedGemm(), TorchMoEExperts()]
+    return [VllmFusedMoE(), SglangFusedMoE(), UnslothGroupedGemm(), UnslothGroupedGemmDX(), UnslothGroupedGemmDW(),
+            UnslothGroupedGemmDWAccumulate(), TorchMoEExperts()]
 
 
 def names() -> list[str]:

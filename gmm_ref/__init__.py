@@ -11,7 +11,8 @@ convention front-end with a kernel's own arguments (:func:`ragged_dot`,
 into its convention's arguments. Scaled (quantized) grouped GEMM: a :class:`Problem` with
 ``lhs_quant``/``lhs_scales`` (a :class:`Quantization` and its scales), the exact
 :func:`scaled_reference` and the MX quantizer :func:`to_mx` (``gmm_ref.scaled``). Routed MoE
-(tokens gathered per expert by ``topk_ids``): :class:`Routing`, its exact :func:`routed_reference`, and the
+(tokens gathered per expert by ``topk_ids``): :class:`Routing`, its exact :func:`routed_reference`, its gradients
+(:class:`RoutedBackward`: a routing with its cotangent; :func:`routed_gradients`), and the
 metadata fused-MoE kernels take (:func:`moe_align_block_size`, :func:`unsloth_routing_indices` and their
 validators; docs/routed.md). Needs only
 NumPy and ml_dtypes. The semantics are in the repository's docs/ (semantics.md, conventions.md,
@@ -24,9 +25,9 @@ from gmm_ref.compare import (
     Mismatch,
     assert_deterministic,
     assert_matches_reference,
-    assert_routed_matches,
     check,
 )
+from gmm_ref.compare_routed import assert_routed_matches
 from gmm_ref.conventions import arguments, problem_from_arguments
 from gmm_ref.conventions.deep_gemm import deep_gemm_m_grouped_contiguous, deep_gemm_m_grouped_masked
 from gmm_ref.conventions.megablox import gmm, tgmm
@@ -45,6 +46,7 @@ from gmm_ref.problem import FAMILIES, Problem, as_tiling
 from gmm_ref.quantize import quantize_problem
 from gmm_ref.quantizers import AmaxQuantizer
 from gmm_ref.repro import load_array, load_problem, reproducer, save_problem
+from gmm_ref.routed_gradients import RoutedBackward, RoutedGradients, routed_gradients
 from gmm_ref.routing import RoutedNumerics, RoutedReference, Routing, routed_reference
 from gmm_ref.routing_metadata import (
     moe_align_block_size,
@@ -66,6 +68,8 @@ __all__ = [
     "Quantization",
     "RaggedDotDimensionNumbers",
     "Reference",
+    "RoutedBackward",
+    "RoutedGradients",
     "RoutedNumerics",
     "RoutedReference",
     "Routing",
@@ -95,6 +99,7 @@ __all__ = [
     "reference",
     "reproducer",
     "round_to",
+    "routed_gradients",
     "routed_reference",
     "save_problem",
     "scaled_grouped_mm",

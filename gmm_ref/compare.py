@@ -20,9 +20,8 @@ from gmm_ref.numerics import Numerics
 from gmm_ref.problem import Problem
 from gmm_ref.repro import fenced, reproducer
 
-__all__ = ["REPRODUCE", "Comparison", "Mismatch", "assert_deterministic", "assert_matches_reference",
-           "assert_routed_matches", "check", "combined_feeds", "combined_wrong", "group_of", "group_span", "groups_of",
-           "routed_wrong", "scale_blocks_of"]
+__all__ = ["REPRODUCE", "Comparison", "Mismatch", "assert_deterministic", "assert_matches_reference", "check",
+           "group_of", "group_span", "groups_of", "scale_blocks_of"]
 
 DEFAULT_TILE = (128, 128, 128)
 MAX_LISTED = 8
@@ -163,7 +162,7 @@ def scale_blocks_of(p: Problem, idx: np.ndarray) -> np.ndarray:
     return out
 
 
-def _ranges(values: list[int], most: int = 6) -> str:
+def ranges(values: list[int], most: int = 6) -> str:
     """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (the first ``most`` runs)."""
     runs: list[list[int]] = []
     for v in sorted(set(values)):
@@ -195,7 +194,7 @@ def _scale_block_summary(p: Problem, idx: np.ndarray) -> list[str]:
                 continue
             total = p.scales_of(name, g - p.group_offset).shape[0]
             rows = mine[:, j].tolist()
-            parts.append(f"{name} block rows {_ranges(rows)} ({len(set(rows))} of {total})")
+            parts.append(f"{name} block rows {ranges(rows)} ({len(set(rows))} of {total})")
         lines.append(f"  group {g}: {'; '.join(parts)}")
     if len(groups) > MAX_LISTED:
         lines.append(f"  ... and {len(groups) - MAX_LISTED} more groups")
@@ -373,131 +372,3 @@ def assert_deterministic(first: Any, second: Any, problem_or_expected: Problem |
             a[ref.mask].view(np.uint8), b[ref.mask].view(np.uint8)):
         raise Mismatch(f"kernel {kernel or '?'} is declared deterministic but two runs of "
                        f"{ref.problem.describe()} differ bit-wise", kind="determinism")
-
-
-# ------------------------------------------------------------------------ routed MoE
-def routed_wrong(actual: np.ndarray, ref: Any, bound: np.ndarray) -> np.ndarray:
-    """``[T, top_k, N]``: the defined elements of a routed kernel's per-slot output (float64, of the reference's
-    shape) that are neither the once-rounded value nor within ``bound`` of the exact one (NaN where it is NaN)."""
-    with np.errstate(invalid="ignore"):
-        ok = (actual == ref.slots.astype(np.float64)) | (np.abs(actual - ref.slots_exact) <= bound)
-        ok |= np.isnan(actual) & np.isnan(ref.slots_exact)
-    return ~(ok | ~ref.slots_mask)
-
-
-def combined_wrong(actual: np.ndarray, ref: Any, bound: np.ndarray) -> np.ndarray:
-    """``[T, N]``: the elements of a routed kernel's combined output (float64, of the reference's shape; every one
-    defined) that are neither the once-rounded value nor within ``bound`` of the exact one (NaN where it is NaN)."""
-    with np.errstate(invalid="ignore"):
-        ok = (actual == ref.combined.astype(np.float64)) | (np.abs(actual - ref.combined_exact) <= bound)
-        ok |= np.isnan(actual) & np.isnan(ref.combined_exact)
-    return ~ok
-
-
-def combined_feeds(r: Any, t: int) -> str:
-    """The slots feeding token ``t``'s combined row, each with its global and local expert and its weight:
-    ``slot 0 (expert 3, local 1, weight 0.5); slot 1 (expert 6, local -1, on another rank, weight 0.25)``."""
-    return "; ".join(f"slot {j} ({_expert(r, t, j)}, weight {float(r.weights64()[t, j]):.6g})" for j in range(r.top_k))
-
-
-def assert_routed_matches(actual: Any, ref: Any, *, numerics: Any = None, kernel: str = "kernel",
-                          output: str = "slots") -> None:
-    """Raise :class:`Mismatch` unless the output of a routed MoE kernel matches ``ref`` (a
-    :class:`gmm_ref.RoutedReference`): ``output="slots"``, the per-slot ``[T, top_k, N]``, or ``"combined"``, the
-    weighted sum over slots ``[T, N]``; each defined element equal to the once-rounded value or within
-    ``ref.slot_bound(numerics)`` (``ref.combined_bound(numerics)``) of the exact one (NaN where the exact value is
-    NaN). The report names the token, the slot, its global and local expert and the column of the first wrong
-    element (a combined row: the token, every slot and expert that feeds it, and the slot whose contribution
-    explains the difference where one does: dropped, added twice, or weighted with another weight), and counts
-    the wrong ones."""
-    __tracebackhide__ = True
-    if output not in ("slots", "combined"):
-        raise ValueError(f"output: expected 'slots' or 'combined', got {output!r}")
-    r, combined = ref.routing, output == "combined"
-    shape = (r.num_tokens, r.n) if combined else (r.num_tokens, r.top_k, r.n)
-    a = np.asarray(actual)
-    if a.shape != shape or a.dtype != np.dtype(r.out_dtype):
-        raise Mismatch(f"shape/dtype: {kernel} returned {a.dtype} {a.shape}, expected {np.dtype(r.out_dtype)} "
-                       f"{shape} ({'[T, N]' if combined else '[T, top_k, N]'})", kind="shape")
-    a64 = _dt.as_numpy(a, name="actual").astype(np.float64) if a.size else np.zeros(shape)
-    if combined:
-        bound = ref.combined_bound(numerics)
-        bad = np.argwhere(combined_wrong(a64, ref, bound))
-    else:
-        bound = ref.slot_bound(numerics)
-        bad = np.argwhere(routed_wrong(a64, ref, bound))
-    if not bad.size:
-        return
-    if combined:
-        raise Mismatch(_combined_report(a64, ref, bound, bad, kernel), kind="values")
-    t, j, c = (int(i) for i in bad[0])
-    slots = {(int(x), int(y)) for x, y, _ in bad}
-    raise Mismatch(
-        f"token {t}, slot {j} ({_expert(r, t, j)}), column {c}: got {float(a64[t, j, c])!r}, expected "
-        f"{float(ref.slots[t, j, c])!r} within {float(bound[t, j, c]):.3g}\n"
-        f"{kernel} differs from the routed reference in {len(bad)} elements of {len(slots)} slots "
-        f"(of {r.num_tokens * r.top_k}); wrong (token, slot): {sorted(slots)[:8]}{' ...' if len(slots) > 8 else ''}",
-        kind="values")
-
-
-def _expert(r: Any, t: int, j: int) -> str:
-    local = int(r.local_ids[t, j])
-    return f"expert {int(r.topk_ids[t, j])}, local {local}{', on another rank' if local < 0 else ''}"
-
-
-def _combined_report(a64: np.ndarray, ref: Any, bound: np.ndarray, bad: np.ndarray, kernel: str) -> str:
-    r = ref.routing
-    t, c = (int(i) for i in bad[0])
-    tokens = sorted({int(x) for x, _ in bad})
-    feeds = combined_feeds(r, t)
-    culprit = _combined_culprit(a64[t] - ref.combined_exact[t], ref, t, bound[t])
-    return (f"token {t}, column {c}: got {float(a64[t, c])!r}, expected {float(ref.combined[t, c])!r} within "
-            f"{float(bound[t, c]):.3g} (the combined row of token {t}: the weighted sum of {feeds})\n"
-            + (f"likely culprit: {culprit}\n" if culprit else "")
-            + f"{kernel} differs from the routed reference's combined output in {len(bad)} elements of "
-            f"{len(tokens)} tokens (of {r.num_tokens}); wrong tokens: {tokens[:8]}{' ...' if len(tokens) > 8 else ''}")
-
-
-def _combined_culprit(d: np.ndarray, ref: Any, t: int, b: np.ndarray) -> str:
-    """The slot of token ``t`` whose contribution explains the row's difference ``d`` (kernel - exact) in every
-    column, within the bound ``b`` plus four roundings of the contribution to the output dtype: dropped, the only
-    one kept, added twice, its product times another weight (another slot's of the row, or any slot's of the
-    routing: weights applied in the wrong order), or, on another rank, computed with a local expert; "" if none
-    does."""
-    r = ref.routing
-    s, p, w = ref.slots_exact[t], ref.products[t], r.weights64()
-    u = _dt.unit_roundoff(r.out_dtype)
-    with np.errstate(invalid="ignore", over="ignore"):
-        def fits(x: np.ndarray) -> bool:
-            return bool(np.any(x != 0) and np.all(np.abs(d - x) <= b + 4 * u * np.abs(x)))
-        foreign = [j for j in range(r.top_k) if not ref.local[t, j]]
-        for e in range(r.num_local_experts if foreign else 0):  # another rank's slots computed with a local expert
-            for js in [[j] for j in foreign] + ([foreign] if len(foreign) > 1 else []):
-                if fits(sum(w[t, j] for j in js) * _product(r, t, e)):
-                    return (f"slot{'s' if len(js) > 1 else ''} {', '.join(map(str, js))} "
-                            f"({'; '.join(_expert(r, t, j) for j in js)}) computed anyway, with local expert {e}")
-        for j in range(r.top_k):
-            name = f"slot {j} ({_expert(r, t, j)})"
-            if fits(-s[j]):
-                return f"{name} is missing from the sum (dropped, or overwritten by another slot's add)"
-            if r.top_k > 2 and fits(s[j] - s.sum(axis=0)):
-                return f"{name} is the only one in the sum (the others overwritten by its add, or dropped)"
-            if fits(s[j]):
-                return f"{name} is added twice"
-            if not r.mul_routed_weight or not ref.local[t, j]:
-                continue
-            for i in range(r.top_k):
-                if i != j and fits((w[t, j] - w[t, i]) * (p[i] - p[j])):
-                    return f"slots {i} and {j} of token {t} exchanged their weights ({name})"
-            for tt, jj in np.argwhere(w != w[t, j]):
-                if fits((w[tt, jj] - w[t, j]) * p[j]):
-                    return (f"{name} is weighted by {float(w[tt, jj]):.6g} (the weight of token {int(tt)}, slot "
-                            f"{int(jj)}) instead of its own {float(w[t, j]):.6g}")
-    return ""
-
-
-def _product(r: Any, t: int, e: int) -> np.ndarray:
-    """``tokens[t] @ W[e]`` in float64 (local expert ``e``)."""
-    x = _dt.as_numpy(r.tokens[t]).astype(np.float64)
-    wt = _dt.as_numpy(r.experts[e]).astype(np.float64)
-    return wt @ x if r.expert_layout == "enk" else x @ wt

@@ -301,7 +301,7 @@ def _routed_numerics(numerics: Any) -> RoutedNumerics:
     return numerics
 
 
-def _ieee(fn: Any) -> Any:
+def ieee(fn: Any) -> Any:
     """``fn`` with NaN / Inf propagating silently, as IEEE says (a NaN weight or input makes a NaN bound)."""
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -310,23 +310,23 @@ def _ieee(fn: Any) -> Any:
     return wrapped
 
 
-def _tinies(dtype: Any, flush: bool) -> float:
+def tinies(dtype: Any, flush: bool) -> float:
     """The absolute error one rounding into ``dtype`` may add below its normal range."""
     fmt = _dt.float_format(dtype)
     return fmt.tiny + (min_normal(dtype) if flush else 0.0)
 
 
-@_ieee
+@ieee
 def _weighted_error(p: np.ndarray, e_p: np.ndarray, w: np.ndarray, rn: RoutedNumerics, r: Routing,
                     num: Numerics) -> np.ndarray:
     """Bound on ``|q - w * p|`` for the weighted slot value ``q`` before the final rounding to the output dtype
     (``"accumulator"``, a dtype) or after it (``"output"``), given ``|p_kernel - p| <= e_p``."""
     aw, d = np.abs(w), rn.weight_dtype(r)
     if d is None:
-        u, tiny = num.u_acc, _tinies(num.accumulate, num.flush_subnormals)
+        u, tiny = num.u_acc, tinies(num.accumulate, num.flush_subnormals)
         return aw * e_p + u * aw * (np.abs(p) + e_p) + tiny
-    u_o, tiny_o = _dt.unit_roundoff(r.out_dtype), _tinies(r.out_dtype, num.flush_subnormals)
-    u, tiny = _dt.unit_roundoff(d), _tinies(d, num.flush_subnormals)
+    u_o, tiny_o = _dt.unit_roundoff(r.out_dtype), tinies(r.out_dtype, num.flush_subnormals)
+    u, tiny = _dt.unit_roundoff(d), tinies(d, num.flush_subnormals)
     e_y = e_p + u_o * (np.abs(p) + e_p) + tiny_o  # the product rounded to the output dtype
     w_hi = aw * (1 + u) + tiny  # the weight rounded to d
     return w_hi * e_y + (u * aw + tiny) * np.abs(p) + u * w_hi * (np.abs(p) + e_y) + tiny
@@ -336,11 +336,15 @@ class RoutedReference:
     """The reference of one :class:`Routing`: per-slot and combined exact values (float64), each rounded once
     (``slots``, ``combined``), the per-slot mask and the bounds of :class:`RoutedNumerics`."""
 
-    def __init__(self, routing: Routing, products: np.ndarray, product_error: Any):
+    def __init__(self, routing: Routing, products: np.ndarray, product_error: Any, *,
+                 operands: tuple[Any, Any] | None = None, product_of: Any = None):
         self.routing = routing
         #: ``[T, top_k, N]`` float64: ``tokens[t] @ W[e]`` of every local slot, 0 elsewhere (unweighted)
         self.products = products
         self._product_error = product_error
+        #: the GEMM's operand dtypes (the default product numerics'): the tokens' and the experts' unless given
+        self.operands = operands or (routing.tokens.dtype, routing.experts.dtype)
+        self._product_of = product_of
         self._errors: dict[Numerics, np.ndarray] = {}
         #: ``[T, top_k]``: whether the slot's expert is on this rank
         self.local = routing.local_ids >= 0
@@ -367,6 +371,22 @@ class RoutedReference:
         """The combined output, the exact sum of the weighted products rounded once to the output dtype."""
         return _dt.round_to(self.combined_exact, self.routing.out_dtype)
 
+    def product_of(self, t: int, j: int, e: int) -> np.ndarray:
+        """Slot ``(t, j)``'s unweighted product computed with local expert ``e`` (float64; a report's "what if")."""
+        if self._product_of is not None:
+            return self._product_of(t, j, e)
+        r = self.routing
+        x = _dt.as_numpy(r.tokens[t]).astype(np.float64)
+        wt = _dt.as_numpy(r.experts[e]).astype(np.float64)
+        return wt @ x if r.expert_layout == "enk" else x @ wt
+
+    def routed_numerics(self, numerics: RoutedNumerics | None) -> tuple[RoutedNumerics, Numerics]:
+        """``numerics`` (None: the default) and its product's :class:`Numerics` (None: the default for
+        :attr:`operands` and the output dtype)."""
+        rn = _routed_numerics(numerics)
+        r = self.routing
+        return rn, rn.product or Numerics.default_for(*self.operands, r.out_dtype)
+
     def product_error(self, numerics: Numerics) -> np.ndarray:
         """``[T, top_k, N]``: bound on the error of a kernel's accumulator value of each local slot's product
         (gmm_ref.numerics' bound of the grouped problem, before any rounding to the output dtype); 0 elsewhere."""
@@ -378,13 +398,12 @@ class RoutedReference:
             self._errors[numerics] = err
         return self._errors[numerics]
 
-    @_ieee
+    @ieee
     def slot_bound(self, numerics: RoutedNumerics | None = None) -> np.ndarray:
         """``[T, top_k, N]``: per-element bound on ``|kernel slot - slots_exact|``."""
-        r, rn = self.routing, _routed_numerics(numerics)
-        num = rn.product_numerics(r)
+        r, (rn, num) = self.routing, self.routed_numerics(numerics)
         p, e_p = self.products, self.product_error(num)
-        u_out, tiny_out = _dt.unit_roundoff(r.out_dtype), _tinies(r.out_dtype, num.flush_subnormals)
+        u_out, tiny_out = _dt.unit_roundoff(r.out_dtype), tinies(r.out_dtype, num.flush_subnormals)
         ref = gamma(2, U_REF) * np.abs(self.slots_exact)  # the float64 weight product
         if not r.mul_routed_weight:
             bound = e_p + u_out * (np.abs(p) + e_p) + tiny_out
@@ -395,22 +414,21 @@ class RoutedReference:
             bound = e_q + u_out * (np.abs(self.slots_exact) + e_q) + tiny_out
         return np.where(self.local[:, :, None], bound, 0.0)
 
-    @_ieee
+    @ieee
     def combined_bound(self, numerics: RoutedNumerics | None = None) -> np.ndarray:
         """``[T, N]``: per-element bound on ``|kernel combined - combined_exact|`` (``top_k`` terms a row)."""
-        r, rn = self.routing, _routed_numerics(numerics)
-        num = rn.product_numerics(r)
-        u_out, tiny_out = _dt.unit_roundoff(r.out_dtype), _tinies(r.out_dtype, num.flush_subnormals)
+        r, (rn, num) = self.routing, self.routed_numerics(numerics)
+        u_out, tiny_out = _dt.unit_roundoff(r.out_dtype), tinies(r.out_dtype, num.flush_subnormals)
         adds, mag = r.top_k - 1, np.abs(self.slots_exact)
         local = self.local[:, :, None]
         if isinstance(rn.combine, str):  # summed in the accumulator, one rounding
-            u, tiny = num.u_acc, _tinies(num.accumulate, num.flush_subnormals)
+            u, tiny = num.u_acc, tinies(num.accumulate, num.flush_subnormals)
             e = _weighted_error(self.products, self.product_error(num), r.weights64()[:, :, None], rn, r, num)
             e = np.where(local, e, 0.0)
             err = e.sum(axis=1) + gamma(adds, u) * (mag + e).sum(axis=1) + adds * tiny
         else:  # every slot rounded to the output dtype, then summed in rn.combine
             b = self.slot_bound(rn)
-            u, tiny = _dt.unit_roundoff(rn.combine), _tinies(rn.combine, num.flush_subnormals)
+            u, tiny = _dt.unit_roundoff(rn.combine), tinies(rn.combine, num.flush_subnormals)
             err = b.sum(axis=1) + gamma(adds, u) * (mag + b).sum(axis=1) + adds * tiny
             if rn.combine == r.out_dtype:  # every add already rounded to the output dtype
                 return err + gamma(r.top_k + 1, U_REF) * mag.sum(axis=1)

@@ -30,7 +30,7 @@ import numpy as np
 import gmm_ref
 from gmm_ref import conventions, families
 from gmm_ref import dtypes as _dt
-from gmm_ref.compare import combined_feeds, combined_wrong, routed_wrong
+from gmm_ref.compare_routed import combined_feeds, combined_wrong, routed_wrong
 from gmm_ref.routing import peaked_weights
 from golden.generator import raw_bits, values
 

@@ -24,6 +24,7 @@ from hypothesis.errors import InvalidArgument
 import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, cuda_graph, resolve_kernel
 from gmm_kernels import device as devices
+from gmm_ref.compare_routed import routed_element
 from property_tests import compile_cache, failures, scale
 from property_tests import example_db as example_dbs
 from property_tests.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
@@ -335,10 +336,8 @@ def _check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) 
             bits = f"u{out.dtype.itemsize}"
             differ = np.argwhere(np.ascontiguousarray(out).view(bits) != np.ascontiguousarray(again).view(bits))
             if differ.size:
-                t, j, c = int(differ[0][0]), int(differ[0][1]), int(differ[0][-1])
-                where = "" if output == "combined" else f", slot {j} (expert {int(routing.topk_ids[t, j])})"
-                raise gmm_ref.Mismatch(f"token {t}{where}, column {c}: a second call returned other bits "
-                                       f"({adapter.name} declares itself deterministic)", kind="determinism")
+                raise gmm_ref.Mismatch(f"{routed_element(routing, output, differ[0])}: a second call returned other "
+                                       f"bits ({adapter.name} declares itself deterministic)", kind="determinism")
     except Exception as exc:
         exc.add_note(_routing_note(routing))
         raise

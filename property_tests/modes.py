@@ -176,7 +176,8 @@ MODES: dict[str, Mode] = {
                                              "output to keep)"),
         Mode("grad", "reverse-mode gradients w.r.t. lhs, rhs and existing_out, against gmm_ref.gradients",
              {"values": "normal", "dtypes": ("float32", "bfloat16", "float16")}, gradient=True, refuse=_no_gradient,
-             routed_why="routed: an inference kernel (no gradient model of the routed family)"),
+             routed_why="routed: not differentiated; a routed backward is a kernel of its own (a convention "
+                        "returning a gradient of gmm_ref.routed_gradients: unsloth.grouped_gemm_dX, _dW)"),
         Mode("out_dtype", "every output dtype the convention takes, exact shape and dtype",
              {"values": "normal", "vary_out_dtype": True},
              routed_why="routed: every (input, output) dtype pair of the convention is drawn in every mode"),
@@ -307,8 +308,13 @@ def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None 
 
 def mode_routings(adapter: KernelAdapter, mode: Mode | str) -> st.SearchStrategy:
     """The routings (``gst.routings``) ``mode`` draws for a routed kernel, within its convention and declared
-    limits; :class:`Unsupported` naming why where the mode does not apply to a routed kernel."""
+    limits (a backward kernel's: their backward, ``gst.routed_backwards``, with the existing experts' gradient its
+    convention adds into); :class:`Unsupported` naming why where the mode does not apply to a routed kernel."""
     mode = mode_of(mode)
     if mode.routed_values is None:
         raise Unsupported(mode.routed_why)
-    return gst.routings(values=mode.routed_values, **routing_options(adapter))
+    routings = gst.routings(values=mode.routed_values, **routing_options(adapter))
+    conv = adapter.convention_facts
+    if not conv.backward:
+        return routings
+    return gst.routed_backwards(routings, values=mode.routed_values, existing=conv.accumulates)

@@ -22,7 +22,10 @@ Values are exact: tokens and experts small integers in [-2, 2], weights in {-2, 
 dtype; token column 0 is 1 and expert row 0 is (1, 0, ..., 0), so column 0 of every local slot is its weight:
 never 0, so even a slot a kernel leaves at zero is a wrong element. K = N = 24. The input dtype is the smallest
 floating one the convention takes (its output equal to it first), as for the grouped cells; the metadata is built
-by the convention as for any routing (``RoutedConvention.arguments``).
+by the convention as for any routing (``RoutedConvention.arguments``). A backward kernel's cell is the routing's
+backward (``gmm_ref.RoutedBackward``, unweighted where its convention never multiplies the weights in): an exact
+cotangent whose column 0 is 1 against experts whose column 0 is ``(1, 0, ..., 0)`` too, so that element 0 of every
+local slot's input gradient is 1 and element (0, 0) of every expert's gradient its slot count, never 0.
 
 A kernel that runs interpreted here (``KernelAdapter.interpreted()``) gets :func:`interpreted_cells` only: the
 ``expert_map`` cell, which crosses every expert limit above in one call (global ids past 256, 512 and 1,024, local
@@ -37,6 +40,7 @@ kernel declines (``supports``) is left out with its reason.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -175,11 +179,26 @@ def scale_routing(adapter: KernelAdapter, cell: RoutedCell, seed: int = 0) -> gm
     weights = rng.choice(np.array([-2, -1, 1, 2], np.float32), ids.shape).astype(conv.weight_dtypes[0])
     try:
         routing = gmm_ref.Routing(tokens, experts, ids, weights, expert_layout=layout, expert_map=emap,
-                                  mul_routed_weight=True, out_dtype=pair[1], foreign=conv.foreign)
+                                  mul_routed_weight=conv.mul_routed_weight is not False, out_dtype=pair[1],
+                                  foreign=conv.foreign)
+        if conv.backward:
+            routing = _backward(rng, routing, conv.accumulates)
     except (ValueError, TypeError) as exc:
         return f"{adapter.convention} cannot express this cell: {exc}"
     why = adapter.supports(routing)
     return f"{adapter.name} declines it: {why}" if why else routing
+
+
+def _backward(rng: np.random.Generator, r: gmm_ref.Routing, existing: bool) -> gmm_ref.RoutedBackward:
+    """``r`` with an exact cotangent (small integers, column 0 all 1) and, for a kernel that adds into one, an
+    existing gradient (small integers); each expert's column 0 is ``(1, 0, ..., 0)`` as its row 0 is, so element
+    0 of every local slot's input gradient is 1 and element (0, 0) of an expert's gradient its slot count."""
+    experts = np.array(r.experts)
+    (experts[:, :, 0] if r.expert_layout == "enk" else experts[:, 0, :])[:, 1:] = 0
+    dy = _exact(rng, (r.num_tokens, r.top_k, r.n), np.dtype(r.out_dtype))
+    dy[:, :, 0] = 1
+    ex = _exact(rng, experts.shape, experts.dtype) if existing else None
+    return gmm_ref.RoutedBackward.of(dataclasses.replace(r, experts=experts), dy, ex)
 
 
 def _rebuild(adapter: KernelAdapter, cell: RoutedCell, seed: int) -> str:

@@ -33,6 +33,9 @@ from gmm_ref.conventions.torch_moe import MOE_EXPERTS
 from gmm_ref.conventions.torch_scaled import SCALED_GROUPED_MM, SCALED_GROUPED_MM_V2
 from gmm_ref.conventions.torchao import NVFP4_GROUPED_MM
 from gmm_ref.conventions.unsloth import GROUPED_GEMM as UNSLOTH_GROUPED_GEMM
+from gmm_ref.conventions.unsloth import GROUPED_GEMM_DW as UNSLOTH_GROUPED_GEMM_DW
+from gmm_ref.conventions.unsloth import GROUPED_GEMM_DW_ACCUMULATE as UNSLOTH_GROUPED_GEMM_DW_ACCUMULATE
+from gmm_ref.conventions.unsloth import GROUPED_GEMM_DX as UNSLOTH_GROUPED_GEMM_DX
 from gmm_ref.conventions.vllm import BATCHED_MOE, FUSED_MOE
 from gmm_ref.names import did_you_mean
 from gmm_ref.problem import Problem
@@ -46,7 +49,8 @@ BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEM
            TE_SCALED_GROUPED_GEMM, SCALED_GROUPED_MM_V2)
 #: the routed MoE conventions (a kernel taking a ``gmm_ref.Routing``, docs/routed.md): looked up by :func:`get`,
 #: listed by :func:`routed_names`, not by :func:`names` (whose conventions express grouped ``Problem`` s)
-ROUTED = (FUSED_MOE, SGLANG_FUSED_MOE, UNSLOTH_GROUPED_GEMM, MOE_EXPERTS)
+ROUTED = (FUSED_MOE, SGLANG_FUSED_MOE, UNSLOTH_GROUPED_GEMM, UNSLOTH_GROUPED_GEMM_DX, UNSLOTH_GROUPED_GEMM_DW,
+          UNSLOTH_GROUPED_GEMM_DW_ACCUMULATE, MOE_EXPERTS)
 
 
 @functools.cache

@@ -30,6 +30,7 @@ from gmm_ref import families as _families
 from gmm_ref.exact import Reference, reference
 from gmm_ref.layouts import stored
 from gmm_ref.problem import FAMILIES, Problem
+from gmm_ref.routed_gradients import GRADIENT_OUTPUTS, OUTPUTS, RoutedBackward
 
 __all__ = [
     "PLAIN",
@@ -133,6 +134,11 @@ class Convention:
     def code_dtypes(self) -> frozenset[np.dtype]:
         """The element dtypes of the quantizations it takes (such operands come with scales)."""
         return frozenset(q.elem for pair in self.quantizations for q in pair if q is not None)
+
+    @property
+    def backward(self) -> bool:
+        """Whether the kernel is a backward kernel (its output a gradient: its routings carry a cotangent)."""
+        return self.output in GRADIENT_OUTPUTS
 
     def out_value(self, args: tuple, kwargs: dict) -> Any:
         """The value of :attr:`out_argument` among a call's ``args`` / ``kwargs`` (None if it has none)."""
@@ -314,8 +320,12 @@ class RoutedConvention:
     None where it takes one; ``extents``: the ``(K, N)`` pairs it takes (its tiles divide K, say; None: any).
     A kernel returning its output in another layout than ``[T, top_k, N]`` maps it in :meth:`per_slot`.
     ``output``: what the kernel returns, the per-slot ``"slots"`` ``[T, top_k, N]`` or the ``"combined"``
-    ``[T, N]`` (the weighted sum over slots); ``mul_routed_weight``: True or False where the kernel always or never
-    multiplies the weights in (None: an argument says).
+    ``[T, N]`` (the weighted sum over slots), or for a backward kernel a gradient of the routed gradient model
+    (``gmm_ref.routed_gradients``: ``"d_slots"``, ``"d_tokens"``, ``"d_experts"``, ``"d_weights"``), its routings
+    then :class:`gmm_ref.RoutedBackward` s (a routing with its cotangent); ``accumulates``: the backward kernel adds
+    the experts' gradient into one it is given (``out_argument``; the routings carry that ``existing`` gradient);
+    ``mul_routed_weight``: True or False where the kernel always or never multiplies the weights in (None: an
+    argument says).
     """
 
     name: str
@@ -330,6 +340,7 @@ class RoutedConvention:
     expert_parallel: bool | None = None
     extents: tuple[tuple[int, int], ...] | None = None
     output: str = "slots"
+    accumulates: bool = False
     mul_routed_weight: bool | None = None
     #: its family's name (``gmm_ref.families.ROUTED``): the main job's row of its kernels
     family: str = _families.ROUTED.name
@@ -346,11 +357,18 @@ class RoutedConvention:
                                                         for d in self.weight_dtypes))
         if self.framework not in ("jax", "torch"):
             raise ValueError(f"framework: expected 'jax' or 'torch', got {self.framework!r}")
-        if self.output not in ("slots", "combined"):
-            raise ValueError(f"output: expected 'slots' or 'combined', got {self.output!r}")
+        if self.output not in OUTPUTS + GRADIENT_OUTPUTS:
+            raise ValueError(f"output: expected one of {OUTPUTS + GRADIENT_OUTPUTS}, got {self.output!r}")
+        if self.accumulates and self.output != "d_experts":
+            raise ValueError("accumulates: only a kernel returning the experts' gradient ('d_experts') adds into one")
 
     def __repr__(self) -> str:
         return f"<RoutedConvention {self.name}>"
+
+    @property
+    def backward(self) -> bool:
+        """Whether the kernel is a backward kernel (its output a gradient: its routings carry a cotangent)."""
+        return self.output in GRADIENT_OUTPUTS
 
     def out_value(self, args: tuple, kwargs: dict) -> Any:
         """The value of :attr:`out_argument` among a call's ``args`` / ``kwargs`` (None if it has none)."""
@@ -358,6 +376,11 @@ class RoutedConvention:
 
     def refusal(self, r: Any) -> str | None:
         """None if this convention can express the routing ``r``, else the reason."""
+        if self.backward and not isinstance(r, RoutedBackward):
+            return f"{self.name} is a backward kernel: it takes a routing with its cotangent (a gmm_ref.RoutedBackward)"
+        if self.backward and self.accumulates != (r.existing is not None):
+            return (f"{self.name} {'adds into' if self.accumulates else 'returns'} the experts' gradient: a routing "
+                    f"{'with' if self.accumulates else 'without'} an existing experts' gradient")
         if r.expert_layout not in self.expert_layouts:
             return f"{self.name} takes experts stored {self.expert_layouts}, not {r.expert_layout!r}"
         pair = (np.dtype(r.tokens.dtype), np.dtype(r.out_dtype))

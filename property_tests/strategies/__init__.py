@@ -17,14 +17,17 @@ multiples) comes from its :class:`gmm_ref.conventions.Convention`. Importing
 this package needs neither jax nor torch, and has no side effects.
 
 Routed MoE (:class:`gmm_ref.Routing`, docs/routed.md): :func:`routings` draws whole routed problems
-compile-aware in the same way; :func:`topk_ids` and :func:`topk_weights` draw the routing alone.
+compile-aware in the same way; :func:`topk_ids` and :func:`topk_weights` draw the routing alone;
+:func:`routed_backwards` draws the backward of drawn routings (:class:`gmm_ref.RoutedBackward`: a cotangent, and an
+existing experts' gradient where asked).
 """
 
+from property_tests.strategies.cotangents import routed_backwards
 from property_tests.strategies.extents import extents, tilings
 from property_tests.strategies.problems import covering, problems, replays
 from property_tests.strategies.routing import routings, topk_ids, topk_weights
 from property_tests.strategies.sizes import group_sizes, shardings
 from property_tests.strategies.values import VALUE_KINDS
 
-__all__ = ["VALUE_KINDS", "covering", "extents", "group_sizes", "problems", "replays", "routings", "shardings",
-           "tilings", "topk_ids", "topk_weights"]
+__all__ = ["VALUE_KINDS", "covering", "extents", "group_sizes", "problems", "replays", "routed_backwards", "routings",
+           "shardings", "tilings", "topk_ids", "topk_weights"]

@@ -24,8 +24,10 @@ GMM_REF_LAYERS = (
     ("gmm_ref.dtypes", "gmm_ref.checks", "gmm_ref.problem"),
     ("gmm_ref.layouts", "gmm_ref.numerics", "gmm_ref.exact", "gmm_ref.gradients", "gmm_ref.repro",
      "gmm_ref.routing", "gmm_ref.routing_metadata"),
+    ("gmm_ref.routed_gradients",),
     ("gmm_ref.conventions",),
     ("gmm_ref.compare",),
+    ("gmm_ref.compare_routed",),
     ("gmm_ref",),
 )
 MAX_FUNCTION_LINES = 60

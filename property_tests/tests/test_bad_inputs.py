@@ -171,6 +171,12 @@ STRATEGIES = [
      "expert_parallel='yes', but it must be None, True or False"),
     ("routed tokens", lambda: gst.routings(num_tokens=[-1]), "num_tokens=-1, but it must be at least 0"),
     ("topk_ids top_k", lambda: gst.topk_ids(top_k=5, num_experts=3), "top_k=5, but with distinct_experts=True"),
+    ("backward values", lambda: gst.routed_backwards(gst.routings(), values="odd"),
+     "values='odd', but it must be one of ('exact', 'normal', 'wide', 'poisoned')"),
+    ("backward routings", lambda: gst.routed_backwards([]),
+     "routings=[], but it must be a strategy of gmm_ref.Routing"),
+    ("backward existing", lambda: gst.routed_backwards(gst.routings(), existing="yes"),
+     "existing='yes', but it must be True or False"),
     ("topk_weights dtype", lambda: gst.topk_weights(num_tokens=2, top_k=1, dtype="int8"),
      "dtype='int8', but each must be one of ['float32', 'float16', 'bfloat16']"),
 ]

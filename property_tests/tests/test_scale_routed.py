@@ -236,7 +236,9 @@ def test_vllms_kernel_on_an_expert_scan_of_1024_fails_the_expert_map_cell():
     assert re.match(r"token \d+, slot \d \(expert 102[45], local 51[12]\)", text), text
 
 
-@pytest.mark.parametrize("name", ["vllm.fused_moe", "sglang.fused_moe", "unsloth.grouped_gemm"])
+@pytest.mark.parametrize("name", ["vllm.fused_moe", "sglang.fused_moe", "unsloth.grouped_gemm",
+                                  "unsloth.grouped_gemm_dX", "unsloth.grouped_gemm_dW",
+                                  "unsloth.grouped_gemm_dW_accumulate"])
 def test_every_routed_row_can_take_a_cell_of_its_own(name, monkeypatch):
     """Whatever a routed convention declares (no expert map, only some (K, N) extents), the cells it gets where
     it runs interpreted are cells it can take: built as routings, not declined."""
@@ -244,10 +246,18 @@ def test_every_routed_row_can_take_a_cell_of_its_own(name, monkeypatch):
     monkeypatch.setattr(type(adapter), "interpreted", lambda self: "Triton's interpreter")
     for cell in sr.interpreted_cells(adapter):
         routing = sr.scale_routing(adapter, cell)
-        if cell == sr.OFFSETS and adapter.convention_facts.out_argument is None:  # unsloth's: no C to stride
+        conv = adapter.convention_facts
+        if cell == sr.OFFSETS and (conv.out_argument is None or conv.output != "slots"):  # unsloth's: no C
             assert routing.endswith("does not write a per-slot [T, top_k, N] torch output in place (the cell "
                                     "strides its rows)"), routing
             continue
-        assert isinstance(routing, gmm_ref.Routing), f"{name}: {cell.describe()}: {routing}"
+        assert isinstance(routing, gmm_ref.RoutedBackward if conv.backward else gmm_ref.Routing), \
+            f"{name}: {cell.describe()}: {routing}"
+        if conv.backward:  # element 0 of every slot's input gradient is 1, (0, 0) of an expert's its slot count
+            g = gmm_ref.routed_gradients(routing)
+            assert (g.inputs.slots_exact[:, :, 0] == 1).all()
+            counts = np.bincount(routing.topk_ids.reshape(-1), minlength=routing.num_local_experts)
+            assert np.array_equal(g.experts_exact[:, 0, 0] - (0 if routing.existing is None else
+                                                             routing.existing[:, 0, 0].astype(float)), counts)
         assert routing.num_experts > 1024 or cell == sr.OFFSETS
         assert (routing.tokens.shape[1], routing.n) in (adapter.convention_facts.extents or [(sr.SMALL, sr.SMALL)])

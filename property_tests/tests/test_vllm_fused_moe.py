@@ -248,7 +248,7 @@ def test_the_routed_row_of_the_main_job():
     normal = run_cell(kernel, "routed", "normal", max_examples=5)
     grad = run_cell(kernel, "routed", "grad", max_examples=5)
     assert normal.status is Status.PASSED and normal.examples == 5
-    assert grad.status is Status.UNSUPPORTED and "inference kernel" in grad.note
+    assert grad.status is Status.UNSUPPORTED and "a routed backward is a kernel of its own" in grad.note
 
 
 def test_every_routed_kernel_is_in_the_default_run():
@@ -282,7 +282,7 @@ def test_the_default_run_checks_an_interpreted_routed_kernel_on_few_examples(mon
     assert main.main(["check", "--in-process", "--modes", "normal,grad", "--json", str(out)]) == 0
     cells = {c["check"]: c for c in json.loads(out.read_text())["cells"]}
     assert cells["normal"]["family"] == "routed" and cells["normal"]["text"] == f"pass ({ROUTED_INTERPRETED_EXAMPLES})"
-    assert cells["grad"]["text"].startswith("n/a: routed: an inference kernel")
+    assert cells["grad"]["text"].startswith("n/a: routed: not differentiated; a routed backward is a kernel")
     routed_cases = sum(c.convention == "vllm.fused_moe" for c in CASES)
     assert routed_cases >= 5 and cells["goldens"]["text"] == f"pass ({routed_cases}/{routed_cases})"
     assert "vllm.fused_moe" in capsys.readouterr().out
@@ -352,7 +352,7 @@ def test_the_cli_takes_a_users_kernel_in_the_routed_convention(capsys):
                  "vllm.fused_moe", "--modes", "normal,grad", "--max-examples", "5", "--no-goldens"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "| routed |" in out and "pass (5)" in out and "inference kernel" in out
+    assert "| routed |" in out and "pass (5)" in out and "not differentiated" in out
 
 
 def test_coverage_says_a_routed_convention_has_no_covering_design_yet(capsys):
