@@ -10,8 +10,9 @@ call alone, without tracing:
 2. on disk, in ``executables/`` under the harness's compile-cache directory (``$GMM_HARNESS_COMPILE_CACHE``,
    which ``property_tests.compile_cache.enable`` exports; ``off`` or unset: no disk, the function is jitted
    as it is), pruned with it;
-3. else lowered, compiled and stored (a temporary file renamed into place, so a reader never sees half an
-   entry).
+3. else lowered, compiled (past jax's persistent cache: an executable jax loaded from its cache serializes
+   without its code on CPU, so one it served anyway is not stored) and stored (a temporary file renamed into
+   place, so a reader never sees half an entry).
 
 The key holds everything the executable depends on, so that a stale hit is impossible: the function (its
 module and name), its static arguments, every dynamic argument's shape, dtype, weak type, sharding and the
@@ -169,10 +170,42 @@ class Executable:
         import jax.monitoring
 
         start = time.perf_counter()
-        compiled = self.jitted.lower(*args).compile()
+        with _fresh() as served_by_jax:
+            compiled = self.jitted.lower(*args).compile()
         jax.monitoring.record_event_duration_secs(COMPILE_EVENT, time.perf_counter() - start)
-        _store(where, key, compiled)
+        if not served_by_jax:
+            _store(where, key, compiled)
         return compiled
+
+
+@contextlib.contextmanager
+def _fresh() -> Any:
+    """Compile past jax's persistent cache, and say whether it served the executable anyway (a list, true when
+    it did). An executable jax loaded from its cache serializes without its code on CPU (jax 0.10.2: the copy
+    raises ``NOT_FOUND: Function ... not found`` when a call reaches it), so such a one is never stored; jax's
+    cache is skipped (its private switch, where there is one) so that none is served."""
+    import jax.monitoring
+
+    served: list[bool] = []
+
+    def listen(event: str, **kwargs: Any) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            served.append(True)
+
+    try:
+        from jax._src import compilation_cache
+        used = compilation_cache.is_cache_used
+    except (ImportError, AttributeError):
+        compilation_cache, used = None, None
+    jax.monitoring.register_event_listener(listen)
+    if compilation_cache is not None:
+        compilation_cache.is_cache_used = lambda backend: False
+    try:
+        yield served
+    finally:
+        if compilation_cache is not None:
+            compilation_cache.is_cache_used = used
+        jax.monitoring.unregister_event_listener(listen)
 
 
 def _leaf(leaf: Any) -> str | None:

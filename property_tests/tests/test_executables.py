@@ -113,6 +113,42 @@ def test_a_second_process_loads_every_executable_and_lowers_nothing(tmp_path):
     assert second == {"compiled": 0, "loaded": first["compiled"], "lowered": 0, "compiled_by_jax": 0}, second
 
 
+JAX_CACHED = textwrap.dedent('''
+    import sys
+    import jax, jax.monitoring, numpy as np
+    from property_tests import compile_cache
+    compile_cache.enable(sys.argv[1])  # jax's persistent cache and the executables, in one directory
+    from gmm_kernels import executables
+    counts = dict.fromkeys(("loaded", "unusable"), 0)
+    names = {executables.LOAD_EVENT: "loaded", executables.UNUSABLE_EVENT: "unusable"}
+    def listen(event, *args, **kwargs):
+        if event in names:
+            counts[names[event]] += 1
+    jax.monitoring.register_event_listener(listen)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    def f(x, g):
+        return jax.lax.ragged_dot(x.reshape(6, 2), x.reshape(2, 2, 3), g).T.reshape(18)
+    x, g = np.arange(12, dtype=np.float32), np.array([2, 4], np.int32)
+    out = jax.jit(f)(x, g) if sys.argv[2] == "jit" else executables.cached(f, name="f", modules=("__main__",))(x, g)
+    print(np.asarray(out).tolist(), counts["loaded"], counts["unusable"])
+''')
+
+
+def test_an_executable_jaxs_own_cache_holds_is_compiled_afresh_before_it_is_stored(tmp_path):
+    """jax 0.10.2 on CPU: an executable loaded from jax's persistent cache serializes without its code (its copy
+    raises NOT_FOUND: Function ... not found). The harness compiles past jax's cache, so what it stores runs."""
+    def run(how):
+        proc = subprocess.run([sys.executable, "-c", JAX_CACHED, str(tmp_path / "cache"), how], capture_output=True,
+                              text=True, timeout=300, env={k: v for k, v in os.environ.items()
+                                                           if k not in (executables.ENV, "JAX_COMPILATION_CACHE_DIR")})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout.split("]")[0], proc.stdout.split("]")[1].split()
+
+    expected, _ = run("jit")  # jax's cache now holds the program
+    assert run("cached") == (expected, ["0", "0"])  # compiled and stored
+    assert run("cached") == (expected, ["1", "0"])  # loaded, and it runs
+
+
 # ---- the key
 
 
@@ -269,6 +305,25 @@ def test_the_verdict_is_the_same_with_corrupt_entries(cache):
         again = check_mode(adapter, "normal", max_examples=3)
     assert again.status is Status.PASSED and again.examples == first.examples, again.detail
     assert counts["unusable"] == len(stored) and counts["loaded"] == 0, counts
+
+
+def test_prune_bounds_jax_entries_and_executables_together(tmp_path):
+    from property_tests import compile_cache
+
+    exe = tmp_path / executables.SUBDIR
+    exe.mkdir()
+    for i in range(8):  # oldest first, alternating jax's entries and executables
+        entry = tmp_path / f"jit_f-{i}-cache" if i % 2 else exe / f"{i:064x}{executables.SUFFIX}"
+        entry.write_bytes(b"x" * 100)
+        os.utime(entry, (1000 + i, 1000 + i))
+    stale, fresh = exe / ".tmp-dead.exe.part", exe / ".tmp-writing.exe.part"
+    for tmp in (stale, fresh):
+        tmp.write_bytes(b"x")
+    os.utime(stale, (1000, 1000))
+    assert compile_cache.prune(tmp_path, max_bytes=700) == 3
+    left = sorted(p.name for p in [*tmp_path.glob("*-cache"), *exe.glob("*" + executables.SUFFIX)])
+    assert left == sorted([f"jit_f-{i}-cache" for i in (3, 5, 7)] + [f"{i:064x}.exe" for i in (4, 6)])
+    assert not stale.exists() and fresh.exists()  # a writer's file is left to it; a dead one's goes
 
 
 # ---- off, and user kernels
