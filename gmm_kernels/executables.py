@@ -127,20 +127,18 @@ class Executable:
         compiled = _memory.get(key)
         if compiled is not None:
             return compiled(*args)
-        compiled = _load(where, key)
-        if compiled is not None:
+        loaded = _load(where, key)
+        if loaded is not None:
             try:
-                out = compiled(*args)
+                out = loaded(*args)
             except Exception:  # noqa: BLE001 - a loaded executable that fails its first call is compiled afresh
                 _unusable()
-                compiled = None
-        if compiled is None:
-            compiled = self._compile(where, key, args)
-            out = compiled(*args)
-        if len(_memory) >= _MEMO_LIMIT:
-            _memory.pop(next(iter(_memory)))
-        _memory[key] = compiled
-        return out
+            else:
+                _remember(key, loaded)
+                return out
+        compiled = self._compile(where, key, args)
+        _remember(key, compiled)
+        return compiled(*args)  # the kernel's own error, if any, is raised here
 
     def key(self, args: tuple) -> str | None:
         """The text every part of the key is spelled in, for ``args``; None where they cannot be keyed (a
@@ -206,6 +204,12 @@ def _fresh() -> Any:
         if compilation_cache is not None:
             compilation_cache.is_cache_used = used
         jax.monitoring.unregister_event_listener(listen)
+
+
+def _remember(key: str, compiled: Any) -> None:
+    if len(_memory) >= _MEMO_LIMIT:
+        _memory.pop(next(iter(_memory)))
+    _memory[key] = compiled
 
 
 def _leaf(leaf: Any) -> str | None:
