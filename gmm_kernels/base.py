@@ -43,6 +43,8 @@ __all__ = ["KernelAdapter", "VariantAdapter", "dtype_name", "import_failure", "m
 
 
 _observers: list[Callable[[Any, Problem], None]] = []
+#: the package of the built-in adapters, whose compiled executables ``gmm_kernels.executables`` may keep
+_BUILTIN_ADAPTERS = "gmm_kernels.adapters."
 
 
 def observe_calls(observer: Callable[[Any, Problem], None]) -> Callable[[], None]:
@@ -463,8 +465,10 @@ class KernelAdapter:
         fn = self.differentiable_fn()
         if fn is None:
             raise NotImplementedError(f"{self.name}: no reverse-mode gradient in this adapter")
+        module = type(self).__module__  # a built-in adapter's backward pass is jitted, its executables cached
         with self.arguments(problem) as (args, kwargs):
-            return autodiff.vjp(fn, self.convention_facts, args, kwargs, cotangent, name=self.name)
+            return autodiff.vjp(fn, self.convention_facts, args, kwargs, cotangent, name=self.name,
+                                cached_in=module if module.startswith(_BUILTIN_ADAPTERS) else None)
 
     def _own(self, problem: Problem) -> Problem:
         return problem if problem.convention == self.convention else problem.replace(convention=self.convention)

@@ -3,9 +3,11 @@
 Group sizes are device data in an MoE layer (the router computes them inside
 the step), so a kernel that bakes them in as static values recompiles, or
 syncs to the host, at every step. :class:`CompileCounter` counts XLA backend
-compilations and jaxpr traces through jax's public monitoring events;
-:func:`assert_compiles_once` calls a function on several size vectors and
-raises :class:`Recompiled` if any call after the first compiled anything.
+compilations, jaxpr traces and executables loaded from the harness's cache
+(``gmm_kernels.executables``, which neither traces nor compiles) through jax's
+public monitoring events; :func:`assert_compiles_once` calls a function on
+several size vectors and raises :class:`Recompiled` if any call after the first
+compiled, traced or loaded anything.
 
 Imports jax only when used.
 """
@@ -17,7 +19,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BACKEND_COMPILE_EVENT", "JAXPR_TRACE_EVENT", "CompileCounter", "Recompiled", "assert_compiles_once"]
+from gmm_kernels.executables import LOAD_EVENT as EXECUTABLE_LOAD_EVENT
+
+__all__ = ["BACKEND_COMPILE_EVENT", "EXECUTABLE_LOAD_EVENT", "JAXPR_TRACE_EVENT", "CompileCounter", "Recompiled",
+           "assert_compiles_once"]
 
 # the event names jax 0.10.2 records (jax/_src/dispatch.py) through jax.monitoring
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -29,22 +34,26 @@ class Recompiled(AssertionError):
 
 
 class CompileCounter:
-    """Context manager counting backend compilations and jaxpr traces while active.
+    """Context manager counting backend compilations, jaxpr traces and executables loaded from the harness's
+    cache while active.
 
     >>> with CompileCounter() as c:  # doctest: +SKIP
     ...     f(x)
-    >>> c.compiles, c.traces  # doctest: +SKIP
+    >>> c.compiles, c.traces, c.loads  # doctest: +SKIP
     """
 
     def __init__(self) -> None:
         self.compiles = 0
         self.traces = 0
+        self.loads = 0
 
     def _listener(self, event: str, duration: float, **kwargs: Any) -> None:
         if event == BACKEND_COMPILE_EVENT:
             self.compiles += 1
         elif event == JAXPR_TRACE_EVENT:
             self.traces += 1
+        elif event == EXECUTABLE_LOAD_EVENT:
+            self.loads += 1
 
     def __enter__(self) -> CompileCounter:
         import jax.monitoring
@@ -61,7 +70,8 @@ class CompileCounter:
 def assert_compiles_once(fn: Callable[..., Any], make_args: Callable[[np.ndarray], tuple],
                          size_vectors: Sequence[Any], *, name: str = "kernel",
                          check: Callable[[np.ndarray, Any, Any], None] | None = None) -> list[Any]:
-    """Call ``fn(*make_args(sizes))`` for each size vector; only the first call may compile.
+    """Call ``fn(*make_args(sizes))`` for each size vector; only the first call may compile (or trace, or load
+    an executable from the harness's cache).
 
     ``make_args`` builds the arguments (group sizes as a device array) outside
     the counted region. ``check(sizes, output, args)``, if given, checks each
@@ -79,8 +89,8 @@ def assert_compiles_once(fn: Callable[..., Any], make_args: Callable[[np.ndarray
         jax.block_until_ready(args)
         with CompileCounter() as c:
             out = jax.block_until_ready(fn(*args))
-        if i and (c.compiles or c.traces):
-            offenders.append((np.asarray(sizes).tolist(), c.compiles, c.traces))
+        if i and (c.compiles or c.traces or c.loads):
+            offenders.append((np.asarray(sizes).tolist(), c.compiles, c.traces, c.loads))
         if check is not None:
             check(np.asarray(sizes), out, args)
         outs.append(out)
@@ -89,6 +99,7 @@ def assert_compiles_once(fn: Callable[..., Any], make_args: Callable[[np.ndarray
                  f"The first call compiled for group sizes {np.asarray(size_vectors[0]).tolist()}; "
                  "later calls with the same shapes compiled again:"]
         lines += [f"  group_sizes={s}: {nc} backend compilation(s), {nt} jaxpr trace(s)"
-                  for s, nc, nt in offenders]
+                  + (f", {nl} executable(s) loaded from the harness's cache" if nl else "")
+                  for s, nc, nt, nl in offenders]
         raise Recompiled("\n".join(lines))
     return outs

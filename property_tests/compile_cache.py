@@ -5,8 +5,10 @@ about 1 s for an interpreted Pallas kernel on CPU. Without a persistent cache
 each xdist worker, each main-job worker and each later run compiles every
 shape again. :func:`enable` points JAX's persistent compilation cache at a
 directory the harness owns, with no minimum compile time or entry size (jax's
-defaults skip everything under a second, which is most of ours). The cache
-is bounded at :data:`MAX_BYTES` by :func:`prune`, least recently used first,
+defaults skip everything under a second, which is most of ours). Beside jax's
+entries, ``executables/`` holds the built-in adapters' compiled executables
+(``gmm_kernels.executables``: loaded without tracing or lowering). The cache
+(both) is bounded at :data:`MAX_BYTES` by :func:`prune`, least recently used first,
 once when a run starts. (jax's own bound, ``jax_compilation_cache_max_size``,
 rescans the whole directory under one lock at every write: with the few
 thousand entries of a test suite that made a cold run slower than no cache.)
@@ -46,12 +48,15 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+from gmm_kernels import executables
 
 __all__ = ["ENV", "MAX_BYTES", "default_dir", "enable", "ensure", "prune", "resolve"]
 
-#: the harness's own variable: a directory, or ``off``
-ENV = "GMM_HARNESS_COMPILE_CACHE"
+#: the harness's own variable: a directory, or ``off`` (``gmm_kernels.executables`` reads it too)
+ENV = executables.ENV
 #: the cache's size bound; least recently used entries go first past it
 MAX_BYTES = 2 * 2**30
 _OFF = ("off", "none", "0", "false", "no")
@@ -168,11 +173,18 @@ def _enable(option: str | None, fallback: Path | None, option_name: str) -> str:
 
 
 def prune(directory: Path, max_bytes: int = MAX_BYTES) -> int:
-    """Delete the least recently used entries until the cache holds at most ``max_bytes`` (three
-    quarters of it, so that this is rare); returns the number deleted. Run once when a run starts, not
-    by jax at every write (jax's own bound rescans the whole directory under a lock at every write)."""
+    """Delete the least recently used entries (jax's and the executables') until the cache holds at most
+    ``max_bytes`` (three quarters of it, so that this is rare); returns the number deleted. Run once when a
+    run starts, not by jax at every write (jax's own bound rescans the whole directory under a lock at every
+    write). A temporary file an executable was being written to, a day old, goes too (its writer died)."""
+    for tmp in (directory / executables.SUBDIR).glob(".tmp-*"):
+        try:
+            if tmp.stat().st_mtime < time.time() - 86400:
+                tmp.unlink()
+        except OSError:
+            continue
     entries = []
-    for path in directory.glob("*-cache"):
+    for path in [*directory.glob("*-cache"), *executables.entries(directory)]:
         try:
             st = path.stat()
         except OSError:

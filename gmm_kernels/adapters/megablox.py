@@ -5,7 +5,11 @@ megablox ``gmm`` / ``tgmm`` (Pallas TPU kernels) run with ``interpret=True`` on 
 The kernels live in ``jax.experimental.pallas.ops.tpu.megablox.gmm``, a module
 the package ``__init__`` shadows with the custom-VJP function of the same
 name, so it is imported with importlib. One compile per shape and static set
-(about 0.5-1.2 s here).
+(about 0.5-1.2 s here). Each call, forward or backward, is one jitted function
+of its arrays (the static arguments baked in), run through
+``gmm_kernels.executables``: a shape compiled by an earlier process is loaded,
+not traced, lowered or compiled again. The backward pass (:func:`gmm_grads`)
+is jitted as a whole, one executable (run op by op, it compiled 23 programs).
 
 Arithmetic here: the interpreter runs ``lax.dot_general(..., float32)`` on
 CPU, so float32 and bfloat16 products are exact and accumulate in float32
@@ -17,11 +21,13 @@ convention.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, ClassVar
 
 import numpy as np
 
+from gmm_kernels import executables
 from gmm_kernels.base import KernelAdapter, VariantAdapter
 from gmm_kernels.convert import device_array, jax_group_offset, jax_x64, uses_64bit
 from gmm_kernels.known_issues import MEGABLOX_EXISTING_OUT_GRAD
@@ -46,12 +52,33 @@ def _jax_or_none(x: Any) -> Any:
     return None if x is None else device_array(np.asarray(x))
 
 
-def _static_args(lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any, tiling: Any,
-                 group_offset: Any) -> tuple:
-    """The leading arguments gmm and tgmm share, as megablox takes them."""
+def _arrays(lhs: Any, rhs: Any, group_sizes: Any, group_offset: Any, existing_out: Any) -> tuple:
+    """The array arguments gmm and tgmm share, as megablox takes them (None where absent)."""
     return (device_array(np.asarray(lhs)), device_array(np.asarray(rhs)),
-            device_array(np.asarray(group_sizes, np.int32)),
-            np.dtype(preferred_element_type), tuple(int(t) for t in tiling), jax_group_offset(group_offset))
+            device_array(np.asarray(group_sizes, np.int32)), jax_group_offset(group_offset),
+            _jax_or_none(existing_out))
+
+
+def _statics(preferred_element_type: Any, tiling: Any) -> tuple:
+    return np.dtype(preferred_element_type), tuple(int(t) for t in tiling)
+
+
+def _cached(fn: Any, name: str, *static: Any, libraries: tuple[str, ...] = ()) -> Any:
+    return executables.cached(fn, name=name, static=static, modules=(__name__,), libraries=libraries)
+
+
+@functools.cache
+def _jitted_gmm(ped: Any, tiling: tuple, transpose_rhs: bool) -> Any:
+    gmm = backend_module().gmm
+    return _cached(lambda a, b, g, go, ex: gmm(a, b, g, ped, tiling, go, ex, transpose_rhs=transpose_rhs,
+                                                interpret=True), "gmm", ped, tiling, transpose_rhs)
+
+
+@functools.cache
+def _jitted_tgmm(ped: Any, tiling: tuple, num_actual_groups: int | None) -> Any:
+    tgmm = backend_module().tgmm
+    return _cached(lambda a, b, g, go, ex: tgmm(a, b, g, ped, tiling, go, num_actual_groups, ex, interpret=True),
+                   "tgmm", ped, tiling, num_actual_groups)
 
 
 class _Megablox(KernelAdapter):
@@ -82,10 +109,8 @@ class MegabloxGmm(_Megablox):
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
              tiling: Any = DEFAULT_TILING, group_offset: Any = None, existing_out: Any = None,
              transpose_rhs: bool = False) -> np.ndarray:
-        lead = _static_args(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset)
-        out = backend_module().gmm(*lead, _jax_or_none(existing_out), transpose_rhs=bool(transpose_rhs),
-                                   interpret=True)
-        return np.asarray(out)
+        fn = _jitted_gmm(*_statics(preferred_element_type, tiling), bool(transpose_rhs))
+        return np.asarray(fn(*_arrays(lhs, rhs, group_sizes, group_offset, existing_out)))
 
     def vjp(self, problem: Problem, cotangent: Any) -> dict[str, np.ndarray]:
         """Gradients through megablox ``ops.gmm``'s custom VJP (see :func:`gmm_grads`)."""
@@ -108,10 +133,9 @@ class MegabloxTgmm(_Megablox):
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
              tiling: Any = DEFAULT_TILING, group_offset: Any = None, num_actual_groups: Any = None,
              existing_out: Any = None) -> np.ndarray:
-        lead = _static_args(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset)
         nag = None if num_actual_groups is None else int(num_actual_groups)
-        out = backend_module().tgmm(*lead, nag, _jax_or_none(existing_out), interpret=True)
-        return np.asarray(out)
+        fn = _jitted_tgmm(*_statics(preferred_element_type, tiling), nag)
+        return np.asarray(fn(*_arrays(lhs, rhs, group_sizes, group_offset, existing_out)))
 
 
 def gmm_grads(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any, *,
@@ -126,30 +150,33 @@ def gmm_grads(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any, *,
     interpret, like the forward), ``drhs = tgmm(lhs.T, cotangent,
     num_actual_groups=rhs.shape[0])`` and, for ``existing_out``, the whole
     cotangent: also for the rows the kernel overwrote, whose true gradient is
-    0 (upstream bug, see :attr:`MegabloxGmm.known_gradient_issues`).
+    0 (upstream bug, see :attr:`MegabloxGmm.known_gradient_issues`). The
+    forward pass and the backward pass are one jitted function.
     """
-    import jax
-
-    ops = ops_module()
-    gs = device_array(np.asarray(group_sizes, np.int32))
-    go = jax_group_offset(group_offset)
-    ped = np.dtype(preferred_element_type)
-    tl = tuple(int(t) for t in tiling)
-    tr = bool(transpose_rhs)
-    primals = [device_array(np.asarray(lhs)), device_array(np.asarray(rhs))]
-    if existing_out is not None:
-        primals.append(device_array(np.asarray(existing_out)))
-
-    def f(a: Any, b: Any, ex: Any = None) -> Any:
-        # ops.gmm = custom_vjp(backend.gmm, nondiff_argnums=(3, 4, 7, 8)): positional call.
-        return ops.gmm(a, b, gs, ped, tl, go, ex, tr, True)
-
-    out, pullback = jax.vjp(f, *primals)
-    grads = pullback(device_array(np.asarray(cotangent).astype(np.dtype(out.dtype))))
+    fn = _jitted_gmm_grads(*_statics(preferred_element_type, tiling), bool(transpose_rhs))
+    out, *grads = fn(*_arrays(lhs, rhs, group_sizes, group_offset, existing_out), np.asarray(cotangent))
     result = {"out": np.asarray(out), "lhs": np.asarray(grads[0]), "rhs": np.asarray(grads[1])}
     if existing_out is not None:
         result["existing_out"] = np.asarray(grads[2])
     return result
+
+
+@functools.cache
+def _jitted_gmm_grads(ped: Any, tiling: tuple, transpose_rhs: bool) -> Any:
+    import jax
+
+    ops = ops_module()
+
+    def f(lhs: Any, rhs: Any, gs: Any, go: Any, existing: Any, cotangent: Any) -> Any:
+        def forward(a: Any, b: Any, *ex: Any) -> Any:
+            # ops.gmm = custom_vjp(backend.gmm, nondiff_argnums=(3, 4, 7, 8)): positional call.
+            return ops.gmm(a, b, gs, ped, tiling, go, ex[0] if ex else None, transpose_rhs, True)
+
+        primals = (lhs, rhs) if existing is None else (lhs, rhs, existing)
+        out, pullback = jax.vjp(forward, *primals)
+        return (out, *pullback(cotangent.astype(out.dtype)))
+
+    return _cached(f, "gmm_grads", ped, tiling, transpose_rhs)
 
 
 # ---- ejkernel grouped_matmul
@@ -168,6 +195,8 @@ def gmm_grads(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any, *,
 # - ``ejkernel.grouped_matmul[pallas]``: ``ejkernel.kernels._pallas.tpu.grouped_matmul``
 #   (v1), a megablox ``gmm`` copy, run with ``interpret=True``: same semantics
 #   and constraints as ``megablox.gmm``.
+# Each is called inside one jitted function of its arrays, through ``gmm_kernels.executables`` (as a model
+# calls it inside its step; the XLA implementation, not jitted itself, ran op by op before).
 # - ``[pallas_v2]`` / ``[pallas_v3]``: call ``pltpu.get_tpu_info()`` which raises
 #   ``Unsupported TPU device kind: cpu``; v2 also refuses ``existing_out``.
 
@@ -249,17 +278,20 @@ class EjkernelGroupedMatmul(VariantAdapter):
     def call(self, lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any = np.float32,
              tiling: Any = DEFAULT_TILING, group_offset: Any = None, existing_out: Any = None,
              transpose_rhs: bool = False) -> np.ndarray:
-        ped = np.dtype(preferred_element_type)
+        ped, tl = _statics(preferred_element_type, tiling)
         with jax_x64(uses_64bit(lhs, rhs, ped)):
-            kw: dict[str, Any] = dict(
-                preferred_element_type=ped, tiling=tuple(int(t) for t in tiling),
-                group_offset=jax_group_offset(group_offset),
-                existing_out=None if existing_out is None else device_array(np.asarray(existing_out)),
-                transpose_rhs=bool(transpose_rhs),
-            )
-            if self.implementation != "xla":
-                kw["interpret"] = True
-            out = _kernel(self.implementation)(
-                device_array(np.asarray(lhs)), device_array(np.asarray(rhs)),
-                device_array(np.asarray(group_sizes, np.int32)), **kw)
-            return np.asarray(out)
+            fn = _jitted_ejkernel(self.implementation, ped, tl, bool(transpose_rhs))
+            return np.asarray(fn(*_arrays(lhs, rhs, group_sizes, group_offset, existing_out)))
+
+
+@functools.cache
+def _jitted_ejkernel(implementation: str, ped: Any, tiling: tuple, transpose_rhs: bool) -> Any:
+    kernel = _kernel(implementation)
+    interpret = {} if implementation == "xla" else {"interpret": True}
+
+    def f(a: Any, b: Any, g: Any, go: Any, ex: Any) -> Any:
+        return kernel(a, b, g, preferred_element_type=ped, tiling=tiling, group_offset=go, existing_out=ex,
+                      transpose_rhs=transpose_rhs, **interpret)
+
+    return _cached(f, f"ejkernel.grouped_matmul[{implementation}]", ped, tiling, transpose_rhs,
+                   libraries=("ejkernel",))

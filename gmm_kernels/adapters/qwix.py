@@ -9,7 +9,8 @@ qwix picks a path from its operands (qwix 0.1.8, ``qwix/_src/core/ragged_dot.py`
   operands are dequantized into their scales' dtype (float32 here), then ``lax.ragged_dot_general``.
 
 Both compute with XLA's ragged_dot, so they inherit its CPU NaN leak in the poisoned mode (a known
-upstream bug, declared). Each distinct shape compiles once; group sizes are traced.
+upstream bug, declared). Each distinct shape compiles once; group sizes are traced. The jitted functions go
+through ``gmm_kernels.executables``: a shape compiled by an earlier process is loaded, not traced again.
 
 Also here: tokamax's ``ragged_dot`` on QArray operands (:class:`TokamaxQArrayRaggedDot`), the same convention.
 """
@@ -21,6 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from gmm_kernels import executables
 from gmm_kernels.adapters._tokamax import absl_flags_parsed
 from gmm_kernels.base import KernelAdapter, VariantAdapter
 from gmm_kernels.convert import device_array
@@ -48,14 +50,14 @@ def as_qarray(x: Any, zero_point: bool = False) -> Any:
 
 @functools.cache
 def _jitted(preferred_element_type: Any, zero_point: bool) -> Any:
-    import jax
     import qwix
 
     def f(lhs: Any, rhs: Any, gs: Any) -> Any:
         return qwix.ragged_dot(as_qarray(lhs, zero_point), as_qarray(rhs, zero_point), gs,
                                preferred_element_type=preferred_element_type)
 
-    return jax.jit(f)
+    return executables.cached(f, name="qwix.ragged_dot", static=(preferred_element_type, zero_point),
+                              modules=(__name__,), libraries=("qwix",))
 
 
 class QwixRaggedDot(VariantAdapter):
@@ -102,12 +104,13 @@ class QwixRaggedDot(VariantAdapter):
 # ---- tokamax ragged_dot on QArrays
 @functools.cache
 def _jitted_qarray(preferred_element_type: Any) -> Any:
-    import jax
     import tokamax
 
     absl_flags_parsed()
-    return jax.jit(lambda a, b, g: tokamax.ragged_dot(
-        as_qarray(a), as_qarray(b), g, preferred_element_type=preferred_element_type, implementation="xla"))
+    return executables.cached(lambda a, b, g: tokamax.ragged_dot(
+        as_qarray(a), as_qarray(b), g, preferred_element_type=preferred_element_type, implementation="xla"),
+        name="tokamax.ragged_dot[QArray]", static=(preferred_element_type,), modules=(__name__,),
+        libraries=("tokamax", "qwix"))
 
 
 class TokamaxQArrayRaggedDot(KernelAdapter):

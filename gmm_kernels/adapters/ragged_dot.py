@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from gmm_kernels import executables
 from gmm_kernels.adapters._tokamax import absl_flags_parsed
 from gmm_kernels.base import KernelAdapter, VariantAdapter, import_failure
 from gmm_kernels.convert import jax_x64, lax_dimension_numbers, uses_64bit
@@ -32,25 +33,30 @@ __all__ = ["JaxRaggedDot", "JaxRaggedDotGeneral", "MosaicGpuRaggedDot", "QwixRag
 # under ``jax.enable_x64(True)`` (without it jax silently computes float64
 # inputs in float32). XLA flushes subnormals (FTZ/DAZ on CPU; GPU and TPU do
 # too): a bf16 input of 2**-130 times 2**10 gives 0, not 2**-120.
+#
+# Every jitted function of this module goes through ``gmm_kernels.executables``: a shape compiled by an
+# earlier process is loaded, not traced, lowered or compiled again.
+
+
+def _cached(fn: Any, name: str, *static: Any, libraries: tuple[str, ...] = ()) -> Any:
+    return executables.cached(fn, name=name, static=static, modules=(__name__,), libraries=libraries)
 
 
 @functools.cache
 def _jitted_ragged_dot(preferred_element_type: Any) -> Any:
-    import jax
     from jax import lax
 
-    return jax.jit(lambda a, b, g: lax.ragged_dot(a, b, g, preferred_element_type=preferred_element_type))
+    return _cached(lambda a, b, g: lax.ragged_dot(a, b, g, preferred_element_type=preferred_element_type),
+                   "ragged_dot", preferred_element_type)
 
 
 @functools.cache
 def _jitted_ragged_dot_general(dn_key: Any, preferred_element_type: Any) -> Any:
-    import jax
     from jax import lax
 
     dn = lax_dimension_numbers(dn_key)
-    return jax.jit(
-        lambda a, b, g: lax.ragged_dot_general(a, b, g, dn, preferred_element_type=preferred_element_type)
-    )
+    return _cached(lambda a, b, g: lax.ragged_dot_general(a, b, g, dn, preferred_element_type=preferred_element_type),
+                   "ragged_dot_general", dn_key, preferred_element_type)
 
 
 @functools.cache
@@ -63,7 +69,7 @@ def _jitted_ragged_dot_vjp(preferred_element_type: Any) -> Any:
                               a, b)
         return pullback(ct)
 
-    return jax.jit(f)
+    return _cached(f, "ragged_dot_vjp", preferred_element_type)
 
 
 def _dn_key(dn: Any) -> tuple:
@@ -160,13 +166,17 @@ def pick_block(extent: int) -> int | None:
 
 
 @functools.cache
-def _jitted_mgpu(bm: int, bn: int, bk: int) -> Any:
+def _jitted_mgpu(bm: int, bn: int, bk: int, native: bool) -> Any:
     import jax
     from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
 
-    return jax.jit(lambda a, b, g: ragged_dot_mgpu.ragged_dot(
-        a, b, group_sizes=g, block_m=bm, block_n=bn, block_k=bk,
-        max_concurrent_steps=2, grid_block_n=1))
+    def f(a: Any, b: Any, g: Any) -> Any:
+        return ragged_dot_mgpu.ragged_dot(a, b, group_sizes=g, block_m=bm, block_n=bn, block_k=bk,
+                                          max_concurrent_steps=2, grid_block_n=1)
+
+    # interpreted, the program calls back into the interpreter's Python state (and whether it is interpreted is
+    # a context jax does not key on): only the native kernel's executables are cached
+    return _cached(f, "ragged_dot_mgpu", bm, bn, bk) if native else jax.jit(f)
 
 
 def _native() -> bool:
@@ -237,14 +247,14 @@ class MosaicGpuRaggedDot(KernelAdapter):
         m, k = lhs.shape
         n = rhs.shape[2]
         if _native():
-            fn = _jitted_mgpu(64, 128, 64)
+            fn = _jitted_mgpu(64, 128, 64, True)
             return np.asarray(fn(lhs, rhs, np.asarray(group_sizes, np.int32)))
         from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks, params
 
         blocks = (pick_block(m), pick_block(n), pick_block(k))
         if None in blocks:
             raise ValueError(f"ragged_dot_mgpu (interpreted): M, N, K = {m}, {n}, {k} must be multiples of 8")
-        fn = _jitted_mgpu(*blocks)
+        fn = _jitted_mgpu(*blocks, False)
         try:
             with params.force_gpu_interpret_mode(params.InterpretGPUParams()), warnings.catch_warnings():
                 # the interpreter's NumPy matmul warns on NaN/Inf inputs (poisoned padding); under
@@ -276,13 +286,13 @@ _NEEDS = {
 
 @functools.cache
 def _jitted_tokamax(implementation: str, preferred_element_type: Any) -> Any:
-    import jax
     import tokamax
 
     absl_flags_parsed()
 
-    return jax.jit(lambda a, b, g: tokamax.ragged_dot(
-        a, b, g, preferred_element_type=preferred_element_type, implementation=implementation))
+    return _cached(lambda a, b, g: tokamax.ragged_dot(
+        a, b, g, preferred_element_type=preferred_element_type, implementation=implementation),
+        "tokamax.ragged_dot", implementation, preferred_element_type, libraries=("tokamax",))
 
 
 class TokamaxRaggedDot(VariantAdapter):
@@ -339,7 +349,6 @@ def qwix_qt_format(block: Any, across_groups: bool = False) -> Any:
 
 @functools.cache
 def _jitted_qt(preferred_element_type: Any) -> Any:
-    import jax
     import jax.numpy as jnp
     from qwix._src.core import ragged_dot_qt
 
@@ -348,7 +357,7 @@ def _jitted_qt(preferred_element_type: Any) -> Any:
     def f(lhs: Any, rhs: Any, gs: Any) -> Any:
         return ragged_dot_qt.ragged_dot_qt(lhs, rhs, gs, config, None, preferred_element_type)
 
-    return jax.jit(f)
+    return _cached(f, "qwix.ragged_dot_qt", "float8_e4m3fn", preferred_element_type, libraries=("qwix",))
 
 
 class QwixRaggedDotQt(KernelAdapter):
