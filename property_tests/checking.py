@@ -201,7 +201,8 @@ class _Tally:
                 f"raised again in {len(self.repeated)} of {len(self.repeated) + self.checked} examples, as in "
                 f"{where} (reported there; not shrunk again): {failures.one_line(exc)}")
         if self.checked == 0:
-            reason = max(set(self.declined), key=self.declined.count) if self.declined else f"no {what} drawn"
+            # the most frequent reason, the first given among equals (a set's order would follow the hash seed)
+            reason = Counter(self.declined).most_common(1)[0][0] if self.declined else f"no {what} drawn"
             raise Unsupported(f"{adapter.name} declined every {what}: {reason}")
 
     def reached_fields(self) -> dict[str, Any]:
