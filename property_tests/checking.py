@@ -28,7 +28,7 @@ from gmm_ref.compare_routed import routed_element
 from property_tests import compile_cache, failures, scale
 from property_tests import example_db as example_dbs
 from property_tests.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
-from property_tests.profiles import PROFILES
+from property_tests.profiles import PROFILES, pinned_constants
 from property_tests.profiles import profile as profile_settings
 from property_tests.strategies.design import observe, pairs_of
 from property_tests.strategies.problems import Covering, replay_refusal, replays
@@ -305,7 +305,8 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
         else:
             prop = _settings(profile, n, False, database, cell)(prop)
         try:
-            prop()
+            with pinned_constants():  # the examples of a seed, whatever modules this process loaded
+                prop()
         except InvalidArgument as exc:
             raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
     tally.conclude(adapter, "problem")
@@ -383,7 +384,8 @@ def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, pr
             prop))
     else:
         prop = _settings(profile, n, False, database, cell)(prop)
-    prop()
+    with pinned_constants():
+        prop()
     tally.conclude(adapter, "routing")
     return tally
 
