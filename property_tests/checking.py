@@ -28,7 +28,7 @@ from gmm_ref.compare_routed import routed_element
 from property_tests import compile_cache, failures, scale
 from property_tests import example_db as example_dbs
 from property_tests.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
-from property_tests.profiles import PROFILES
+from property_tests.profiles import PROFILES, pinned_constants
 from property_tests.profiles import profile as profile_settings
 from property_tests.strategies.design import observe, pairs_of
 from property_tests.strategies.problems import Covering, replay_refusal, replays
@@ -201,7 +201,8 @@ class _Tally:
                 f"raised again in {len(self.repeated)} of {len(self.repeated) + self.checked} examples, as in "
                 f"{where} (reported there; not shrunk again): {failures.one_line(exc)}")
         if self.checked == 0:
-            reason = max(set(self.declined), key=self.declined.count) if self.declined else f"no {what} drawn"
+            # the most frequent reason, the first given among equals (a set's order would follow the hash seed)
+            reason = Counter(self.declined).most_common(1)[0][0] if self.declined else f"no {what} drawn"
             raise Unsupported(f"{adapter.name} declined every {what}: {reason}")
 
     def reached_fields(self) -> dict[str, Any]:
@@ -304,7 +305,8 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
         else:
             prop = _settings(profile, n, False, database, cell)(prop)
         try:
-            prop()
+            with pinned_constants():  # the examples of a seed, whatever modules this process loaded
+                prop()
         except InvalidArgument as exc:
             raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
     tally.conclude(adapter, "problem")
@@ -382,7 +384,8 @@ def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, pr
             prop))
     else:
         prop = _settings(profile, n, False, database, cell)(prop)
-    prop()
+    with pinned_constants():
+        prop()
     tally.conclude(adapter, "routing")
     return tally
 

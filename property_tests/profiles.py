@@ -8,13 +8,23 @@
 Registering them changes no setting in force: a project's own ``ci`` profile
 (or Hypothesis' default) stays as it is until one of these is loaded
 (``--hypothesis-profile=gmm-ci``, ``--gmm-kernel``, or a project's conftest).
+
+:func:`pinned_constants`: the harness's own checks draw with Hypothesis' pool of *local constants* pinned
+empty. Recent Hypothesis versions (6.170.15, the tested one) mix the literals of every loaded module outside
+site-packages and the stdlib (a kernel repository, an editable install of the harness) into their draws, so
+without the pin the examples of a seed depend on which modules the process happened to import (docs/speed.md,
+"The same examples in every process").
 """
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
+
 from hypothesis import HealthCheck, settings
 
-__all__ = ["DEFAULT", "PROFILES", "profile", "register_profiles"]
+__all__ = ["DEFAULT", "PROFILES", "pinned_constants", "profile", "register_profiles"]
 
 PROFILES = ("gmm-ci", "gmm-dev", "gmm-thorough")
 DEFAULT = "gmm-ci"
@@ -40,3 +50,52 @@ def profile(name: str | None) -> settings:
         return settings()
     register_profiles()
     return settings.get_profile(name)
+
+
+@contextlib.contextmanager
+def pinned_constants() -> Iterator[None]:
+    """While inside, Hypothesis draws with an empty pool of local constants, so that a seed's examples depend on
+    the seed and the strategy alone, not on the modules loaded (reentrant; restored on exit).
+
+    Hypothesis has no setting for it (6.170.15): its provider asks
+    ``hypothesis.internal.conjecture.providers._get_local_constants()`` for the pool on a test case's first
+    constant draw, and keeps the constants each draw's bounds permit in ``CONSTANTS_CACHE``. This replaces that
+    function for the duration and empties that cache on the way in and out (entries made from another pool
+    would otherwise be drawn from). The one use of Hypothesis' internals in the harness
+    (``test_architecture.py`` allows it here alone): a Hypothesis that collects no local constants has nothing
+    to pin, and one that collects them elsewhere gets a warning once, its examples depending on the modules
+    loaded again (``property_tests/tests/test_determinism.py`` fails then), never an error."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - every Hypothesis the harness takes has it
+        yield
+        return
+    get = getattr(providers, "_get_local_constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    empty = getattr(providers, "Constants", None)
+    if get is None or cache is None or empty is None:
+        if empty is not None:  # it collects them, not where this looks
+            _warn_unpinned()
+        yield
+        return
+
+    def pinned() -> object:
+        return empty()  # a fresh empty pool for each test case that asks
+
+    providers._get_local_constants = pinned  # inside another pin, ``get`` is that one's: restored on exit
+    cache.cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = get
+        cache.cache.clear()
+
+
+_warned: list[bool] = []
+
+
+def _warn_unpinned() -> None:
+    if not _warned:
+        _warned.append(True)
+        warnings.warn("gmm-harness cannot pin Hypothesis' local constants in this Hypothesis version: the examples "
+                      "drawn may depend on the modules loaded (docs/speed.md)", RuntimeWarning, stacklevel=4)

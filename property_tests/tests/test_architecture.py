@@ -331,6 +331,10 @@ def test_the_status_text_scan_catches_what_it_is_for(tmp_path):
 # ------------------------------------------------ public Hypothesis and pytest only (issue 27)
 #: modules of Hypothesis' and pytest's that are theirs, not an API: importing them breaks with any release
 PRIVATE_MODULES = ("_pytest", "hypothesis.internal")
+#: the one allowed use, where no public API exists: Hypothesis mixes the literals of loaded modules into its draws
+#: and has no setting against it, so ``pinned_constants`` pins that pool around the harness's own properties
+#: (docs/speed.md, "The same examples in every process"); a release that moves it gets a warning, not an error
+ALLOWED_PRIVATE = {"property_tests/profiles.py": ("imports hypothesis.internal.conjecture",)}
 #: names of pytest's objects (config, items, ...) whose private attributes (``config._x``) are pytest's or ours to stash
 PYTEST_OBJECTS = frozenset({"config", "session", "item", "node", "metafunc", "parser", "request", "pluginmanager"})
 _ATTRIBUTE_CALLS = frozenset({"getattr", "setattr", "hasattr", "delattr"})
@@ -375,7 +379,12 @@ def test_no_private_hypothesis_or_pytest_name_is_used():
     mine = Path(__file__).resolve()
     found = [hit for path in sorted(_sources(include_tests=True).values()) if path.resolve() != mine
              for hit in _private_name_uses(path)]
-    assert not found, "private Hypothesis/pytest names used:\n" + "\n".join(found)
+    allowed = [h for h in found if h.split(" ", 1)[1] in ALLOWED_PRIVATE.get(h.split(":")[0], ())]
+    assert not set(found) - set(allowed), "private Hypothesis/pytest names used:\n" + "\n".join(
+        h for h in found if h not in allowed)
+    # an allowance nothing uses any more goes
+    assert {(h.split(":")[0], h.split(" ", 1)[1]) for h in allowed} == {
+        (f, what) for f, uses in ALLOWED_PRIVATE.items() for what in uses}, allowed
 
 
 def test_the_private_name_check_catches_what_it_is_for(tmp_path, monkeypatch):
