@@ -1,15 +1,15 @@
-"""The same examples, so the same verdict, in every process: whatever ``PYTHONHASHSEED`` is and whatever modules
-the process loaded.
+"""The same examples, so the same verdict, in every process: whatever ``PYTHONHASHSEED`` is and whatever modules the
+process loaded.
 
-Two processes draw and build everything the checks are made of (``gst.problems`` of grouped, scaled and
-serving conventions, ``gst.routings`` and ``gst.routed_backwards``, the buckets of ``problems()``, the
-covering designs of every drawing mode of a few kernels with an example of each cell, the ``scale`` cells,
-grouped and routed, the reason of a cell whose examples were all declined) under the harness's pin of
-Hypothesis' local constants (``profiles.pinned_constants``), one with another hash seed and a local module of literals imported, as a kernel repository's modules are;
-everything must be equal. Two twins show that the comparison sees what it guards against: a strategy sampling
-a set of strings (its order follows the hash seed) and ``gst.problems`` drawn without the pin (the literals
-reach Hypothesis' draws) must differ. The main job is held to it end to end: a kernel that records every
-input it is given gets the same ones from two runs with different hash seeds, one of them from a module of
+Two processes draw and build everything the checks are made of (``gst.problems`` of grouped, scaled and serving
+conventions, ``gst.routings`` and ``gst.routed_backwards``, the buckets of ``problems()``, the covering designs of
+every drawing mode of a few kernels with an example of each cell, the ``scale`` cells, grouped and routed, the
+reason of a cell whose examples were all declined) under the harness's pin of Hypothesis' local constants
+(``profiles.pinned_constants``), one with another hash seed and a local module of literals imported, as a kernel
+repository's modules are; everything must be equal. Two twins show that the comparison sees what it guards against:
+a strategy sampling a set of strings (its order follows the hash seed) and ``gst.problems`` drawn without the pin
+(the literals reach Hypothesis' draws) must differ. The main job is held to it end to end: a kernel that records
+every input it is given gets the same ones from two runs with different hash seeds, one of them from a module of
 literals (docs/speed.md, "The same examples in every process").
 """
 
