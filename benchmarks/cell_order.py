@@ -28,7 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _property(adapter, mode, verdict: dict, check_example):
+    from hypothesis import assume
+
+    first = [True]
+
     def prop(problem):
+        if first and first.pop():  # as gmm-quick does: its one example is a drawn one, not Hypothesis' simplest
+            assume(False)
         why = next((r for r in map(adapter.supports, problem) if r is not None), None)
         if why is not None:
             verdict["declined"] = why

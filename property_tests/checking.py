@@ -541,8 +541,9 @@ def check_kernel(
             reasons = "; ".join(f"{r.check}: {r.detail}" for r in results.values())
             raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked "
                              f"({reasons}); check its convention, tiling and declared scope")
-        in_table_order = sorted(results.values(), key=lambda r: list(ALL_MODES).index(r.check))
-        return Report(adapter.name, tuple(in_table_order), tier=plan.name if plan is not None else "")
+        shown = results.values() if plan is None or not plan.ordered_cells else sorted(  # the order asked for
+            results.values(), key=lambda r: list(ALL_MODES).index(r.check))
+        return Report(adapter.name, tuple(shown), tier=plan.name if plan is not None else "")
 
 
 def more_rounds(adapter: KernelAdapter, mode: str, passed: Result, seconds: float, *, first_seed: int,

@@ -3,7 +3,7 @@
 - ``gmm-ci``: 50 examples, derandomized (the same examples on every run and
   every xdist worker), no deadline, ``print_blob``;
 - ``gmm-quick``: 10 examples, derandomized (the kernel checks of the ``gmm-quick`` tier run one a cell);
-- ``gmm-nightly``: 500 random examples (the kernel checks of the ``gmm-nightly`` tier run ``gmm-ci``'s, then
+- ``gmm-nightly``: 400 random examples (as ``gmm-thorough``) (the kernel checks of the ``gmm-nightly`` tier run ``gmm-ci``'s, then
   new ones for a time budget);
 - ``gmm-dev``: 15 random examples, for a quick local loop;
 - ``gmm-thorough``: 400 random examples.
@@ -34,7 +34,7 @@ def register_profiles() -> None:
     common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
     settings.register_profile("gmm-ci", derandomize=True, max_examples=50, **common)
     settings.register_profile("gmm-quick", derandomize=True, max_examples=10, **common)
-    settings.register_profile("gmm-nightly", derandomize=False, max_examples=500, **common)
+    settings.register_profile("gmm-nightly", derandomize=False, max_examples=400, **common)
     settings.register_profile("gmm-dev", derandomize=False, max_examples=15, **common)
     settings.register_profile("gmm-thorough", derandomize=False, max_examples=400, **common)
     _registered = True

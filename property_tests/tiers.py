@@ -98,7 +98,7 @@ TIERS: dict[str, Tier] = {t.name: t for t in (
          per_cell=1, routed_examples=QUICK_ROUTED_EXAMPLES, ordered_cells=True),
     Tier("gmm-ci", "the main job and CI: the derandomized gmm-ci profile, at least two examples a cell", "gmm-ci"),
     Tier("gmm-nightly", "nightly: gmm-ci, then a time budget of new examples, the large mode, an example database",
-         "gmm-ci", opt_in=("large",), budget=300.0, dated_rounds=True, example_db=True),
+         "gmm-ci", opt_in=("large",), budget=5 * 60, dated_rounds=True, example_db=True),
     Tier("gmm-dev", "a quick local loop of random examples (gmm-ci's plan under the gmm-dev profile)", "gmm-dev"),
     Tier("gmm-thorough", "400 random examples a mode (gmm-ci's plan under the gmm-thorough profile)", "gmm-thorough"),
 )}
