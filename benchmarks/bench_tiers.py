@@ -2,6 +2,8 @@
 with each other, not across machines; issue 31, item 5).
 
     python benchmarks/bench_tiers.py kernels   # gmm-harness check --kernel K --tier T: cold and warm, per tier
+    python benchmarks/bench_tiers.py api       # the same through check_kernel(K, tier=T) in a fresh process
+    python benchmarks/bench_tiers.py main      # the main job (every kernel here, goldens): cold and warm, per tier
     python benchmarks/bench_tiers.py corpus    # the broken-kernel corpus per tier: caught, CPU s, first failure
     ... --tiers gmm-quick,gmm-ci --nightly-budget 30 --with-large --conventions ragged_dot,...
 
@@ -12,6 +14,12 @@ interpreted Pallas kernel (megablox's own ``gmm``, ``megablox.gmm``, in Pallas i
 cache the cold run left. CPU seconds are the process tree's (``RUSAGE_CHILDREN``: XLA compiles on several
 threads). ``gmm-nightly`` runs with ``--nightly-budget`` seconds of new examples (its own budget is 300 s a
 kernel) and without the ``large`` mode unless ``--with-large`` (it needs several GiB: docs/coverage.md).
+
+``api`` does the same through ``check_kernel(K, tier=T)`` in one fresh process a run (no worker process, no
+goldens; the same ``--nightly-budget``, the ``large`` mode left out unless ``--with-large``).
+
+``main`` runs the main job as CI does (``gmm-harness check --tier T``: every kernel here, the goldens, the
+default ``--jobs``), cold and warm; ``gmm-nightly`` is left out unless named (its budget is 300 s a kernel).
 
 ``corpus`` runs, per tier, every broken kernel of ``property_tests/tests/broken_kernels.py`` (``BROKEN`` and
 ``BROKEN_GRADIENTS``) through ``check_kernel(..., tier=T)`` in one process per tier, the modes in ``RUN_ORDER``
@@ -54,6 +62,20 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
 '''
 KERNELS = {"jax.numpy (walk-through)": "walkthrough_kernels.gmm:ragged_dot", "interpreted Pallas (megablox.gmm)":
            "megablox.gmm", "torch (torch.grouped_mm)": "torch.grouped_mm"}
+
+# in a fresh process: check_kernel on one kernel under one tier
+API = '''
+import json, os, sys
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.getcwd())
+from property_tests.checking import check_kernel
+kernel, tier, budget = sys.argv[1], sys.argv[2], float(sys.argv[3])
+modes = sys.argv[4].split(",") if sys.argv[4] else None
+report = check_kernel(kernel, tier=tier, budget=budget if tier == "gmm-nightly" else None, modes=modes)
+(run, cells), (reached, pairs) = report.reached()
+print(json.dumps({"summary": report.summary(), "reached": f"{run} of {cells} cells, {reached} of {pairs} pairs"}))
+'''
 
 # in a fresh process: each broken kernel under one tier, a JSON line each
 CORPUS = '''
@@ -113,11 +135,8 @@ def _line(out: str, marker: str) -> str:
     return next((ln.strip() for ln in out.splitlines() if marker in ln), "?")
 
 
-def walkthrough_kernels(args: argparse.Namespace) -> None:
-    work = Path(tempfile.mkdtemp(prefix="gmm-bench-tiers-"))
-    (work / "walkthrough_kernels").mkdir()
-    (work / "walkthrough_kernels" / "__init__.py").write_text("")
-    (work / "walkthrough_kernels" / "gmm.py").write_text(JNP_KERNEL)
+def bench_kernels(args: argparse.Namespace) -> None:
+    work = _work()
     print("| kernel | tier | run | wall s | CPU s | result | reached |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for label, kernel in KERNELS.items():
@@ -137,6 +156,49 @@ def walkthrough_kernels(args: argparse.Namespace) -> None:
                 print(f"| {label} | {tier} | {run} | {wall:.1f} | {cpu:.1f} | {result} | {reached} |", flush=True)
                 if proc.returncode not in (0, 1):
                     print(proc.stdout[-2000:] + proc.stderr[-2000:], file=sys.stderr)
+
+
+def bench_api(args: argparse.Namespace) -> None:
+    work = _work()
+    print("| kernel | tier | run | wall s | CPU s | result | reached |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for label, kernel in KERNELS.items():
+        for tier in args.tiers:
+            modes = ",".join(_default_modes()) if tier == "gmm-nightly" and not args.with_large else ""
+            cache = tempfile.mkdtemp(prefix="gmm-cache-")
+            for run in ("cold", "warm"):
+                cmd = [sys.executable, "-c", API, kernel, tier, str(args.nightly_budget), modes]
+                wall, cpu, proc = _run(cmd, work, _env(cache))
+                doc = json.loads(_line(proc.stdout, '{"summary"')) if proc.returncode == 0 else {}
+                result = doc.get("summary", f"exit {proc.returncode}")
+                print(f"| {label} | {tier} | {run} | {wall:.1f} | {cpu:.1f} | {result} | {doc.get('reached', '?')} |",
+                      flush=True)
+                if proc.returncode:
+                    print(proc.stdout[-2000:] + proc.stderr[-2000:], file=sys.stderr)
+
+
+def bench_main(args: argparse.Namespace) -> None:
+    print("| tier | run | wall s | CPU s | result | reached |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for tier in args.tiers:
+        cache = tempfile.mkdtemp(prefix="gmm-cache-")
+        for run in ("cold", "warm"):
+            cmd = [sys.executable, "-m", "property_tests.main", "check", "--tier", tier]
+            wall, cpu, proc = _run(cmd, ROOT, _env(cache))
+            result = _line(proc.stdout, " passed, ").split("(")[0].strip() + f" (exit {proc.returncode})"
+            reached = _line(proc.stdout, " reached ").replace(f"tier {tier} reached ", "").split(" (docs")[0]
+            print(f"| {tier} | {run} | {wall:.0f} | {cpu:.0f} | {result} | {reached} |", flush=True)
+            if proc.returncode:
+                print(proc.stdout[-4000:] + proc.stderr[-2000:], file=sys.stderr)
+
+
+def _work() -> Path:
+    """A directory holding the walk-through's kernel module (``walkthrough_kernels.gmm``)."""
+    work = Path(tempfile.mkdtemp(prefix="gmm-bench-tiers-"))
+    (work / "walkthrough_kernels").mkdir()
+    (work / "walkthrough_kernels" / "__init__.py").write_text("")
+    (work / "walkthrough_kernels" / "gmm.py").write_text(JNP_KERNEL)
+    return work
 
 
 def _default_modes() -> list[str]:
@@ -173,7 +235,7 @@ def bench_corpus(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("what", choices=["kernels", "corpus"])
+    parser.add_argument("what", choices=["kernels", "api", "main", "corpus"])
     parser.add_argument("--tiers", default="gmm-quick,gmm-ci,gmm-nightly", help="comma-separated tiers")
     parser.add_argument("--nightly-budget", type=float, default=30.0,
                         help="kernels: gmm-nightly's --budget seconds (its own: 300)")
@@ -182,9 +244,9 @@ def main() -> None:
     parser.add_argument("--jsonl", default=None, help="corpus: append every kernel's line to this file")
     args = parser.parse_args()
     args.tiers = args.tiers.split(",")
-    if args.what == "corpus" and args.tiers == ["gmm-quick", "gmm-ci", "gmm-nightly"]:
-        args.tiers = ["gmm-quick", "gmm-ci"]  # gmm-nightly's first round is gmm-ci's run (see the docstring)
-    {"kernels": walkthrough_kernels, "corpus": bench_corpus}[args.what](args)
+    if args.what in ("corpus", "main") and args.tiers == ["gmm-quick", "gmm-ci", "gmm-nightly"]:
+        args.tiers = ["gmm-quick", "gmm-ci"]  # gmm-nightly: gmm-ci's run, then its budget (see the docstring)
+    {"kernels": bench_kernels, "api": bench_api, "main": bench_main, "corpus": bench_corpus}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from property_tests.strategies.design import observe, pairs_of
 from property_tests.strategies.problems import Covering, replay_refusal, replays
 from property_tests.tiers import Tier, budgets, cell_settings, chosen, run_setting
 
-__all__ = ["check_example", "check_kernel", "check_mode", "cotangent_for", "coverage", "more_rounds"]
+__all__ = ["check_example", "check_kernel", "check_mode", "cotangent_for", "coverage", "next_round"]
 
 
 def cotangent_for(problem: gmm_ref.Problem) -> np.ndarray:
@@ -496,7 +496,8 @@ def check_kernel(
     Hypothesis profile (``"gmm-ci"``, the default: derandomized, the same verdict every run; a tier's name means
     that tier; None: the settings in force); given with ``tier``, it must be the tier's. ``seed`` explores other
     examples. Every result names the tier, profile or seed it ran under, the report its tier. ``budget``
-    (seconds, any tier) gives every passed mode its share of rounds of new examples.
+    (seconds, any tier) is the kernel's time: after every mode ran, rounds of new examples for its passed modes
+    until it is spent (as ``gmm-harness check --budget``).
     ``example_db`` (an ``ExampleDatabase``, a directory, ``redis://HOST:PORT``, several joined by ``,``;
     default ``$GMM_HARNESS_EXAMPLE_DB``, else the tier's, else none) saves every failing example and replays
     the saved ones first on every run that shares it (``property_tests.example_db``).
@@ -513,6 +514,7 @@ def check_kernel(
     ``ValueError``.
     """
     __tracebackhide__ = True
+    t0 = time.perf_counter()
     with contextlib.nullcontext() if device is None else devices.using(device, option="device"):
         adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name,
                                  scope=scope, option="kernel", convention_option="convention")
@@ -531,12 +533,17 @@ def check_kernel(
         kw = dict(max_examples=max_examples, profile=None if plan else profile, example_db=database, run=run,
                   tier=plan)
         for m in order:
-            result = check_mode(adapter, m, seed=seed, **kw)
-            if seconds and result.status is Status.PASSED and mode_of(m).draws_examples:
-                result = more_rounds(adapter, m, result, seconds / len(order), first_seed=first_seed, **kw)
-            if raise_on_failure and result.status is Status.FAILED:
-                failures.raise_failure(result)
-            results[m] = result
+            results[m] = check_mode(adapter, m, seed=seed, **kw)
+            if raise_on_failure and results[m].status is Status.FAILED:
+                failures.raise_failure(results[m])
+        r, deadline = 1, t0 + (seconds or 0)  # the budget: the kernel's time, rounds over its passed modes (as the CLI)
+        while (live := [m for m, x in results.items() if x.status is Status.PASSED and mode_of(m).draws_examples]) \
+                and time.perf_counter() < deadline:
+            r += 1
+            for m in (m for m in live if time.perf_counter() < deadline):
+                results[m] = next_round(adapter, m, results[m], r, first_seed=first_seed, **kw)
+                if raise_on_failure and results[m].status is Status.FAILED:
+                    failures.raise_failure(results[m])
         if all(r.status is Status.UNSUPPORTED for r in results.values()):
             reasons = "; ".join(f"{r.check}: {r.detail}" for r in results.values())
             raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked "
@@ -546,26 +553,18 @@ def check_kernel(
         return Report(adapter.name, tuple(shown), tier=plan.name if plan is not None else "")
 
 
-def more_rounds(adapter: KernelAdapter, mode: str, passed: Result, seconds: float, *, first_seed: int,
-                **check: Any) -> Result:
-    """``passed`` (a mode's passed result) with rounds of new examples until ``seconds`` are spent: round r
-    (the first run is round 1) under seed ``first_seed + (r - 1) * ROUND_SEED_STEP``, each a :func:`check_mode`
-    with ``check``'s arguments. The passed result with every round's examples (its detail says how many rounds),
-    or the first failing round's result, naming its round and seed."""
-    deadline, examples, r = time.perf_counter() + seconds, passed.examples, 1
-    while time.perf_counter() < deadline:
-        r += 1
-        s = first_seed + (r - 1) * tiers.ROUND_SEED_STEP
-        again = check_mode(adapter, mode, seed=s, **check)
-        where = f"round {r}, seed {s}, after {examples} examples passed"
-        if again.status is Status.FAILED:  # (a failure always carries its error)
-            failures.note(again.error, f"Found in {where} of a time budget of {seconds:g} s.")  # type: ignore
-            return dataclasses.replace(again, detail=f"{again.detail} ({where})")
-        if again.status is not Status.PASSED:
-            break
-        examples += again.examples
-    return dataclasses.replace(passed, examples=examples, detail=f"{r} rounds" if r > 1 else passed.detail,
-                               seconds=passed.seconds + seconds if r > 1 else passed.seconds)
+def next_round(adapter: KernelAdapter, mode: str, result: Result, r: int, *, first_seed: int, **check: Any) -> Result:
+    """Round ``r`` (>= 2; the first run is round 1) of a time budget for a mode that passed as ``result``: a
+    :func:`check_mode` with ``check``'s arguments under seed ``first_seed + (r - 1) * ROUND_SEED_STEP``. The passed
+    result with the round's examples added (its detail: ``r rounds``), or the round's failure naming it."""
+    s = first_seed + (r - 1) * tiers.ROUND_SEED_STEP
+    again = check_mode(adapter, mode, seed=s, **check)
+    if again.status is Status.FAILED:  # (a failure always carries its error)
+        where = f"round {r}, seed {s}, after {result.examples} examples passed"
+        failures.note(again.error, f"Found in {where} of a time budget.")  # type: ignore[arg-type]
+        return dataclasses.replace(again, detail=f"{again.detail} ({where})")
+    return dataclasses.replace(result, examples=result.examples + again.examples, detail=f"{r} rounds",
+                               seconds=result.seconds + again.seconds)
 
 
 def _modes(modes: Iterable[str] | None, plan: Tier | None = None) -> list[str]:

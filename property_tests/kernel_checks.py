@@ -6,7 +6,9 @@ property_tests --gmm-kernel ...``, or this repository's own suite, whose ``tests
 modes (the ``gmm_mode`` parameter, the plugin's: the default modes and the ``--gmm-tier``'s opt-in ones) run in
 ``property_tests.modes.RUN_ORDER`` (the modes most likely to fail first): under pytest's ``-x`` a broken
 kernel's run stops at its first failing mode. Under ``--gmm-tier`` each mode runs the tier's plan
-(``property_tests.tiers``), and a tier's time budget gives each passed mode its share of rounds of new examples.
+(``property_tests.tiers``), and a tier's time budget gives each passed mode its share of rounds of new examples
+(a test is one mode: the share comes after the mode's first run, where the main job's budget counts from the
+start of the kernel's run).
 A mode in which an adapter declares a known upstream bug (``known_issues``) is a strict xfail: the harness must
 keep catching that bug.
 
@@ -15,6 +17,7 @@ keep catching that bug.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,7 @@ import pytest
 from gmm_kernels import Status
 from golden.judge import check_goldens
 from golden.store import MANIFEST
-from property_tests.checking import check_mode, more_rounds
+from property_tests.checking import check_mode, next_round
 from property_tests.failures import raise_failure
 from property_tests.modes import mode_of
 from property_tests.plugin import tier, tier_modes
@@ -55,8 +58,11 @@ def test_kernel_matches_reference(gmm_kernel, gmm_mode, request, gmm_check_run):
                   tier=plan)
     result = check_mode(gmm_kernel, mode, **checks)
     if plan is not None and plan.budget and result.status is Status.PASSED and mode_of(mode).draws_examples:
-        share = plan.budget / len(tier_modes(request.config))  # the tier's budget is the kernel's
-        result = more_rounds(gmm_kernel, mode, result, share, first_seed=first_round_seed(plan, None), **checks)
+        deadline = time.perf_counter() + plan.budget / len(tier_modes(request.config))  # the kernel's, shared
+        r = 1
+        while result.status is Status.PASSED and time.perf_counter() < deadline:
+            r += 1
+            result = next_round(gmm_kernel, mode, result, r, first_seed=first_round_seed(plan, None), **checks)
     if result.status is Status.UNSUPPORTED:
         if known:
             pytest.fail(f"{gmm_kernel.name} / {mode}: declared known issue, but the mode is unsupported: "

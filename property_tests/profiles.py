@@ -3,8 +3,8 @@
 - ``gmm-ci``: 50 examples, derandomized (the same examples on every run and
   every xdist worker), no deadline, ``print_blob``;
 - ``gmm-quick``: 10 examples, derandomized (the kernel checks of the ``gmm-quick`` tier run one a cell);
-- ``gmm-nightly``: 400 random examples (as ``gmm-thorough``) (the kernel checks of the ``gmm-nightly`` tier run ``gmm-ci``'s, then
-  new ones for a time budget);
+- ``gmm-nightly``: 400 random examples, as ``gmm-thorough`` (the kernel checks of the ``gmm-nightly`` tier run
+  ``gmm-ci``'s, then new ones for a time budget);
 - ``gmm-dev``: 15 random examples, for a quick local loop;
 - ``gmm-thorough``: 400 random examples.
 

@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import types
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ import pytest
 
 import gmm_ref
 from gmm_kernels import Status, resolve_kernel
-from property_tests import cell_order, large
+from property_tests import cell_order, checking, large
 from property_tests.checking import check_kernel, check_mode
 from property_tests.modes import MODES, RUN_ORDER, mode_covering
 from property_tests.tests.broken_kernels import (
@@ -48,7 +50,7 @@ def _recording(calls: list[tuple[int, int]]):
 def test_quick_runs_every_cell_of_every_mode_once_and_reaches_every_pair():
     report = check_kernel(ragged_dot_correct, convention="ragged_dot", tier="gmm-quick", raise_on_failure=False)
     adapter = resolve_kernel(ragged_dot_correct, convention="ragged_dot")
-    assert report.tier == "gmm-quick" and report.ok
+    assert report.tier == "gmm-quick" and report.ok and [r.check for r in report] == list(MODES)  # table order
     drawn = [r for r in report if r.status is Status.PASSED and MODES[r.check].draws_examples]
     assert len(drawn) >= 7, report  # exact, normal, wide, poisoned, all_empty, many_groups, out_dtype, graph
     for r in drawn:
@@ -94,29 +96,31 @@ CORPUS = [("ragged_dot", ragged_dot_boundary_off_by_one), ("ragged_dot", ragged_
 
 
 def _named(exc: gmm_ref.Mismatch) -> str:
-    """What a rejection names: the problem that raised, the tail, a group, or a shape."""
+    """What a rejection names: the problem that raised, a shape, or where the output is wrong (a group or the
+    tail), "?" for none of these."""
     message = str(exc)
     if exc.kind == "raised":
-        return "raised"
+        return "raised" if "[on " in message and "group_sizes=[" in message.split("[on ")[1] else "?"
     if exc.kind == "shape":
         return "shape"
-    wrong = message.split("Wrong groups:")[1]
-    return "tail" if wrong.lstrip().startswith("tail") else "group" if "group " in wrong else "?"
+    wrong = message.split("Wrong groups:")[1] if "Wrong groups:" in message else ""
+    return "where" if "group " in wrong or wrong.lstrip().startswith("tail") else "?"
 
 
 @pytest.mark.parametrize(("convention", "fn"), [pytest.param(c, f, id=f.__name__) for c, f in CORPUS])
 def test_a_broken_kernel_fails_under_quick_naming_what_it_names_under_ci(convention, fn):
     pytest.importorskip(gmm_ref.conventions.get(convention).framework)
-    ci = check_kernel(fn, convention=convention, tier="gmm-ci", raise_on_failure=False)
-    first = next(r for r in ci if r.status is Status.FAILED)  # the first failing mode in the table
-    with pytest.raises(gmm_ref.Mismatch) as quick:  # the same mode under gmm-quick
-        check_kernel(fn, convention=convention, tier="gmm-quick", modes=[first.check])
-    assert (quick.value.kind, _named(quick.value)) == (first.error.kind, _named(first.error)), (quick.value, first)
-    notes = "\n".join(quick.value.__notes__)
+    adapter = resolve_kernel(fn, convention=convention)
+    ci = next(r for m in RUN_ORDER if (r := check_mode(adapter, m, tier="gmm-ci")).status is Status.FAILED)
+    quick = check_mode(adapter, ci.check, tier="gmm-quick")  # the mode gmm-ci fails first, under gmm-quick
+    assert quick.status is Status.FAILED, quick
+    # the same form of report (the example differs: a poisoned tail may read NaN under one, wrong values under the
+    # other, a NaN leaking from padding may reach a group or the tail)
+    assert _named(quick.error) == _named(ci.error) != "?", (quick.error, ci.error)
+    notes = "\n".join(quick.error.__notes__)
     assert "Problem(" in notes and "Checked under the gmm-quick profile (derandomized, 1 example a cell)" in notes
-    # and the whole quick run fails, its results in table order
-    report = check_kernel(fn, convention=convention, tier="gmm-quick", raise_on_failure=False)
-    assert not report.ok and [r.check for r in report] == [r.check for r in ci]
+    with pytest.raises(gmm_ref.Mismatch):  # and a whole quick run rejects it
+        check_kernel(fn, convention=convention, tier="gmm-quick")
 
 
 def test_gmm_ci_is_the_profile_run_as_before_tiers():
@@ -134,29 +138,38 @@ def test_gmm_ci_is_the_profile_run_as_before_tiers():
     assert budgets(None, "gmm-ci", None, cells) == [2] * cells and budgets(None, "gmm-ci", None, 10) == [5] * 10
 
 
-def test_nightly_spends_a_budget_runs_the_large_mode_and_keeps_an_example_db(monkeypatch, tmp_path):
+def test_nightly_runs_the_large_mode_and_keeps_an_example_db(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("GMM_HARNESS_EXAMPLE_DB", raising=False)
     monkeypatch.setattr(large, "available_memory", lambda: 2**30)  # 1 GiB: the large problem does not fit
-    report = check_kernel(ragged_dot_correct, convention="ragged_dot", tier="gmm-nightly", budget=2.0,
-                          raise_on_failure=False)
+    report = check_kernel(ragged_dot_correct, convention="ragged_dot", tier="gmm-nightly", budget=1e-9,
+                          raise_on_failure=False)  # (a budget spent before the first round ends: no rounds)
     by = report.by_check()
-    assert report.tier == "gmm-nightly" and report.ok
+    assert report.tier == "gmm-nightly" and report.ok and list(by) == [*MODES, "large"]
     assert by["large"].status is Status.UNSUPPORTED and "GiB is available here" in by["large"].detail
-    rounds = [r for r in report if r.status is Status.PASSED and MODES.get(r.check) and MODES[r.check].draws_examples]
-    assert rounds and all(r.detail.endswith(" rounds") and int(r.detail.split()[0]) >= 2 for r in rounds), report
-    assert all(r.setting.startswith("gmm-nightly tier, gmm-ci profile (derandomized") for r in rounds)
+    assert by["exact"].setting == "gmm-nightly tier, gmm-ci profile (derandomized, 50 examples)"
     assert (tmp_path / "cache" / "gmm-harness" / "examples").is_dir()  # the tier's database, where none was given
 
 
-def test_nightly_names_the_round_that_found_a_failure():
-    from property_tests.tests.test_budget import rarely_wrong  # right on the derandomized examples, wrong now and then
+def test_a_budget_adds_rounds_of_new_examples_to_the_passed_modes(monkeypatch):
+    # a clock of our own, one tick a reading: the rounds end after the same readings however busy the machine is
+    clock = iter(range(10**9))
+    monkeypatch.setattr(checking, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    seen: list[int] = []
 
-    report = check_kernel(rarely_wrong, convention="ragged_dot", tier="gmm-nightly", modes=["exact"], budget=60.0,
+    def kernel(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+        seen.append(zlib.crc32(np.asarray(lhs).tobytes() + np.asarray(group_sizes).tobytes()))
+        return ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type)
+
+    report = check_kernel(kernel, convention="ragged_dot", tier="gmm-nightly", modes=["normal", "grad"], budget=60,
                           raise_on_failure=False)
-    (r,) = report
-    assert r.status is Status.FAILED and "(round " in r.detail and ", seed " in r.detail, r
-    assert "of a time budget of 60 s" in "\n".join(r.error.__notes__)
+    normal, grad = report  # grad: n/a (a NumPy kernel), no rounds
+    first = 2 * normal.cells[1]  # the first round: gmm-ci's, two examples a cell
+    rounds = int(normal.detail.split()[0])
+    assert normal.status is Status.PASSED and normal.detail == f"{rounds} rounds" and rounds >= 3, normal
+    assert normal.examples == len(seen) == rounds * first  # every round's examples
+    assert len(set(seen)) > 2 * first  # new ones: each round under a seed of its own
+    assert grad.status is Status.UNSUPPORTED
 
 
 def test_an_unknown_tier_is_an_error_naming_the_option_with_a_suggestion():
