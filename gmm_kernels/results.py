@@ -117,6 +117,8 @@ class Report:
 
     kernel: str
     results: tuple[Result, ...]
+    #: the tier the checks ran (``property_tests.tiers``), "" where none was named
+    tier: str = ""
 
     def __iter__(self) -> Iterator[Result]:
         return iter(self.results)
@@ -141,3 +143,9 @@ class Report:
 
     def summary(self) -> str:
         return ", ".join(f"{self.count(s)} {s.name.lower().replace('_', ' ')}" for s in Status)
+
+    def reached(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The covering designs' cells run and in all, and their pairs of relations reached and in all, summed over
+        the results."""
+        return ((sum(r.cells[0] for r in self.results), sum(r.cells[1] for r in self.results)),
+                (sum(r.pairs[0] for r in self.results), sum(r.pairs[1] for r in self.results)))

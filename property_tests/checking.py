@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import assume, event, given
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import InvalidArgument
@@ -25,63 +25,16 @@ import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, cuda_graph, resolve_kernel
 from gmm_kernels import device as devices
 from gmm_ref.compare_routed import routed_element
-from property_tests import compile_cache, failures, scale
+from property_tests import cell_order, compile_cache, failures, scale, tiers
 from property_tests import example_db as example_dbs
-from property_tests.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
+from property_tests.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings, run_rank
 from property_tests.profiles import PROFILES, pinned_constants
 from property_tests.profiles import profile as profile_settings
 from property_tests.strategies.design import observe, pairs_of
 from property_tests.strategies.problems import Covering, replay_refusal, replays
+from property_tests.tiers import Tier, budgets, cell_settings, chosen, run_setting
 
-__all__ = ["check_kernel", "check_mode", "cotangent_for", "coverage"]
-
-
-def _budgets(max_examples: int | None, profile: str | None, cap: int | None, cells: int) -> list[int]:
-    """Examples per cell of the covering design. Under a profile's budget (``max_examples`` None) every
-    cell runs, at least twice (Hypothesis' first example of a run is its simplest), so that every pair
-    of relations is reached: the budget is spread over the cells and raised where it is too small. A
-    limit given explicitly (``max_examples``, or the kernel's own cap ``adapter.max_examples``) is
-    kept: when it is below two per cell only the first cells run (the design's first cells cover the
-    most pairs) and the result says which pairs were missed."""
-    limits = [x for x in (max_examples, cap) if x is not None]
-    if not limits or min(limits) >= 2 * cells:
-        n = min(limits) if limits else profile_settings(profile).max_examples
-        per, extra = divmod(n, cells)
-        return [max(2, per + (i < extra)) for i in range(cells)]
-    n = min(limits)
-    run = max(1, n // 2)
-    return [n // run + (i < n % run) for i in range(run)]
-
-
-def _settings(profile: str | None, n: int, seeded: bool, database: ExampleDatabase | None,
-              cell: str) -> settings:
-    """The settings of one cell's run; its example database (if any) keyed for the ``cell``."""
-    base = profile_settings(profile)
-    if database is None:  # none asked for: a seeded run (derandomized, or --seed) keeps none, others the profile's
-        database = None if seeded else base.database
-    return settings(
-        base,
-        max_examples=n,
-        deadline=None,
-        # each cell runs under a seed of its own (derived from the cell, or from the given seed), so that
-        # a derandomized profile stays deterministic while the cells draw different values
-        derandomize=False if seeded else base.derandomize,
-        # the cell's own key: a saved example replays in the check that drew it (Hypothesis keys by the property's
-        # source, the same for every cell)
-        database=example_dbs.for_cell(database, cell),
-        phases=[p for p in base.phases if p is not Phase.explain],  # it explains our property, not the kernel
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-    )
-
-
-def _run_setting(profile: str | None, seed: int | None, max_examples: int | None = None) -> str:
-    """How the examples were chosen, for the verdict: a seed, or a profile (and whether derandomized)."""
-    base = profile_settings(profile)
-    n = max_examples if max_examples is not None else base.max_examples
-    if seed is not None:
-        return f"seed={seed} ({n} examples)"
-    name = profile or "settings in force"
-    return f"{name} profile ({'derandomized' if base.derandomize else 'random'}, {n} examples)"
+__all__ = ["check_example", "check_kernel", "check_mode", "cotangent_for", "coverage", "next_round"]
 
 
 def cotangent_for(problem: gmm_ref.Problem) -> np.ndarray:
@@ -125,6 +78,17 @@ def _check_calls(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...], 
         _check_graph_replays(adapter, problems)
 
 
+def check_example(adapter: KernelAdapter, mode: Mode, problems: tuple[gmm_ref.Problem, ...]) -> None:
+    """Check one example of ``mode`` on ``adapter`` (``problems``: one, or ``Mode.replays`` of one shape): raises
+    what the kernel got wrong; ``NotImplementedError`` for a gradient it does not have, ``NotCapturable`` for a
+    call a CUDA graph cannot capture."""
+    __tracebackhide__ = True
+    if mode.gradient:
+        _check_gradients(adapter, problems[0])
+    else:
+        _check_calls(adapter, problems, mode)
+
+
 def _check_graph_replays(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...]) -> None:
     """On a CUDA device, the calls again as replays of one captured CUDA graph (``gmm_kernels.cuda_graph``);
     ``cuda_graph.NotCapturable`` where the call cannot be captured (the property declines the problem)."""
@@ -147,7 +111,7 @@ def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode,
         try:
             gmm_ref.assert_matches_reference(out, ref, numerics=numerics, kernel=adapter.name)
         except gmm_ref.Mismatch as exc:
-            exc._guarded_output = out  # type: ignore[attr-defined]  # for _name_guarded_reads, once shrunk
+            exc._guarded_output = out  # type: ignore[attr-defined]  # for failures.name_guarded_reads, once shrunk
             raise
         if mode.deterministic_repeat and adapter.deterministic:
             gmm_ref.assert_deterministic(out, adapter.run(problem), ref, kernel=adapter.name)
@@ -157,21 +121,6 @@ def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode,
         if before:
             exc.add_note(failures.replay_note(problem, before))
         raise
-
-
-def _name_guarded_reads(adapter: KernelAdapter, exc: BaseException) -> None:
-    """Make the shrunk failure ``exc`` a ``read_out_of_bounds`` one, its first line naming the operand, where the
-    guard regions tell that the kernel read outside one (``KernelAdapter.guarded_reads``: reruns of the failing
-    example, once, after shrinking); else leave it."""
-    out = vars(exc).pop("_guarded_output", None) if hasattr(exc, "__dict__") else None  # not kept alive after this
-    problem = failures.recipe_problem(exc, None)
-    if not isinstance(exc, gmm_ref.Mismatch) or out is None or problem is None:
-        return
-    lines = adapter.guarded_reads(problem, out, exc.comparison.bad)
-    if lines:
-        message = f"kernel {adapter.name} read out of bounds: " + "; ".join(lines) + "\n" + str(exc)
-        exc.args = (message,)
-        exc.comparison = dataclasses.replace(exc.comparison, kind="read_out_of_bounds", message=message)
 
 
 class _Tally:
@@ -218,14 +167,25 @@ class _Tally:
 
 
 def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally, run: failures.CheckRun,
-                   dry: bool = False) -> Callable[..., None]:
+                   dry: bool = False, drawn: bool = False) -> Callable[..., None]:
     check = _cell_check(adapter, mode, cov, tally, run, dry)
 
     # what Hypothesis runs: short, for Hypothesis digests its source for the example database's key
     def cell(problem: tuple[gmm_ref.Problem, ...]) -> None:
         check(problem)
 
-    return cell
+    if not drawn:
+        return cell
+    first = [True]
+
+    # ``drawn``: Hypothesis' first example of a run is its simplest (degenerate group sizes, the first of every
+    # choice); a tier of one example a cell sets it aside (assume: not counted) and checks a drawn one
+    def drawn_cell(problem: tuple[gmm_ref.Problem, ...]) -> None:
+        if first and first.pop():
+            assume(False)
+        check(problem)
+
+    return drawn_cell
 
 
 def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally, run: failures.CheckRun,
@@ -255,10 +215,7 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
             tally.count(problem, seen, relations)
             return
         try:
-            if mode.gradient:
-                _check_gradients(adapter, problem)
-            else:
-                _check_calls(adapter, problems, mode)
+            check_example(adapter, mode, problems)
         except NotImplementedError as exc:
             if not mode.gradient:
                 raise
@@ -280,10 +237,11 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
 
 def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_examples: int | None,
                   profile: str | None, seed: int | None = None, dry: bool = False,
-                  database: ExampleDatabase | None = None, run: failures.CheckRun | None = None) -> _Tally:
-    """Run the mode's property over every cell of its covering design. Raises the (shrunk) failure of the
-    first failing cell, or :class:`failures.Repeated` when examples raised only an exception ``run`` already
-    reported for the kernel, or :class:`Unsupported`."""
+                  database: ExampleDatabase | None = None, run: failures.CheckRun | None = None,
+                  tier: Tier | None = None) -> _Tally:
+    """Run the mode's property over every cell of its covering design (``tier``'s examples a cell, in its order).
+    Raises the (shrunk) failure of the first failing cell, or :class:`failures.Repeated` when examples raised
+    only an exception ``run`` already reported for the kernel, or :class:`Unsupported`."""
     __tracebackhide__ = True
     try:
         cov = mode_covering(adapter, mode, family)
@@ -292,18 +250,24 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
     tally = _Tally()
     run = run if run is not None else failures.CheckRun()
     derandomized = profile_settings(profile).derandomize
-    budgets = _budgets(max_examples, profile, adapter.max_examples, len(cov.cells))
-    tally.cells = (len(budgets), len(cov.cells))
-    for i, (cc, n) in enumerate(zip(cov.cells[:len(budgets)], budgets, strict=True)):
+    per_cell = budgets(max_examples, profile, adapter.max_examples, len(cov.cells),
+                       tier.per_cell if tier is not None else None)
+    tally.cells = (len(per_cell), len(cov.cells))
+    ordered = cell_order.order([c.cell for c in cov.cells]) if tier is not None and tier.ordered_cells \
+        else range(len(cov.cells))
+    drawn = tier is not None and tier.per_cell is not None and database is None  # a replay comes first otherwise
+    for i, n in zip(ordered, per_cell, strict=False):  # i: the cell's place in the design (its seed)
+        cc = cov.cells[i]
         # a tuple of problems: one, or one shape with Mode.replays group-size vectors
-        prop = given(problem=replays(cov, cc, mode.replays))(_cell_property(adapter, mode, cov, tally, run, dry))
+        prop = given(problem=replays(cov, cc, mode.replays))(_cell_property(adapter, mode, cov, tally, run, dry,
+                                                                            drawn=drawn and n == 1))
         cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} {cc.family} {cc.cell.describe()}"
         if seed is not None or derandomized:
             cell_seed = zlib.crc32(f"{cc.family} {cc.cell.describe()}".encode()) ^ (seed or 0) ^ i
             # the settings go on after the seed: @seed drops any database the settings under it named
-            prop = _settings(profile, n, True, database, cell)(hypothesis_seed(cell_seed)(prop))
+            prop = cell_settings(profile, n, True, database, cell)(hypothesis_seed(cell_seed)(prop))
         else:
-            prop = _settings(profile, n, False, database, cell)(prop)
+            prop = cell_settings(profile, n, False, database, cell)(prop)
         try:
             with pinned_constants():  # the examples of a seed, whatever modules this process loaded
                 prop()
@@ -347,7 +311,7 @@ def _check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) 
 
 def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, profile: str | None,
                 seed: int | None = None, database: ExampleDatabase | None = None,
-                run: failures.CheckRun | None = None) -> _Tally:
+                run: failures.CheckRun | None = None, tier: Tier | None = None) -> _Tally:
     """Run ``mode``'s property on a routed kernel: routings drawn by ``gst.routings`` within its convention and
     declared limits (``modes.mode_routings``, :class:`Unsupported` where the mode has no routed form), each
     checked by :func:`_check_routed`. One cell (no covering design of routed relations yet)."""
@@ -356,7 +320,8 @@ def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, pr
     tally = _Tally()
     tally.cells = (1, 1)
     run = run if run is not None else failures.CheckRun()
-    n = _budgets(max_examples, profile, adapter.max_examples, 1)[0]
+    quick = tier is not None and tier.routed_examples is not None and max_examples is None  # gmm-quick's examples
+    n = budgets(tier.routed_examples if quick else max_examples, profile, adapter.max_examples, 1)[0]  # type: ignore
 
     def check(routing: gmm_ref.Routing) -> None:
         __tracebackhide__ = True
@@ -380,10 +345,10 @@ def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, pr
     prop = given(routing=strategy)(routed)
     cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} routed"
     if seed is not None or profile_settings(profile).derandomize:
-        prop = _settings(profile, n, True, database, cell)(hypothesis_seed(zlib.crc32(cell.encode()) ^ (seed or 0))(
+        prop = cell_settings(profile, n, True, database, cell)(hypothesis_seed(zlib.crc32(cell.encode()) ^ (seed or 0))(
             prop))
     else:
-        prop = _settings(profile, n, False, database, cell)(prop)
+        prop = cell_settings(profile, n, False, database, cell)(prop)
     with pinned_constants():
         prop()
     tally.conclude(adapter, "routing")
@@ -392,15 +357,16 @@ def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, pr
 
 def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
                max_examples: int | None = None, profile: str | None = None, seed: int | None = None,
-               example_db: Any = None, run: failures.CheckRun | None = None) -> Result:
+               example_db: Any = None, run: failures.CheckRun | None = None, tier: str | Tier | None = None
+               ) -> Result:
     """Run one mode's property on ``adapter`` (one family, or all its convention's) and say what it found.
 
-    ``profile`` names a registered Hypothesis profile to run under (default: the
-    settings in force); ``seed`` explores other examples than a derandomized
-    profile's. A failure comes back as a ``FAILED`` result carrying the exception
-    (a ``gmm_ref.Mismatch`` after shrinking, with a reproducer that calls the
-    kernel, or what the kernel raised), or ``KNOWN_BUG`` when the kernel declares
-    an upstream bug for this mode. The result's ``setting`` names the profile or seed.
+    ``profile`` names a registered Hypothesis profile to run under (default: the settings in force); ``tier``
+    (``property_tests.tiers``; a profile of a tier's name means the tier) runs under the tier's profile, its
+    examples a cell and its order of the cells; ``seed`` explores other examples than a derandomized profile's.
+    A failure comes back as a ``FAILED`` result carrying the exception (a ``gmm_ref.Mismatch`` after shrinking,
+    with a reproducer that calls the kernel, or what the kernel raised), or ``KNOWN_BUG`` when the kernel
+    declares an upstream bug for this mode. The result's ``setting`` names the tier, profile or seed.
     ``example_db`` (an ``ExampleDatabase``, a directory, ``redis://HOST:PORT``; default
     ``$GMM_HARNESS_EXAMPLE_DB``, else none) saves failing examples and replays them first
     (``property_tests.example_db``). ``run`` (a :class:`failures.CheckRun`) is the run this check is part of:
@@ -411,8 +377,10 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     run = run if run is not None else failures.CheckRun()
     database = example_dbs.resolve(example_db)
     t0 = time.perf_counter()
+    plan = chosen(tier, profile)
+    profile = plan.profile if plan is not None else profile
     common = dict(kernel=adapter.name, check=mode.name, family=family,
-                  setting=_run_setting(profile, seed, max_examples))
+                  setting=run_setting(profile, seed, max_examples, plan))
     try:
         if mode.cells:  # a routed kernel's cells are routings (property_tests.scale_routed)
             checked, left_out = (mode.cell_runner or scale.run_cells)(
@@ -421,14 +389,15 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
                           cells=(checked, checked + sum(map(len, left_out.values()))),
                           detail=scale.cells_detail(left_out), **common)
         elif adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
-            tally = _run_routed(adapter, mode, max_examples, profile, seed, database=database, run=run)
+            tally = _run_routed(adapter, mode, max_examples, profile, seed, database=database, run=run, tier=plan)
         else:
-            tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run)
+            tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run,
+                                  tier=plan)
     except Unsupported as exc:
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
     except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
         exc, distinct = failures.primary(caught)
-        _name_guarded_reads(adapter, exc)
+        failures.name_guarded_reads(adapter, exc)
         hints = failures.finish(exc, adapter, mode.name)
         where = mode.name + (f" [{family}]" if family else "")
         run.record_raised(adapter, exc, where)
@@ -449,7 +418,7 @@ def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = N
     mode = mode_of(mode)
     t0 = time.perf_counter()
     common = dict(kernel=adapter.name, check=mode.name, family=family,
-                  setting=_run_setting(profile, seed, max_examples))
+                  setting=run_setting(profile, seed, max_examples))
     if adapter.routed:
         return Result(status=Status.UNSUPPORTED, detail="routed: no covering design of routed relations yet (the "
                       "routings are drawn in one cell)", **common)
@@ -480,6 +449,8 @@ def check_kernel(
     raise_on_failure: bool = True,
     example_db: Any = None,
     device: str | None = None,
+    tier: str | None = None,
+    budget: float | None = None,
 ) -> Report:
     """Check a kernel in every mode (or ``modes``) its convention allows; one :class:`Result` per mode.
 
@@ -491,61 +462,94 @@ def check_kernel(
     :class:`gmm_ref.Mismatch` after shrinking); otherwise failures are results.
     ``scope`` (a ``gmm_kernels.Scope``; a function decorated with ``gmm_kernels.declare`` brings
     its own) says what the kernel supports: exactly that is checked.
-    ``profile`` names a registered Hypothesis profile (``"gmm-ci"``, the default: derandomized,
-    so the same verdict every run; ``"gmm-dev"``, ``"gmm-thorough"``; None: the settings in force);
-    ``seed`` explores other examples. Every result names the profile or seed it ran under.
+    ``tier`` names what the run checks (``property_tests.tiers``, docs/speed.md): ``"gmm-quick"`` (pull
+    requests: every cell of the covering designs once, what is most likely to fail first), ``"gmm-ci"``,
+    ``"gmm-nightly"`` (gmm-ci, then ``budget`` seconds, default 300, of new examples seeded by the date, the
+    large mode, an example database), ``"gmm-dev"``, ``"gmm-thorough"``. ``profile`` names a registered
+    Hypothesis profile (``"gmm-ci"``, the default: derandomized, the same verdict every run; a tier's name means
+    that tier; None: the settings in force); given with ``tier``, it must be the tier's. ``seed`` explores other
+    examples. Every result names the tier, profile or seed it ran under, the report its tier. ``budget``
+    (seconds, any tier) is the kernel's time: after every mode ran, rounds of new examples for its passed modes
+    until it is spent (as ``gmm-harness check --budget``).
     ``example_db`` (an ``ExampleDatabase``, a directory, ``redis://HOST:PORT``, several joined by ``,``;
-    default ``$GMM_HARNESS_EXAMPLE_DB``, else none) saves every failing example and replays the saved
-    ones first on every run that shares it (``property_tests.example_db``).
+    default ``$GMM_HARNESS_EXAMPLE_DB``, else the tier's, else none) saves every failing example and replays
+    the saved ones first on every run that shares it (``property_tests.example_db``).
     ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``; default: the process's selection,
     ``gmm_kernels.device``, else auto) is the device a torch-convention kernel's operands are made on for
     this call; a bad value, or a CUDA device torch does not see, is a ``ValueError`` naming ``device``.
 
     Compilations go to the persistent compilation cache that the CLI and the pytest plugin use
-    (``property_tests.compile_cache``: ``$GMM_HARNESS_COMPILE_CACHE``, else ``~/.cache/gmm-harness/jax``),
-    so a shape compiled by one is loaded by the others and by later runs. It is turned on for the
-    process at the first call, before the kernel runs, and only if you have not configured jax's cache
-    yourself: ``JAX_COMPILATION_CACHE_DIR`` or ``jax_compilation_cache_dir`` set, or
-    ``jax_enable_compilation_cache`` off, and it is left as it is. Once on, it stays on for the process
-    (your own later jax compilations are cached there too); ``GMM_HARNESS_COMPILE_CACHE=off`` keeps it off.
-    A ``$GMM_HARNESS_COMPILE_CACHE`` that cannot be written is a ``ValueError``.
+    (``property_tests.compile_cache``: ``$GMM_HARNESS_COMPILE_CACHE``, else ``~/.cache/gmm-harness/jax``), so a
+    shape compiled by one is loaded by the others and by later runs. It is turned on for the process at the first
+    call, before the kernel runs, unless you configured jax's cache yourself (``JAX_COMPILATION_CACHE_DIR`` or
+    ``jax_compilation_cache_dir`` set, or ``jax_enable_compilation_cache`` off: left as it is); it then stays on
+    for the process; ``GMM_HARNESS_COMPILE_CACHE=off`` keeps it off, and one that cannot be written is a
+    ``ValueError``.
     """
     __tracebackhide__ = True
+    t0 = time.perf_counter()
     with contextlib.nullcontext() if device is None else devices.using(device, option="device"):
         adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name,
                                  scope=scope, option="kernel", convention_option="convention")
-        chosen = _modes(modes)
-        _check_options(max_examples, profile, seed)
+        _check_options(max_examples, profile, seed, budget)
+        plan = chosen(tier, profile, default_profile="gmm-ci")
+        order = _modes(modes, plan)
         check_known_issue_modes(adapter, option="scope")
-        database = example_dbs.resolve(example_db)
+        database = example_dbs.resolve(tiers.example_db_spec(example_db, plan))
         compile_cache.ensure()  # the CLI's and the plugin's cache, unless jax's is yours (see above)
         why = adapter.available()
         if why:
             raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")
-        results = []
+        seconds = budget if budget is not None else plan.budget if plan is not None else None
+        results, first_seed = {}, tiers.first_round_seed(plan, seed)
         run = failures.CheckRun()  # an exception the kernel raises is reported in the first mode that finds it
-        for m in chosen:
-            result = check_mode(adapter, m, max_examples=max_examples, profile=profile, seed=seed, example_db=database,
-                                run=run)
-            if raise_on_failure and result.status is Status.FAILED:
-                failures.raise_failure(result)
-            results.append(result)
-        if all(r.status is Status.UNSUPPORTED for r in results):
-            reasons = "; ".join(f"{r.check}: {r.detail}" for r in results)
+        kw = dict(max_examples=max_examples, profile=None if plan else profile, example_db=database, run=run,
+                  tier=plan)
+        for m in order:
+            results[m] = check_mode(adapter, m, seed=seed, **kw)
+            if raise_on_failure and results[m].status is Status.FAILED:
+                failures.raise_failure(results[m])
+        r, deadline = 1, t0 + (seconds or 0)  # the budget: the kernel's time, rounds over its passed modes (as the CLI)
+        while (live := [m for m, x in results.items() if x.status is Status.PASSED and mode_of(m).draws_examples]) \
+                and time.perf_counter() < deadline:
+            r += 1
+            for m in (m for m in live if time.perf_counter() < deadline):
+                results[m] = next_round(adapter, m, results[m], r, first_seed=first_seed, **kw)
+                if raise_on_failure and results[m].status is Status.FAILED:
+                    failures.raise_failure(results[m])
+        if all(r.status is Status.UNSUPPORTED for r in results.values()):
+            reasons = "; ".join(f"{r.check}: {r.detail}" for r in results.values())
             raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked "
                              f"({reasons}); check its convention, tiling and declared scope")
-        return Report(adapter.name, tuple(results))
+        shown = results.values() if plan is None or not plan.ordered_cells else sorted(  # the order asked for
+            results.values(), key=lambda r: list(ALL_MODES).index(r.check))
+        return Report(adapter.name, tuple(shown), tier=plan.name if plan is not None else "")
 
 
-def _modes(modes: Iterable[str] | None) -> list[str]:
-    if modes is None:  # the default run: every mode but the opt-in ones
-        return list(MODES)
-    if isinstance(modes, str) or not isinstance(modes, Iterable):
+def next_round(adapter: KernelAdapter, mode: str, result: Result, r: int, *, first_seed: int, **check: Any) -> Result:
+    """Round ``r`` (>= 2; the first run is round 1) of a time budget for a mode that passed as ``result``: a
+    :func:`check_mode` with ``check``'s arguments under seed ``first_seed + (r - 1) * ROUND_SEED_STEP``. The passed
+    result with the round's examples added (its detail: ``r rounds``), or the round's failure naming it."""
+    s = first_seed + (r - 1) * tiers.ROUND_SEED_STEP
+    again = check_mode(adapter, mode, seed=s, **check)
+    if again.status is Status.FAILED:  # (a failure always carries its error)
+        where = f"round {r}, seed {s}, after {result.examples} examples passed"
+        failures.note(again.error, f"Found in {where} of a time budget.")  # type: ignore[arg-type]
+        return dataclasses.replace(again, detail=f"{again.detail} ({where})")
+    return dataclasses.replace(result, examples=result.examples + again.examples, detail=f"{r} rounds",
+                               seconds=result.seconds + again.seconds)
+
+
+def _modes(modes: Iterable[str] | None, plan: Tier | None = None) -> list[str]:
+    """The modes to run, in the order to run them: ``modes``, else the default ones and the tier's opt-in ones; the
+    modes most likely to fail first (``modes.RUN_ORDER``) under a tier that orders its cells."""
+    if modes is None:  # the default run: every mode but the opt-in ones (and the tier's)
+        names = [*MODES, *(plan.opt_in if plan is not None else ())]
+    elif isinstance(modes, str) or not isinstance(modes, Iterable):
         raise TypeError(f"modes: expected an iterable of mode names (some of {sorted(MODES)}), got {modes!r}")
-    chosen = [mode_of(m).name for m in modes]
-    if not chosen:
+    elif not (names := [mode_of(m).name for m in modes]):
         raise ValueError(f"modes: expected at least one of {sorted(MODES)}, got none")
-    return chosen
+    return sorted(names, key=run_rank) if plan is not None and plan.ordered_cells else names
 
 
 def check_known_issue_modes(adapter: KernelAdapter, *, option: str) -> None:
@@ -556,7 +560,7 @@ def check_known_issue_modes(adapter: KernelAdapter, *, option: str) -> None:
         raise ValueError(f"{option}: known_issues name the modes {bad}; expected some of {sorted(ALL_MODES)}")
 
 
-def _check_options(max_examples: Any, profile: Any, seed: Any) -> None:
+def _check_options(max_examples: Any, profile: Any, seed: Any, budget: Any = None) -> None:
     if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
                                      or max_examples < 1):
         raise ValueError(f"max_examples: expected a positive int or None, got {max_examples!r}")
@@ -564,3 +568,5 @@ def _check_options(max_examples: Any, profile: Any, seed: Any) -> None:
         raise ValueError(f"profile: expected one of {PROFILES} or None, got {profile!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"seed: expected an int or None, got {seed!r}")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0):
+        raise ValueError(f"budget: expected a positive number of seconds or None, got {budget!r}")

@@ -17,6 +17,7 @@ not have: how to replay it, which lines ran) is not part of it, whatever its wor
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "finish",
     "forget",
     "left_property",
+    "name_guarded_reads",
     "note",
     "one_line",
     "primary",
@@ -241,3 +243,18 @@ class CheckRun:
             return None
         found = self._reported.get((adapter.name, _signature(exc)))
         return None if found is None else found[0]
+
+
+def name_guarded_reads(adapter: KernelAdapter, exc: BaseException) -> None:
+    """Make the shrunk failure ``exc`` a ``read_out_of_bounds`` one, its first line naming the operand, where the
+    guard regions tell that the kernel read outside one (``KernelAdapter.guarded_reads``: reruns of the failing
+    example, once, after shrinking); else leave it."""
+    out = vars(exc).pop("_guarded_output", None) if hasattr(exc, "__dict__") else None  # not kept alive after this
+    problem = recipe_problem(exc, None)
+    if not isinstance(exc, gmm_ref.Mismatch) or out is None or problem is None:
+        return
+    lines = adapter.guarded_reads(problem, out, exc.comparison.bad)
+    if lines:
+        message = f"kernel {adapter.name} read out of bounds: " + "; ".join(lines) + "\n" + str(exc)
+        exc.args = (message,)
+        exc.comparison = dataclasses.replace(exc.comparison, kind="read_out_of_bounds", message=message)

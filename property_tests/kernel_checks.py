@@ -3,15 +3,21 @@
 The plugin collects this module itself whenever a run asks for the harness's checks (``--pyargs
 property_tests --gmm-kernel ...``, or this repository's own suite, whose ``tests/test_kernels.py`` and
 ``tests/test_goldens.py`` import them), so checking one kernel never collects the harness's own tests. The
-modes run in ``property_tests.modes.RUN_ORDER`` (the modes most likely to fail first): under pytest's ``-x``
-a broken kernel's run stops at its first failing mode. A mode in which an adapter declares a known upstream
-bug (``known_issues``) is a strict xfail: the harness must keep catching that bug.
+modes (the ``gmm_mode`` parameter, the plugin's: the default modes and the ``--gmm-tier``'s opt-in ones) run in
+``property_tests.modes.RUN_ORDER`` (the modes most likely to fail first): under pytest's ``-x`` a broken
+kernel's run stops at its first failing mode. Under ``--gmm-tier`` each mode runs the tier's plan
+(``property_tests.tiers``), and a tier's time budget gives each passed mode its share of rounds of new examples
+(a test is one mode: the share comes after the mode's first run, where the main job's budget counts from the
+start of the kernel's run).
+A mode in which an adapter declares a known upstream bug (``known_issues``) is a strict xfail: the harness must
+keep catching that bug.
 
 (Not named ``test_*.py``: a directory pytest walks does not collect it a second time.)
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -19,10 +25,12 @@ import pytest
 from gmm_kernels import Status
 from golden.judge import check_goldens
 from golden.store import MANIFEST
-from property_tests.checking import check_mode
+from property_tests.checking import check_mode, next_round
 from property_tests.failures import raise_failure
-from property_tests.modes import MODES, run_rank
+from property_tests.modes import mode_of
+from property_tests.plugin import tier, tier_modes
 from property_tests.table import examples_in_default_run
+from property_tests.tiers import first_round_seed
 
 __all__ = ["CAUSE", "CHECK", "GOLDEN_DATA", "test_kernel_matches_goldens", "test_kernel_matches_reference"]
 
@@ -31,12 +39,11 @@ __all__ = ["CAUSE", "CHECK", "GOLDEN_DATA", "test_kernel_matches_goldens", "test
 CHECK, CAUSE = "gmm_check", "gmm_cause"
 #: this repository's goldens, where the tests run from a checkout (the goldens check is skipped otherwise)
 GOLDEN_DATA = Path(__file__).resolve().parents[1] / "golden" / "data"
-_ORDER = sorted(MODES, key=run_rank)  # stable: modes RUN_ORDER does not name keep their order, last
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("mode", _ORDER)
-def test_kernel_matches_reference(gmm_kernel, mode, request, gmm_check_run):
+def test_kernel_matches_reference(gmm_kernel, gmm_mode, request, gmm_check_run):
+    mode = gmm_mode
     why = gmm_kernel.available()
     if why is not None:
         pytest.skip(f"{gmm_kernel.name} unavailable: {why}")
@@ -46,8 +53,16 @@ def test_kernel_matches_reference(gmm_kernel, mode, request, gmm_check_run):
         request.applymarker(pytest.mark.xfail(strict=True, reason=f"known upstream bug: {known}"))
     # the default run (no --gmm-kernel): a routed kernel that runs interpreted gets few examples a mode
     named = bool(request.config.getoption("--gmm-kernel"))
-    result = check_mode(gmm_kernel, mode, run=gmm_check_run,
-                        max_examples=None if named else examples_in_default_run(gmm_kernel, None))
+    plan = tier(request.config)
+    checks = dict(run=gmm_check_run, max_examples=None if named else examples_in_default_run(gmm_kernel, None),
+                  tier=plan)
+    result = check_mode(gmm_kernel, mode, **checks)
+    if plan is not None and plan.budget and result.status is Status.PASSED and mode_of(mode).draws_examples:
+        deadline = time.perf_counter() + plan.budget / len(tier_modes(request.config))  # the kernel's, shared
+        r = 1
+        while result.status is Status.PASSED and time.perf_counter() < deadline:
+            r += 1
+            result = next_round(gmm_kernel, mode, result, r, first_seed=first_round_seed(plan, None), **checks)
     if result.status is Status.UNSUPPORTED:
         if known:
             pytest.fail(f"{gmm_kernel.name} / {mode}: declared known issue, but the mode is unsupported: "

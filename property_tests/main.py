@@ -19,7 +19,9 @@ crashes the process or ends it (any exit status, 0 included) is reported as a
 failure of the cell it was in, with the last problem it was given, and the run
 goes on with the next cell in a fresh worker; a kernel's ``sys.exit`` fails the
 example it was given. Examples come from the derandomized ``gmm-ci`` profile
-(the same verdict every run) unless ``--seed`` is given.
+(the same verdict every run) unless ``--seed`` is given; ``--tier`` names another plan
+(``property_tests.tiers``: ``gmm-quick`` for pull requests, ``gmm-nightly``), and the header, the summary and the
+JSON say which tier ran and what it reached (cells of the covering designs run, pairs of relations reached).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 from gmm_kernels import KernelAdapter, Status, device, triton_interpreter
 from gmm_ref import conventions
 from gmm_ref.names import did_you_mean
-from property_tests import compile_cache, coverage, example_db, large, paths, shards
+from property_tests import compile_cache, coverage, example_db, large, paths, shards, tiers
 from property_tests.failures import CheckRun
 from property_tests.modes import ALL_MODES, MODES
 from property_tests.options import SCOPE_OPTIONS, add_device_option, add_scope_options, modes_option
@@ -86,6 +88,25 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _add_example_options(c: argparse.ArgumentParser) -> None:
+    """The options of what a run draws: the tier, examples, seed and time budget."""
+    c.add_argument("--max-examples", type=_positive(int), default=None,
+                   help="examples per (kernel, family, mode) at most (default: the gmm-ci profile's budget, at "
+                        "least two per cell of the covering design, so that every pair of relations is reached; "
+                        "fewer runs only the first cells, and -v lists the pairs missed)")
+    c.add_argument("--seed", type=int, default=None,
+                   help="explore with this seed (default: the derandomized gmm-ci profile)")
+    c.add_argument("--tier", default=None, action=_Once, metavar="NAME",
+                   help=f"what the run checks: {', '.join(tiers.TIERS)} (default: {tiers.DEFAULT}; gmm-quick for pull "
+                        "requests: every cell of the covering designs once, the cells most likely to fail first; "
+                        "gmm-nightly: gmm-ci, then a time budget of new examples, the large mode, an example "
+                        "database; docs/speed.md)")
+    c.add_argument("--budget", type=_positive(float), default=None, action=_Once, metavar="SECONDS",
+                   help="time per kernel: after every cell ran its examples (the default run, which reaches every "
+                        "pair of relations), rounds of new examples for its passed cells until the time is spent "
+                        "(default: the tier's: gmm-nightly 300, the others none)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gmm-harness", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -96,16 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--modes", default=None, action=_Once, metavar="M,M",
                    help=f"the modes to run (default: all of {', '.join(MODES)}; opt-in: "
                         f"{', '.join(m for m in ALL_MODES if m not in MODES)})")
-    c.add_argument("--max-examples", type=_positive(int), default=None,
-                   help="examples per (kernel, family, mode) at most (default: the gmm-ci profile's budget, at "
-                        "least two per cell of the covering design, so that every pair of relations is reached; "
-                        "fewer runs only the first cells, and -v lists the pairs missed)")
-    c.add_argument("--seed", type=int, default=None,
-                   help="explore with this seed (default: the derandomized gmm-ci profile)")
-    c.add_argument("--budget", type=_positive(float), default=None, action=_Once, metavar="SECONDS",
-                   help="time per kernel: after every cell ran its examples (the default run, which reaches every "
-                        "pair of relations), rounds of new examples for its passed cells until the time is spent "
-                        "(default: none)")
+    _add_example_options(c)
     c.add_argument("--timeout", type=_positive(float), default=900.0,
                    help="seconds one cell may run before the kernel is reported as hung (default 900)")
     add_device_option(c.add_argument, action=_Once)
@@ -119,7 +131,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: $XDG_CACHE_HOME/gmm-harness/jax)")
     c.add_argument("--example-db", default=None, action=_Once, metavar="DIR|redis://HOST:PORT|off",
                    help="Hypothesis example database: every failing example is saved there and replayed first by "
-                        "every run sharing it (default: $GMM_HARNESS_EXAMPLE_DB, else off)")
+                        "every run sharing it (default: $GMM_HARNESS_EXAMPLE_DB, else the tier's: gmm-nightly "
+                        "$XDG_CACHE_HOME/gmm-harness/examples, the others off)")
     split = c.add_argument_group("splitting the run across machines (gmm-harness merge joins the shards)")
     split.add_argument("--shard", default=None, action=_Once, metavar="I/N",
                        help="check only this machine's shard of the kernel x mode cells, I of N (with --json)")
@@ -149,8 +162,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
-    """(modes, scope option values) after the checks no single option can make; usage errors via ``parser``."""
-    modes = modes_option(args.modes, ALL_MODES, parser.error, default=MODES)
+    """(modes, scope option values) after the checks no single option can make; usage errors via ``parser``.
+    Resolves the tier (``args.tier``, a ``tiers.Tier``) and what it sets that no option gave: the modes, the
+    budget, the example database and where the budget's rounds start (``args.rounds_from``)."""
+    try:
+        args.tier = tiers.tier_of(args.tier or tiers.DEFAULT, option="--tier")
+    except ValueError as exc:
+        parser.error(str(exc))
+    modes = modes_option(args.modes, ALL_MODES, parser.error, default=[*MODES, *args.tier.opt_in])
+    args.budget = args.budget if args.budget is not None else args.tier.budget
+    args.rounds_from = tiers.first_round_seed(args.tier, args.seed) if args.budget else None
+    args.example_db = tiers.example_db_spec(args.example_db, args.tier)
     values = {name: getattr(args, name.replace("-", "_")) for name, _ in SCOPE_OPTIONS}
     given = [f"--{n}" for n, v in values.items() if v] + [o for o, v in (
         ("--convention", args.convention), ("--kernel-version", args.kernel_version)) if v is not None]
@@ -205,7 +227,7 @@ def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, Kern
             try:
                 return run_cell(kernels[cell.kernel], cell.family, cell.column, max_examples=examples[cell.kernel],
                                 seed=seed, golden_dir=request.golden_dir, require_own=request.require_own,
-                                example_db=request.example_db, run=checks)
+                                example_db=request.example_db, run=checks, tier=request.tier)
             except (SystemExit, GeneratorExit) as exc:  # a kernel's sys.exit: never the run's exit status
                 what = f"{type(exc).__name__}({', '.join(map(repr, exc.args))}) was raised in the cell"
                 report = f"== {' / '.join(map(str, cell))}\nthe kernel {what}"
@@ -215,7 +237,7 @@ def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, Kern
             deadline = time.time() + args.budget if args.budget else None
             for cell, o, _ in check_cells(run_order(c for c in cells if c.kernel == name), run,
                                           lambda c, extra: None, deadline=deadline, seed=args.seed,
-                                          fail_fast=args.fail_fast):
+                                          fail_fast=args.fail_fast, rounds_from=request.rounds_from):
                 table.add(cell, o)
                 if o.status is Status.FAILED:  # as soon as it is found
                     print(failure_line(cell, o), file=sys.stderr, flush=True)
@@ -267,13 +289,26 @@ def _header(kernels: list[KernelAdapter], asked: str, request: WorkRequest, devi
             lines.append(f"{k.name} version {k.version}: its own goldens must match bit for bit")
     if list(request.modes) != list(MODES):
         lines.append(f"modes: {', '.join(request.modes)}")
+    tier = tiers.tier_of(request.tier)
+    lines.append(f"tier {tier.describe()}" + (f"; rounds of new examples from seed {request.rounds_from}"
+                                                 if request.rounds_from is not None else ""))
     return "\n".join(lines)
 
 
-def _run_text(seed: int | None, budget: float | None) -> str:
+def _run_text(seed: int | None, budget: float | None, tier: str = tiers.DEFAULT) -> str:
     """How the examples were chosen, for the summary line (of a run, or of the merge of its shards)."""
-    run = f"seed {seed}" if seed is not None else "gmm-ci profile, derandomized"
+    plan = tiers.tier_of(tier)
+    how = f"seed {seed}" if seed is not None else f"{plan.profile} profile, derandomized" \
+        if plan.per_cell is None else f"{plan.per_cell} example{'s' * (plan.per_cell != 1)} a cell, derandomized"
+    run = f"tier {plan.name}, {how}"
     return run + (f"; then rounds of new examples for {budget:g} s a kernel" if budget else "")
+
+
+def _reached_line(table: Table, tier: str) -> str:
+    """What the run reached: the covering designs' cells run and their pairs of relations reached."""
+    (run, cells), (reached, pairs) = table.reached()
+    return (f"tier {tier} reached {run} of {cells} cells of the covering designs and {reached} of {pairs} pairs of "
+            "relations (docs/coverage.md)")
 
 
 def _json_cells(table: Table, cells: list[Cell]) -> list[dict[str, Any]]:
@@ -310,11 +345,14 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
     else:
         print(render(table.as_rows(), columns))
         print(f"\n{n_pass} passed, {n_fail} failed  ({seconds:.0f} s; {run}; 'n/a' cells give their reason)")
+        print(_reached_line(table, doc.get("tier", tiers.DEFAULT)))
     # a shard may hold only a kernel's n/a cells: whether a kernel was checked at all is the merge's to say
     idle = [] if partial else [name for name in requested if table.checked_nothing(name)]
     if json_path:
+        (run_cells, cells), (reached, pairs) = table.reached()
         _write_json(json_path, {**doc, "failures": table.details, "coverage": table.coverage, "passed": n_pass,
-                                "failed": n_fail, "seconds": round(seconds, 1), "checked_nothing": idle})
+                                "failed": n_fail, "seconds": round(seconds, 1), "checked_nothing": idle,
+                                "reached": {"cells": [run_cells, cells], "pairs": [reached, pairs]}})
     if idle:
         parser.error(f"--kernel: nothing was checked for {', '.join(idle)}: every cell is n/a (see the notes)")
     if verbose and table.coverage:
@@ -340,7 +378,7 @@ def _merge(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     table.devices = {k["name"]: k["device"] for k in doc["kernels"] if k.get("device")}  # shards before it: none
     columns = doc["modes"] + ([GOLDENS] if doc["goldens"] else [])
     n = len(doc["shards"])
-    run = _run_text(doc["seed"], doc.get("budget"))
+    run = _run_text(doc["seed"], doc.get("budget"), doc.get("tier", tiers.DEFAULT))
     print(f"merged {n} shards ({', '.join(f'{s:.0f} s' for s in doc['shard_seconds'] if s is not None)})\n")
     merged = {k: v for k, v in doc.items() if k not in ("failures", "coverage", "seconds")}
     requested = [k["name"] for k in doc["kernels"]] if doc.get("requested") else []
@@ -372,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           golden_dir=None if args.golden_dir is None else str(Path(args.golden_dir).resolve()),
                           kernel_version=args.kernel_version, require_own=args.kernel_version is not None,
                           example_db=args.example_db, environ=_ENVIRON, device=args.device,
-                          fail_fast=args.fail_fast)
+                          fail_fast=args.fail_fast, tier=args.tier.name, rounds_from=args.rounds_from)
     try:
         kernels = resolve_request(request)
     except (ValueError, TypeError, ImportError) as exc:
@@ -397,10 +435,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                        for k in kernels],
            "requested": bool(args.kernel), "modes": list(request.modes), "goldens": not args.no_goldens,
            "max_examples": request.max_examples, "seed": request.seed, "budget": args.budget,
+           "tier": request.tier, "rounds_from": request.rounds_from,
            "golden_dir": request.golden_dir, "shard": list(args.shard) if args.shard else None,
            "plan": [list(c) for c in plan], "checked": len(cells), "cells": _json_cells(table, cells)}
     return _finish(parser, table, columns, requested=[k.name for k in kernels] if args.kernel else [],
-                   seconds=time.perf_counter() - t0, run=_run_text(args.seed, args.budget), verbose=args.verbose,
+                   seconds=time.perf_counter() - t0, run=_run_text(args.seed, args.budget, request.tier),
+                   verbose=args.verbose,
                    json_path=args.json, doc=doc, partial=args.shard is not None)
 
 

@@ -6,8 +6,12 @@ profile is loaded, no header printed, no test added. It is *in use* when
 its pytest configuration (this repository does). Then:
 
 - the ``gmm-ci`` Hypothesis profile is loaded (derandomized, no deadline)
-  unless ``--hypothesis-profile`` names another; ``gmm-dev`` and
-  ``gmm-thorough`` are there to pick (``property_tests.profiles``);
+  unless ``--hypothesis-profile`` names another (or ``--gmm-tier`` a tier: its profile); ``gmm-quick``,
+  ``gmm-nightly``, ``gmm-dev`` and ``gmm-thorough`` are there to pick (``property_tests.profiles``);
+- ``--gmm-tier NAME`` (``property_tests.tiers``: ``gmm-quick`` for pull requests, ``gmm-ci``, ``gmm-nightly``, ...)
+  is what the kernel checks run: examples a cell, the order of the cells, the modes (``gmm-nightly`` adds the
+  ``large`` mode), a time budget of new examples after a passed mode (its share of the tier's) and the example
+  database; without it they run under the profile in force, as before tiers. The report header names the tier;
 - ``--gmm-kernel`` (repeatable: a built-in adapter name or ``pkg.module:fn``),
   ``--gmm-convention`` and ``--gmm-tiling`` select the kernels the kernel
   checks run on. With ``--gmm-kernel`` the harness's own tests are left out (its
@@ -54,6 +58,7 @@ import pytest
 
 from property_tests.options import SCOPE_OPTIONS, add_device_option, add_scope_options
 from property_tests.profiles import DEFAULT, register_profiles
+from property_tests.tiers import TIERS
 
 __all__: list[str] = []
 
@@ -88,6 +93,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add_scope_options(group.addoption, prefix="--gmm-")
     add_device_option(group.addoption, prefix="--gmm-")
+    group.addoption(
+        "--gmm-tier", default=None, metavar="NAME",
+        help=f"what the kernel checks run: {', '.join(TIERS)} (gmm-quick for pull requests: every cell of the "
+             "covering designs once; gmm-nightly: gmm-ci, then a time budget of new examples, the large mode, an "
+             "example database; default: the profile in force; docs/speed.md)",
+    )
     group.addoption(
         "--gmm-compile-cache", default=None, metavar="DIR|off",
         help="JAX persistent compilation cache shared by the xdist workers and later runs "
@@ -158,6 +169,26 @@ def _device(config: pytest.Config) -> str:
         raise pytest.UsageError(str(exc)) from None
 
 
+def tier(config: pytest.Config) -> Any:
+    """The ``property_tests.tiers.Tier`` of ``--gmm-tier`` (None when not given); a usage error naming the option
+    (with a did-you-mean) for an unknown one."""
+    from property_tests.tiers import tier_of
+
+    name = config.getoption("--gmm-tier")
+    try:
+        return None if name is None else tier_of(name, option="--gmm-tier")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def tier_modes(config: pytest.Config) -> list[str]:
+    """The modes the kernel checks run, in ``RUN_ORDER``: the default ones and the tier's opt-in ones."""
+    from property_tests.modes import MODES, run_rank
+
+    chosen = tier(config)
+    return sorted([*MODES, *(chosen.opt_in if chosen is not None else ())], key=run_rank)
+
+
 def _check_options(config: pytest.Config) -> None:
     """Every --gmm-* option is checked whenever it is given: one usage error, before collection."""
     from gmm_ref import conventions
@@ -174,6 +205,7 @@ def _check_options(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--gmm-convention: expected one of {known}, got {convention!r}"
                                 f"{did_you_mean(convention, known)}")
     _tiling(config)
+    tier(config)
     if config.getoption("--gmm-device") is not None:  # else auto, resolved where a kernel first needs it
         _device(config)
     if kernels:
@@ -187,6 +219,10 @@ def pytest_configure(config: pytest.Config) -> None:
     from property_tests import example_db
 
     spec = config.getoption("--gmm-example-db")
+    if in_use(config):  # a tier's own database (gmm-nightly's) where none is given
+        from property_tests.tiers import example_db_spec
+
+        spec = example_db_spec(spec, tier(config))
     try:
         example_db.resolve(spec, option_name="--gmm-example-db")  # a bad spec is a usage error before collection
     except (ValueError, TypeError, ImportError) as exc:
@@ -202,7 +238,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("hypothesis_profile", None) is None:
         from hypothesis import settings
 
-        settings.load_profile(DEFAULT)  # deterministic unless asked otherwise
+        chosen = tier(config)  # the tier's profile (of its name) for your own tests; else gmm-ci
+        settings.load_profile(DEFAULT if chosen is None else chosen.name)  # deterministic unless asked otherwise
     from property_tests import compile_cache
 
     try:  # the cache the main job and check_kernel use, unless told otherwise
@@ -235,6 +272,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     tiling = _tiling(config)
     if tiling:
         lines.append(f"gmm tiling: {tiling}")
+    chosen = tier(config)
+    lines.append(f"gmm tier {chosen.describe()}" if chosen is not None else
+                 "gmm tier: none (the kernel checks run under the Hypothesis profile in force; --gmm-tier names one)")
     lines.append(f"gmm {config.stash.get(_COMPILE_CACHE, 'jax compilation cache: off')}")
     lines.append(f"gmm {config.stash.get(_EXAMPLE_DB, 'example database: off')}")
     return lines
@@ -252,6 +292,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "gmm_kernel" in metafunc.fixturenames:
         kernels = selected_kernels(metafunc.config)
         metafunc.parametrize("gmm_kernel", kernels, ids=[k.name for k in kernels])
+    if "gmm_mode" in metafunc.fixturenames:  # the kernel checks' modes: the tier's, most likely to fail first
+        metafunc.parametrize("gmm_mode", tier_modes(metafunc.config))
 
 
 def _harness_test(path: Path) -> bool:

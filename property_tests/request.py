@@ -52,6 +52,10 @@ class WorkRequest:
     deadline: float | None = None
     #: ``--fail-fast``: a kernel's cells after its first failed one are not run
     fail_fast: bool = False
+    #: ``--tier``: what a mode runs (``property_tests.tiers``)
+    tier: str = "gmm-ci"
+    #: the first seed of the time budget's rounds (None: the run's seed, or 0)
+    rounds_from: int | None = None
     cells: tuple[Cell, ...] = ()
 
     def to_json(self) -> dict[str, Any]:

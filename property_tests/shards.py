@@ -122,8 +122,9 @@ def load_shards(paths: Sequence[str], error: Callable[[str], Any]) -> dict[str, 
     seen: dict[int, str] = {}
     for p, doc in docs:
         if doc["plan"] != first["plan"] or doc["shard"][1] != n or doc.get("modes") != first.get("modes") \
-                or bool(doc.get("requested")) != bool(first.get("requested")):
-            error(f"{p}: a shard of another run than {first_path} (its plan, modes, shard count or --kernel "
+                or bool(doc.get("requested")) != bool(first.get("requested")) \
+                or doc.get("tier", "gmm-ci") != first.get("tier", "gmm-ci"):
+            error(f"{p}: a shard of another run than {first_path} (its plan, modes, shard count, --kernel or --tier "
                   "differ)")
         i = doc["shard"][0]
         if i in seen:
@@ -152,7 +153,7 @@ def load_shards(paths: Sequence[str], error: Callable[[str], Any]) -> dict[str, 
         "format": FORMAT,
         "kernels": _unique(k for _, d in docs for k in d["kernels"]), "requested": bool(first.get("requested")),
         "modes": first["modes"], "max_examples": first["max_examples"], "seed": first["seed"],
-        "budget": first.get("budget"),
+        "budget": first.get("budget"), "tier": first.get("tier", "gmm-ci"), "rounds_from": first.get("rounds_from"),
         "golden_dir": first["golden_dir"], "goldens": first.get("goldens", True), "plan": first["plan"],
         "shards": [d["shard"] for _, d in docs], "cells": [c for k in plan for c in by_cell[k]],
         "failures": [f for _, d in docs for f in d["failures"]],

@@ -24,6 +24,7 @@ from property_tests.checking import check_mode
 from property_tests.failures import CheckRun
 from property_tests.modes import ALL_MODES, MODES, run_rank
 from property_tests.shards import Cell
+from property_tests.tiers import DEFAULT, ROUND_SEED_STEP
 
 __all__ = ["GOLDENS", "ROUTED_INTERPRETED_EXAMPLES", "Cell", "CellOutcome", "FailedRound", "GoldenTally", "Table",
            "cells_of", "check_cells", "examples_in_default_run", "failure_line", "not_run", "render", "run_cell",
@@ -133,7 +134,8 @@ class CellOutcome:
 
     ``note`` is the reason (n/a), the cause (FAIL) or the upstream bug (known bug); ``examples`` the examples
     checked (over every round of the time budget), ``cells`` the covering design's cells run and in all,
-    ``rounds`` the rounds run (1: the profile's run alone), ``extendable`` whether the time budget may add rounds
+    ``pairs`` the design's pairs of relations reached and in all, ``rounds`` the rounds run (1: the profile's run
+    alone), ``extendable`` whether the time budget may add rounds
     of examples (a passed cell of a mode that draws them), ``failed_round`` the budget's round that failed it;
     ``goldens`` the goldens cell's tally (None for a mode's cell); ``details`` the full failure reports and
     ``coverage`` what the examples reached (``Result.coverage_report``)."""
@@ -149,6 +151,7 @@ class CellOutcome:
     extendable: bool = False
     failed_round: FailedRound | None = None
     goldens: GoldenTally | None = None
+    pairs: tuple[int, int] = (0, 0)
 
     @property
     def text(self) -> str:
@@ -187,7 +190,7 @@ class CellOutcome:
                 "details": list(self.details), "coverage": self.coverage, "cells": list(self.cells),
                 "rounds": self.rounds, "extendable": self.extendable,
                 "failed_round": None if self.failed_round is None else list(self.failed_round),
-                "goldens": None if self.goldens is None else self.goldens.to_json()}
+                "goldens": None if self.goldens is None else self.goldens.to_json(), "pairs": list(self.pairs)}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CellOutcome:
@@ -199,7 +202,8 @@ class CellOutcome:
                    coverage=str(doc.get("coverage", "")), cells=tuple(doc.get("cells", (0, 0))),
                    rounds=int(doc.get("rounds", 1)), extendable=bool(doc.get("extendable", False)),
                    failed_round=None if failed is None else FailedRound(*failed),
-                   goldens=None if goldens is None else GoldenTally.from_json(goldens))
+                   goldens=None if goldens is None else GoldenTally.from_json(goldens),
+                   pairs=tuple(doc.get("pairs", (0, 0))))
 
 
 def _golden_cell(kernel: KernelAdapter, directory: str | None, require_own: bool) -> CellOutcome:
@@ -227,19 +231,21 @@ def _golden_cell(kernel: KernelAdapter, directory: str | None, require_own: bool
 
 def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_examples: int | None,
              seed: int | None = None, golden_dir: str | None = None, require_own: bool = False,
-             example_db: str | None = None, run: CheckRun | None = None) -> CellOutcome:
+             example_db: str | None = None, run: CheckRun | None = None, tier: str = DEFAULT) -> CellOutcome:
     """One cell: ``golden_dir`` (default: this project's goldens) and ``require_own`` (a missing golden of the
     kernel's own version fails) for the goldens; ``example_db`` (a spec of ``property_tests.example_db``) saves
     failing examples and replays them first; ``run`` (``property_tests.failures.CheckRun``) is the run the cell
-    is part of, which reports an exception the kernel raises once."""
+    is part of, which reports an exception the kernel raises once; ``tier`` (``property_tests.tiers``) what a mode
+    runs (gmm-ci's seeded runs keep the settings in force, as before tiers)."""
     t0 = time.perf_counter()
     why = kernel.available()
     if why:
         return CellOutcome(Status.UNSUPPORTED, why)
     if column == GOLDENS:
         return dataclasses.replace(_golden_cell(kernel, golden_dir, require_own), seconds=time.perf_counter() - t0)
-    result = check_mode(kernel, column, family=family, max_examples=max_examples,
-                        profile="gmm-ci" if seed is None else None, seed=seed, example_db=example_db, run=run)
+    ci = tier == DEFAULT
+    result = check_mode(kernel, column, family=family, max_examples=max_examples, seed=seed, example_db=example_db,
+                        run=run, profile=DEFAULT if ci and seed is None else None, tier=None if ci else tier)
     failed = result.status is Status.FAILED
     details = (f"== {kernel.name} / {family} / {column}\n{result.full_report()}",) if failed else ()
     covered = result.coverage_report()
@@ -247,11 +253,10 @@ def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_exam
     # a mode checking problems built for the kernel (scale, large): no more examples to draw
     extendable = result.status is Status.PASSED and result.examples > 0 and ALL_MODES[column].draws_examples
     return CellOutcome(result.status, _short(result.detail) if failed else result.detail, result.examples,
-                       time.perf_counter() - t0, details, covered, result.cells, extendable=extendable)
+                       time.perf_counter() - t0, details, covered, result.cells, extendable=extendable,
+                       pairs=result.pairs)
 
 
-#: a round's seeds: round r of a run under seed S checks its cells under seed S + r * ROUND_SEED_STEP
-ROUND_SEED_STEP = 1_000_003
 
 
 def spend_budget(done: dict[Cell, CellOutcome], deadline: float, run: Callable[[Cell, int], CellOutcome],
@@ -259,7 +264,8 @@ def spend_budget(done: dict[Cell, CellOutcome], deadline: float, run: Callable[[
                  ) -> Iterator[tuple[Cell, CellOutcome]]:
     """Spend what is left until ``deadline`` (``time.time()``) on more examples: round after round, each
     extendable cell of ``done`` runs again under the next round's seed (``run(cell, seed)``, after
-    ``started(cell)``), until the time is up or it fails. Yields each cell's new outcome: passed with every
+    ``started(cell)``), until the time is up or it fails (round r under ``seed + (r - 1) * ROUND_SEED_STEP``, the
+    first seed the run's, or the date's: ``tiers.first_round_seed``). Yields each cell's new outcome: passed with every
     round's examples and the rounds run, or the round's failure naming its round and seed. The first round (the
     profile's) already ran: it alone reaches every pair of relations; the rounds only add examples."""
     totals = {cell: o.examples for cell, o in done.items() if o.extendable}
@@ -287,12 +293,12 @@ def spend_budget(done: dict[Cell, CellOutcome], deadline: float, run: Callable[[
 
 def check_cells(cells: Iterable[Cell], run: Callable[[Cell, int | None], CellOutcome],
                 started: Callable[[Cell, bool], None], *, deadline: float | None = None, seed: int | None = None,
-                fail_fast: bool = False) -> Iterator[tuple[Cell, CellOutcome, bool]]:
+                fail_fast: bool = False, rounds_from: int | None = None) -> Iterator[tuple[Cell, CellOutcome, bool]]:
     """Each cell once (``run(cell, seed)``, after ``started(cell, False)``), then, until ``deadline``, the time
     budget's rounds (:func:`spend_budget`, after ``started(cell, True)``); yields ``(cell, outcome, extra)``, extra
     for a round's revision of a cell already yielded. One kernel's cells: the budget is the kernel's. With
     ``fail_fast``, the cells after the first failed one are not run (each yielded as :func:`not_run`) and no
-    round of the budget follows."""
+    round of the budget follows. The rounds start from ``rounds_from`` (default: ``seed``)."""
     done, failed = {}, None
     for cell in cells:
         if failed is not None:
@@ -304,7 +310,8 @@ def check_cells(cells: Iterable[Cell], run: Callable[[Cell, int | None], CellOut
         if fail_fast and done[cell].status is Status.FAILED:
             failed = cell
     if deadline is not None and failed is None:
-        for cell, o in spend_budget(done, deadline, run, lambda c: started(c, True), seed=seed):
+        first = rounds_from if rounds_from is not None else seed
+        for cell, o in spend_budget(done, deadline, run, lambda c: started(c, True), seed=first):
             yield cell, o, True
 
 
@@ -356,6 +363,13 @@ class Table:
 
     def count(self, status: Status) -> int:
         return sum(v.status is status for v in self.values())
+
+    def reached(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The covering designs' cells run and in all (the scale mode's cells too), and their pairs of relations
+        reached and in all, summed over the table's cells."""
+        values = self.values()
+        return ((sum(v.cells[0] for v in values), sum(v.cells[1] for v in values)),
+                (sum(v.pairs[0] for v in values), sum(v.pairs[1] for v in values)))
 
     def checked_nothing(self, kernel: str) -> bool:
         return all(o.status is Status.UNSUPPORTED for (k, _), row in self.rows.items() if k == kernel

@@ -64,7 +64,7 @@ def _work(request: WorkRequest, emit: Callable[..., None]) -> None:
     def run(cell: Cell, seed: int | None) -> CellOutcome:
         return run_cell(kernels[cell.kernel], cell.family, cell.column, max_examples=request.max_examples,
                         seed=seed, golden_dir=request.golden_dir, require_own=request.require_own,
-                        example_db=request.example_db, run=checks)
+                        example_db=request.example_db, run=checks, tier=request.tier)
 
     def started(cell: Cell, extra: bool) -> None:
         emit(event="start", kernel=cell.kernel, family=cell.family, column=cell.column, extra=extra)
@@ -73,7 +73,7 @@ def _work(request: WorkRequest, emit: Callable[..., None]) -> None:
                                                          text=problem.describe()))
     try:  # the deadline is the kernel's time budget: rounds of more examples for its passed cells
         for cell, o, extra in check_cells(request.cells, run, started, deadline=request.deadline, seed=request.seed,
-                                          fail_fast=request.fail_fast):
+                                          fail_fast=request.fail_fast, rounds_from=request.rounds_from):
             emit(event="cell", kernel=cell.kernel, family=cell.family, column=cell.column, result=o.to_json(),
                  extra=extra)
     finally:
