@@ -19,7 +19,8 @@ from gmm_ref import dtypes as _dt
 from gmm_ref.compare import Mismatch, ranges
 from gmm_ref.routed_gradients import GRADIENT_OUTPUTS, OUTPUTS, RoutedGradients
 
-__all__ = ["assert_routed_matches", "combined_feeds", "combined_wrong", "routed_element", "routed_wrong"]
+__all__ = ["assert_routed_matches", "combined_feeds", "combined_wrong", "output_target", "output_wrong",
+           "routed_element", "routed_wrong"]
 
 #: what each output is called in a report, and its shape in words
 _WORDS = {"slots": ("the routed reference", "[T, top_k, N]", "column"),
@@ -66,6 +67,25 @@ def _wrong(actual: np.ndarray, rounded: np.ndarray, exact: np.ndarray, bound: np
         ok = (actual == rounded.astype(np.float64)) | (np.abs(actual - exact) <= bound)
         ok |= np.isnan(actual) & np.isnan(exact)
     return ~ok
+
+
+def output_target(ref: Any, output: str) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray]:
+    """(the once-rounded values, the exact values, the bound function of a numerics, the defined elements) that a
+    routed kernel's ``output`` is judged against (``ref``: a :class:`gmm_ref.RoutedReference` for ``"slots"`` and
+    ``"combined"``, a :class:`gmm_ref.RoutedGradients` for a gradient)."""
+    rounded, exact, bound_of = _target(ref, output)
+    if output in ("slots", "d_slots"):
+        mask = (ref if output == "slots" else ref.inputs).slots_mask
+    else:
+        mask = np.ones(rounded.shape, bool)
+    return rounded, exact, bound_of, mask
+
+
+def output_wrong(actual: np.ndarray, ref: Any, output: str, bound: np.ndarray) -> np.ndarray:
+    """The defined elements of a routed kernel's ``output`` (float64, of the reference's shape) that are neither
+    the once-rounded value nor within ``bound`` of the exact one (NaN where it is NaN)."""
+    rounded, exact, _, mask = output_target(ref, output)
+    return _wrong(actual, rounded, exact, bound) & mask
 
 
 def _target(ref: Any, output: str) -> tuple[np.ndarray, np.ndarray, Any]:

@@ -25,6 +25,10 @@ kernels compile once per shape (interpreted Pallas costs about a second each):
   per-slot output ``[T, top_k, N]``; ``(K, N)`` of ``(16, 8)`` (within one 32-wide tile) or ``(40, 40)`` (past
   one); top_k 1, 2 and 8; experts no slot routes to; an ``expert_map`` with other ranks' experts; T = 1.
 - ``sglang.fused_moe`` and ``unsloth.grouped_gemm`` (routed, per slot): two cases each;
+- unsloth's backward kernels (routed, each with its cotangent ``dY [T, top_k, N]``, ``golden.routed``): the
+  per-slot input gradient of ``unsloth.grouped_gemm_dX`` (bf16 with a token listing one expert twice, float32
+  exact) and the experts' gradient of ``unsloth.grouped_gemm_dW`` (fp16 with experts no slot routes to, T = 1
+  exact) and of ``unsloth.grouped_gemm_dW_accumulate`` (bf16, added into a seeded existing gradient);
 - ``torch.moe_experts`` (routed, the combined ``[T, N]`` output): bf16 top_k 8 with a peaked router and tokens whose
   slots repeat one expert (what a combine summing in bf16 loses), float32 top_k 4, fp16 with an ``expert_map`` and
   poison, T = 1 with exact values.
@@ -54,6 +58,8 @@ DGM = dict(convention="deep_gemm.m_grouped_masked", family="masked", m=200, k=25
 MOE = dict(convention="vllm.fused_moe", family="routed")
 SGLANG_MOE = dict(convention="sglang.fused_moe", family="routed")
 UNSLOTH = dict(convention="unsloth.grouped_gemm", family="routed")
+UNSLOTH_DX = dict(convention="unsloth.grouped_gemm_dX", family="routed")
+UNSLOTH_DW = dict(convention="unsloth.grouped_gemm_dW", family="routed")
 TORCH_MOE = dict(convention="torch.moe_experts", family="routed", mul_routed_weight=True)
 VB = dict(convention="vllm.batched_moe", family="masked", m=32, k=256, n=48, rhs_transposed=True,
           dtype="float8_e4m3fn", out_dtype="bfloat16", tiling=(16, 128, 32))
@@ -222,6 +228,18 @@ CASES: list[Case] = [
          dtype="bfloat16", mul_routed_weight=True, seed=220, tags=("routed", "top_k_2", "weighted")),
     Case("moe-unsloth-f32-permute-x-exact", **UNSLOTH, m=6, k=48, n=40, groups=9, top_k=4, kind="int",
          int_range=2, seed=221, tags=("routed", "top_k_4", "exact", "empty_expert")),
+    # ------------------- unsloth's backward: the per-slot input gradient dX and the experts' gradient dW (with dY)
+    Case("moe-unsloth-dx-bf16-top2-repeat", **UNSLOTH_DX, m=9, k=32, n=48, groups=8, top_k=2, dtype="bfloat16",
+         repeat_tokens=(3,), seed=240, tags=("routed", "backward", "top_k_2", "repeated_expert")),
+    Case("moe-unsloth-dx-f32-top4-exact", **UNSLOTH_DX, m=5, k=16, n=16, groups=6, top_k=4, kind="int",
+         int_range=2, seed=241, tags=("routed", "backward", "top_k_4", "exact")),
+    Case("moe-unsloth-dw-f16-top2-empty-experts", **UNSLOTH_DW, m=7, k=40, n=8, groups=12, top_k=2,
+         dtype="float16", seed=246, tags=("routed", "backward", "top_k_2", "empty_expert", "unaligned")),
+    Case("moe-unsloth-dw-f32-t1-exact", **UNSLOTH_DW, m=1, k=48, n=24, groups=12, top_k=4, kind="int",
+         int_range=2, seed=243, tags=("routed", "backward", "t1", "top_k_4", "exact", "empty_expert")),
+    Case("moe-unsloth-dw-accumulate-bf16-top2", convention="unsloth.grouped_gemm_dW_accumulate", family="routed",
+         m=8, k=40, n=8, groups=6, top_k=2, dtype="bfloat16", seed=244,
+         tags=("routed", "backward", "existing", "top_k_2", "unaligned")),
     # --------------------------- torch MoE experts: the combined [T, N] output, the weighted sum of each token's slots
     Case("moe-torch-bf16-top8-peaked-repeats", **TORCH_MOE, m=10, k=40, n=24, groups=16, top_k=8, dtype="bfloat16",
          router="peaked", repeat_tokens=(2, 7), seed=230,

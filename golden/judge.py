@@ -77,11 +77,12 @@ def _fmt(x: Any) -> str:
 
 
 def describe_bad(p: gmm_ref.Problem, bad: np.ndarray, mask: np.ndarray, actual: np.ndarray,
-                 desired: np.ndarray) -> str:
+                 desired: np.ndarray, output: str | None = None) -> str:
     """One line: how many defined elements are wrong, in which groups, and the first one (a routing's: in which
-    slots, and the first one's token, slot and expert)."""
+    slots, and the first one's token, slot and expert; ``output``, what its convention returns,
+    ``golden.routed.output_of``)."""
     if isinstance(p, gmm_ref.Routing):
-        return routed.describe_bad(p, bad, mask, actual, desired)
+        return routed.describe_bad(p, bad, mask, actual, desired, output or "slots")
     idx = np.argwhere(bad)
     groups = groups_of(p, idx)
     found, first = np.unique(groups, return_index=True)
@@ -137,7 +138,7 @@ def compare_output(kernel: KernelAdapter, golden: Golden, problem: gmm_ref.Probl
         if n == 0:
             return Result(name, case, Status.PASSED, examples=1, criterion="bit-for-bit")
         bad = golden.mask & (bits(got) != bits(golden.out))
-        line = describe_bad(problem, bad, golden.mask, act, golden.out)
+        line = describe_bad(problem, bad, golden.mask, act, golden.out, routed.output_of(golden.case))
         return _failed(name, case, f"case {case}: not bit-for-bit equal to its own golden ({producer['version']}, "
                                    f"{producer['platform']}), max {ulps:g} ulps: {line}", "bit-for-bit")
     ref = routed.reference_of(problem, golden.case)
@@ -153,7 +154,7 @@ def compare_output(kernel: KernelAdapter, golden: Golden, problem: gmm_ref.Probl
         return Result(name, case, Status.PASSED, examples=1, criterion="bound")
     if outcome.bad is None:
         return _failed(name, case, f"case {case}: {outcome.message.splitlines()[-1]}", "bound", outcome.message)
-    line = describe_bad(problem, outcome.bad, ref.mask, act, ref.values)
+    line = describe_bad(problem, outcome.bad, ref.mask, act, ref.values, routed.output_of(golden.case))
     crit = outcome.message.splitlines()[1] if len(outcome.message.splitlines()) > 1 else ""
     return _failed(name, case, f"case {case}: {line}; {crit}", "bound", outcome.message)
 

@@ -143,7 +143,7 @@ def _produce(case: Case, kernel: KernelAdapter | None
     fail = ""
     if not outcome.ok:
         fail = "output outside the gmm_ref bound: " + (
-            describe_bad(p, outcome.bad, ref.mask, out, ref.values) if outcome.bad is not None
+            describe_bad(p, outcome.bad, ref.mask, out, ref.values, routed.output_of(case)) if outcome.bad is not None
             else outcome.message.splitlines()[-1])
     return p, out, ref.mask, kernel_producer(kernel), numerics, fail
 

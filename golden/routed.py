@@ -30,7 +30,8 @@ import numpy as np
 import gmm_ref
 from gmm_ref import conventions, families
 from gmm_ref import dtypes as _dt
-from gmm_ref.compare_routed import combined_feeds, combined_wrong, routed_wrong
+from gmm_ref.compare_routed import combined_feeds, output_target, output_wrong, routed_element
+from gmm_ref.routed_gradients import GRADIENT_OUTPUTS
 from gmm_ref.routing import peaked_weights
 from golden.generator import raw_bits, values
 
@@ -62,8 +63,8 @@ def refuse_routed_fields(case: Any) -> None:
 
 
 def output_of(case: Any) -> str | None:
-    """What a routed case's golden holds, its convention's ``output`` (``"slots"`` or ``"combined"``); None for a
-    grouped case."""
+    """What a routed case's golden holds, its convention's ``output`` (``"slots"``, ``"combined"``, or a backward
+    kernel's gradient: ``"d_slots"``, ``"d_experts"``, ...); None for a grouped case."""
     return conventions.get(case.convention).output if is_routed(case) else None
 
 
@@ -143,12 +144,25 @@ def build_routing(case: Any, convention: Any) -> gmm_ref.Routing:
             r = gmm_ref.Routing(**{**_fields(r), "topk_weights": _peaked(case, r)})
         if case.poison:
             r = gmm_ref.Routing(**{**_fields(r), **_poisoned(r)})
+        if convention.backward:
+            r = _backward(case, r, convention.accumulates, kw)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"case {case.name}: {exc}") from None
     reason = convention.refusal(r)
     if reason:
         raise ValueError(f"case {case.name}: {reason}")
     return r
+
+
+def _backward(case: Any, r: gmm_ref.Routing, accumulates: bool, kw: dict[str, Any]) -> gmm_ref.RoutedBackward:
+    """The routing with its cotangent ``dY [T, top_k, N]`` (the output dtype) and, for a convention that
+    accumulates, an existing experts' gradient (the experts' shape and dtype); a ``poison`` case puts NaN in the
+    cotangent of every slot of another rank's expert (no gradient reads it)."""
+    dy = values(case.seed, "cotangent", (r.num_tokens, r.top_k, r.n), np.dtype(r.out_dtype), **kw)
+    if case.poison:
+        dy[r.local_ids < 0] = np.nan
+    existing = values(case.seed, "existing", r.experts.shape, r.experts.dtype, **kw) if accumulates else None
+    return gmm_ref.RoutedBackward.of(r, dy, existing)
 
 
 def _fields(r: gmm_ref.Routing) -> dict[str, Any]:
@@ -161,50 +175,72 @@ def inputs(r: gmm_ref.Routing) -> dict[str, np.ndarray]:
     d = {"tokens": r.tokens, "experts": r.experts, "topk_ids": r.topk_ids, "topk_weights": r.topk_weights}
     if r.expert_map is not None:
         d["expert_map"] = r.expert_map
+    if isinstance(r, gmm_ref.RoutedBackward):
+        d["cotangent"] = r.cotangent
+        if r.existing is not None:
+            d["existing"] = r.existing
     return d
 
 
 def record(r: gmm_ref.Routing, output: str = "slots") -> tuple[tuple[int, ...], dict[str, str]]:
-    """(the golden's shape, ``[T, top_k, N]`` per slot or ``[T, N]`` combined; the manifest's dtypes: tokens as
-    ``lhs``, experts as ``rhs``)."""
-    shape = (r.num_tokens, r.n) if output == "combined" else (r.num_tokens, r.top_k, r.n)
-    return shape, {"lhs": str(r.tokens.dtype), "rhs": str(r.experts.dtype), "out": str(np.dtype(r.out_dtype))}
+    """(the golden's shape, ``[T, top_k, N]`` per slot or ``[T, N]`` combined, a gradient's its own; the manifest's
+    dtypes: tokens as ``lhs``, experts as ``rhs``, the golden's as ``out``)."""
+    t, top_k, n, k = r.num_tokens, r.top_k, r.n, r.k
+    shape, dtype = {"slots": ((t, top_k, n), r.out_dtype), "combined": ((t, n), r.out_dtype),
+                    "d_slots": ((t, top_k, k), r.tokens.dtype), "d_tokens": ((t, k), r.tokens.dtype),
+                    "d_experts": (r.experts.shape, r.experts.dtype),
+                    "d_weights": ((t, top_k), r.topk_weights.dtype)}[output]
+    return tuple(shape), {"lhs": str(r.tokens.dtype), "rhs": str(r.experts.dtype), "out": str(np.dtype(dtype))}
 
 
 @dataclass(frozen=True)
 class RoutedGoldenReference:
     """The routed reference as a golden reads it (``values``, ``exact``, ``mask``, :meth:`bound`, as
-    ``gmm_ref.Reference`` is a grouped case's): the per-slot output (``output="slots"``) or the combined output
-    (``"combined"``, every element defined)."""
+    ``gmm_ref.Reference`` is a grouped case's): the per-slot output (``output="slots"``), the combined output
+    (``"combined"``, every element defined), or a backward kernel's gradient (``"d_slots"``, ``"d_experts"``, ...:
+    ``routed`` is then a ``gmm_ref.RoutedGradients``)."""
 
-    routed: Any  # gmm_ref.RoutedReference
+    routed: Any  # gmm_ref.RoutedReference, or gmm_ref.RoutedGradients for a gradient
     output: str = "slots"
 
     def __post_init__(self) -> None:
-        if self.output not in ("slots", "combined"):
-            raise ValueError(f"output: expected 'slots' or 'combined', got {self.output!r}")
+        outputs = ("slots", "combined", *GRADIENT_OUTPUTS)
+        if self.output not in outputs:
+            raise ValueError(f"output: expected one of {list(outputs)}, got {self.output!r}")
 
     @property
     def combined(self) -> bool:
         return self.output == "combined"
 
     @property
+    def routing(self) -> gmm_ref.Routing:
+        """The routing (a backward kernel's: with its cotangent) the reference is of."""
+        return self.routed.routing
+
+    @property
     def values(self) -> np.ndarray:
-        return self.routed.combined if self.combined else self.routed.slots
+        return output_target(self.routed, self.output)[0]
 
     @property
     def exact(self) -> np.ndarray:
-        return self.routed.combined_exact if self.combined else self.routed.slots_exact
+        return output_target(self.routed, self.output)[1]
 
     @property
     def mask(self) -> np.ndarray:
-        return np.ones(self.routed.combined.shape, bool) if self.combined else self.routed.slots_mask
+        return output_target(self.routed, self.output)[3]
 
     def bound(self, numerics: Any = None) -> np.ndarray:
-        return self.routed.combined_bound(numerics) if self.combined else self.routed.slot_bound(numerics)
+        return output_target(self.routed, self.output)[2](numerics)
 
 
 def reference(r: gmm_ref.Routing, output: str = "slots") -> RoutedGoldenReference:
+    """The reference of what a routed kernel returns for ``r``: its forward's (``r`` a ``gmm_ref.Routing``) or,
+    for a gradient ``output``, the routed gradients of ``r`` (a ``gmm_ref.RoutedBackward``)."""
+    if output in GRADIENT_OUTPUTS:
+        if not isinstance(r, gmm_ref.RoutedBackward):
+            raise TypeError(f"r: output={output!r} is a gradient: expected a gmm_ref.RoutedBackward, got "
+                            f"{type(r).__name__}")
+        return RoutedGoldenReference(gmm_ref.routed_gradients(r), output)
     return RoutedGoldenReference(gmm_ref.routed_reference(r), output)
 
 
@@ -218,39 +254,44 @@ class Outcome:
 
 
 def check(out: Any, ref: RoutedGoldenReference, *, numerics: Any = None, kernel: str = "kernel") -> Outcome:
-    """A per-slot or combined output against the routed reference (``gmm_ref.assert_routed_matches``), without
-    raising."""
+    """A routed kernel's output (per slot, combined or a gradient) against the routed reference
+    (``gmm_ref.assert_routed_matches``), without raising."""
     try:
         gmm_ref.assert_routed_matches(out, ref.routed, numerics=numerics, kernel=kernel, output=ref.output)
     except gmm_ref.Mismatch as exc:
         a = np.asarray(out)
         if a.shape != ref.values.shape:
             return Outcome(False, None, str(exc))
-        wrong = combined_wrong if ref.combined else routed_wrong
-        bad = wrong(_dt.as_numpy(a, name="output").astype(np.float64), ref.routed, ref.bound(numerics))
+        bad = output_wrong(_dt.as_numpy(a, name="output").astype(np.float64), ref.routed, ref.output,
+                           ref.bound(numerics))
         return Outcome(False, bad, str(exc))
     return Outcome(True)
 
 
 def describe_bad(r: gmm_ref.Routing, bad: np.ndarray, mask: np.ndarray, actual: np.ndarray,
-                 desired: np.ndarray) -> str:
+                 desired: np.ndarray, output: str = "slots") -> str:
     """One line: how many defined elements are wrong, in which slots, and the first one's token, slot, expert (a
-    combined ``[T, N]`` output: in which tokens, and the first one's token, column and the slots feeding its row)."""
+    combined ``[T, N]`` output: in which tokens, and the first one's token, column and the slots feeding its row;
+    the experts' gradient: in which experts, and the first one's expert and element)."""
     idx = np.argwhere(bad)
-    if bad.ndim == 2:  # the combined output
-        t, c = (int(i) for i in idx[0])
-        tokens = sorted({int(x) for x, _ in idx})
-        return (f"{len(idx)} / {int(mask.sum())} defined elements wrong in {len(tokens)} token(s) "
-                f"{tokens[:8]}{' ...' if len(tokens) > 8 else ''}; first at token {t}, column {c}: "
-                f"{float(actual[t, c])!r} vs {float(desired[t, c])!r} (the combined row of token {t}: the weighted "
-                f"sum of {combined_feeds(r, t)})")
-    t, j, c = (int(i) for i in idx[0])
-    slots = sorted({(int(x), int(y)) for x, y, _ in idx})
-    local = int(r.local_ids[t, j])
-    where = f"local {local}" + (", on another rank" if local < 0 else "")
-    return (f"{len(idx)} / {int(mask.sum())} defined elements wrong in {len(slots)} (token, slot)s "
-            f"{slots[:6]}{' ...' if len(slots) > 6 else ''}; first at token {t}, slot {j} (expert "
-            f"{int(r.topk_ids[t, j])}, {where}), column {c}: {float(actual[t, j, c])!r} vs {float(desired[t, j, c])!r}")
+    first = tuple(int(i) for i in idx[0])
+    values = f"{float(actual[first])!r} vs {float(desired[first])!r}"
+    head = f"{len(idx)} / {int(mask.sum())} defined elements wrong in "
+    if output in ("combined", "d_tokens"):
+        t = first[0]
+        tokens = sorted({int(x) for x in idx[:, 0]})
+        row = "combined row" if output == "combined" else "gradient"
+        summed = "the weighted sum" if output == "combined" else "the sum"
+        return (f"{head}{len(tokens)} token(s) {tokens[:8]}{' ...' if len(tokens) > 8 else ''}; first at "
+                f"{routed_element(r, output, first)}: {values} (the {row} of token {t}: {summed} of "
+                f"{combined_feeds(r, t)})")
+    if output == "d_experts":
+        experts = sorted({int(x) for x in idx[:, 0]})
+        return (f"{head}{len(experts)} local expert(s) {experts[:8]}{' ...' if len(experts) > 8 else ''}; first at "
+                f"{routed_element(r, output, first)}: {values}")
+    slots = sorted({(int(x), int(y)) for x, y in idx[:, :2]})
+    return (f"{head}{len(slots)} (token, slot)s {slots[:6]}{' ...' if len(slots) > 6 else ''}; first at "
+            f"{routed_element(r, output, first)}: {values}")
 
 
 # ---------------------------------------------- what the golden modules call: a grouped problem or a routing

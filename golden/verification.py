@@ -138,7 +138,7 @@ def _verify_values(n: str, who: str, entry: dict, g: Any, p: Any, fix: str) -> s
         return None
     out = routed.check_of(g.out, ref, numerics=numerics_from_json(entry.get("numerics")))
     if not out.ok:
-        why = (describe_bad(p, out.bad, ref.mask, g.out, ref.values) if out.bad is not None
+        why = (describe_bad(p, out.bad, ref.mask, g.out, ref.values, routed.output_of(g.case)) if out.bad is not None
                else out.message.splitlines()[-1])
         return f"{n}{who}: the golden is outside the gmm_ref bound: {why}"
     return None

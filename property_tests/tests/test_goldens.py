@@ -86,9 +86,12 @@ def test_corpus_covers_every_family_convention_and_edge_class():
     corpus = _corpus()
     fams = {c.family for c in corpus}
     assert fams == set(gmm_ref.FAMILIES) | set(gmm_ref.families.routed_names())
-    # every convention has cases, the routed ones of both outputs (per slot and combined) included
+    # every convention has cases, the routed ones of every output (per slot, combined, the gradients) included
+    from golden.routed import output_of
+
     outputs = {gmm_ref.conventions.get(n).output for n in gmm_ref.conventions.routed_names()}
-    assert outputs == {"slots", "combined"}
+    assert {output_of(c) for c in corpus if c.convention in gmm_ref.conventions.routed_names()} == outputs
+    assert {"slots", "combined", "d_slots", "d_experts"} <= outputs
     assert {c.convention for c in corpus} == set(gmm_ref.conventions.names()) | set(gmm_ref.conventions.routed_names())
     tags = {t for c in corpus for t in c.tags}
     for t in ("empty_first", "empty_middle", "empty_last", "all_empty", "unaligned", "tail", "sharded",

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gmm_ref
 from gmm_kernels import Status, wrap
 from golden.case import Case, build_problem
 from golden.cases import CASES
@@ -151,12 +152,16 @@ def test_the_output_kind_follows_from_the_convention_and_the_new_fields_are_left
 
     for c in ROUTED:
         r = build_problem(c)
-        combined = c.convention == "torch.moe_experts"
-        assert output_of(c) == ("combined" if combined else "slots")
-        assert record_of(r, c)[0] == ((r.num_tokens, r.n) if combined else (r.num_tokens, r.top_k, r.n))
+        want = {"torch.moe_experts": ("combined", (r.num_tokens, r.n)),
+                "unsloth.grouped_gemm_dX": ("d_slots", (r.num_tokens, r.top_k, r.k)),
+                "unsloth.grouped_gemm_dW": ("d_experts", r.experts.shape),
+                "unsloth.grouped_gemm_dW_accumulate": ("d_experts", r.experts.shape)}.get(
+                    c.convention, ("slots", (r.num_tokens, r.top_k, r.n)))
+        assert (output_of(c), record_of(r, c)[0]) == want, c.name
         assert Case.from_json(c.to_json()) == c
     assert len(TORCH) >= 4
-    assert not {"router", "repeat_tokens"} & {k for c in CASES if c not in TORCH for k in c.to_json()}
+    # the cases older than these fields (all but the combined and the backward ones) keep their specs
+    assert not {"router", "repeat_tokens"} & {k for c in CASES if c not in TORCH + BACKWARD for k in c.to_json()}
 
 
 def test_the_combined_cases_reach_their_edge_classes():
@@ -192,8 +197,6 @@ def test_routed_case_fields_are_checked_by_name():
 
 @needs_data
 def test_the_combined_goldens_verify_and_hold_the_once_rounded_combined_output():
-    import gmm_ref
-
     code, report = verify(DATA, CASES, cases="moe-torch-*")
     assert code == 0 and f"{len(TORCH)} case(s)" in report, report
     man = GoldenStore(DATA).manifest()["cases"]
@@ -280,3 +283,94 @@ def test_the_golden_command_takes_a_routed_convention_for_a_function(tmp_path):
                           text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASSED      mymoe:kernel :: moe-torch-f32-top4" in done.stdout, done.stdout
+
+
+# ------------------------------------------------ the backward kernels' goldens: a gradient, with its cotangent
+BACKWARD = [c for c in ROUTED if gmm_ref.conventions.get(c.convention).backward]
+EXPERT = r"first at expert \d+ \(local \d+\), n \d+, k \d+: "
+
+
+def test_the_backward_cases_carry_their_cotangent_and_reach_both_forms_and_both_gradients():
+    """Read from the backwards the cases build: a cotangent each, an existing gradient where the convention adds
+    into one, both of unsloth's forms (permute_x, permute_y) and a token listing one expert twice."""
+    from gmm_ref.conventions.unsloth import backward_form_of
+
+    bs = {c.name: build_problem(c) for c in BACKWARD}
+    assert all(isinstance(b, gmm_ref.RoutedBackward) for b in bs.values())
+    assert {c.convention for c in BACKWARD} == {n for n in gmm_ref.conventions.routed_names()
+                                                if gmm_ref.conventions.get(n).backward}
+    for c in BACKWARD:
+        assert (bs[c.name].existing is not None) == gmm_ref.conventions.get(c.convention).accumulates, c.name
+    for conv in ("unsloth.grouped_gemm_dX", "unsloth.grouped_gemm_dW"):
+        assert {backward_form_of(bs[c.name]) for c in BACKWARD if c.convention == conv} == {"permute_x",
+                                                                                           "permute_y"}, conv
+    assert any(b.repeats_an_expert for b in bs.values())
+    assert any(np.bincount(b.topk_ids.ravel(), minlength=b.num_experts).min() == 0 for b in bs.values())
+
+
+@needs_data
+def test_the_backward_goldens_hold_the_once_rounded_gradients():
+    man = GoldenStore(DATA).manifest()["cases"]
+    for c in BACKWARD:
+        g = GoldenStore(DATA).load(c.name, man[c.name]["reference"])
+        grads = gmm_ref.routed_gradients(build_problem(c))
+        want = grads.inputs.slots if c.convention.endswith("dX") else grads.experts
+        assert g.out.shape == want.shape, c.name
+        assert np.array_equal(g.out.view(np.uint8), np.where(g.mask, want, 0).astype(want.dtype).view(np.uint8)), \
+            c.name
+
+
+@needs_data
+def test_a_users_dw_passes_the_gradient_goldens_and_its_expert_order_twin_is_named():
+    """A torch dW in unsloth's convention passes; its twin reading dY in expert order under permute_y fails the
+    permute_y case, naming the expert, the element and the culprit."""
+    pytest.importorskip("torch")
+    from property_tests.tests.test_unsloth_backward import torch_dw, torch_dw_expert_order
+
+    ok = check_goldens(wrap(torch_dw, "unsloth.grouped_gemm_dW"), DATA)
+    assert len(ok) == 2 and all(r.status is Status.PASSED for r in ok), [r.line() for r in ok]
+    bad = {r.check: r for r in check_goldens(wrap(torch_dw_expert_order, "unsloth.grouped_gemm_dW"), DATA)}
+    r = bad["moe-unsloth-dw-f16-top2-empty-experts"]
+    assert r.status is Status.FAILED and re.search(EXPERT, r.detail), r.detail
+    assert "the cotangent rows read in expert order" in r.detail, r.detail
+
+
+def _unsloth_wheel():
+    from gmm_kernels import triton_interpreter
+    from gmm_kernels.adapters import unsloth as adapter
+
+    if adapter.WHEEL.find() is None:
+        pytest.skip(f"no unsloth {adapter.WHEEL_VERSION} wheel here; get it with: {adapter.DOWNLOAD}")
+    if not triton_interpreter.use_if_no_gpu():
+        pytest.skip("torch sees a GPU here (or TRITON_INTERPRET is off): this runs unsloth's kernels interpreted")
+    return adapter
+
+
+@needs_data
+@pytest.mark.parametrize(("name", "function", "bug", "case", "where"), [
+    ("unsloth.grouped_gemm_dX", "_grouped_gemm_dX_kernel", "dy_not_gathered", "moe-unsloth-dx-bf16-top2-repeat", SLOT),
+    ("unsloth.grouped_gemm_dX", "_grouped_gemm_dX_kernel", "dx_not_scattered", "moe-unsloth-dx-f32-top4-exact", SLOT),
+    ("unsloth.grouped_gemm_dW", "_grouped_gemm_dW_per_expert_kernel", "dy_read_in_expert_order",
+     "moe-unsloth-dw-f16-top2-empty-experts", EXPERT),
+    ("unsloth.grouped_gemm_dW_accumulate", "_grouped_gemm_dW_per_expert_kernel", "existing_overwritten",
+     "moe-unsloth-dw-accumulate-bf16-top2", EXPERT),
+], ids=["dX-dy_not_gathered", "dX-dx_not_scattered", "dW-dy_read_in_expert_order", "dW_accumulate-existing_overwritten"])
+def test_unsloths_backward_kernels_pass_the_gradient_goldens_and_fail_them_with_one_line_broken(
+        name, function, bug, case, where, tmp_path, monkeypatch):
+    adapter = _unsloth_wheel()
+    from property_tests.tests.wheel_twins import edited_wheel
+
+    ok = check_goldens(name, DATA)
+    assert ok and all(r.status is Status.PASSED for r in ok), [r.line() for r in ok]
+    wheel = adapter.WHEEL.find()
+    for i, (old, new) in enumerate(_edits(bug)):
+        wheel = edited_wheel(wheel, adapter.BACKWARD_MEMBER, function, old, new, tmp_path / f"{bug}-{i}.whl")
+    monkeypatch.setenv(adapter.WHEEL.env, str(wheel))
+    bad = {r.check: r for r in check_goldens(name, DATA)}
+    assert bad[case].status is Status.FAILED and re.search(where, bad[case].detail), bad[case].detail
+
+
+def _edits(bug):
+    from property_tests.tests.test_unsloth_backward import ACCUMULATE_EDITS, DW_EDITS, DX_EDITS
+
+    return ACCUMULATE_EDITS[bug] if bug in ACCUMULATE_EDITS else [{**DX_EDITS, **DW_EDITS}[bug]]
