@@ -354,7 +354,8 @@ def _unsloth_wheel():
      "moe-unsloth-dw-f16-top2-empty-experts", EXPERT),
     ("unsloth.grouped_gemm_dW_accumulate", "_grouped_gemm_dW_per_expert_kernel", "existing_overwritten",
      "moe-unsloth-dw-accumulate-bf16-top2", EXPERT),
-], ids=["dX-dy_not_gathered", "dX-dx_not_scattered", "dW-dy_read_in_expert_order", "dW_accumulate-existing_overwritten"])
+], ids=["dX-dy_not_gathered", "dX-dx_not_scattered", "dW-dy_read_in_expert_order",
+        "dW_accumulate-existing_overwritten"])
 def test_unsloths_backward_kernels_pass_the_gradient_goldens_and_fail_them_with_one_line_broken(
         name, function, bug, case, where, tmp_path, monkeypatch):
     adapter = _unsloth_wheel()
