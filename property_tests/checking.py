@@ -167,8 +167,8 @@ class _Tally:
 
 
 def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally, run: failures.CheckRun,
-                   dry: bool = False, drawn: bool = False) -> Callable[..., None]:
-    check = _cell_check(adapter, mode, cov, tally, run, dry)
+                   dry: bool = False, drawn: bool = False, where: str = "") -> Callable[..., None]:
+    check = _cell_check(adapter, mode, cov, tally, run, dry, where or mode.name)
 
     # what Hypothesis runs: short, for Hypothesis digests its source for the example database's key
     def cell(problem: tuple[gmm_ref.Problem, ...]) -> None:
@@ -189,7 +189,7 @@ def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Ta
 
 
 def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally, run: failures.CheckRun,
-                dry: bool) -> Callable[[tuple[gmm_ref.Problem, ...]], None]:
+                dry: bool, where: str) -> Callable[[tuple[gmm_ref.Problem, ...]], None]:
     def prop(problems: tuple[gmm_ref.Problem, ...]) -> None:
         __tracebackhide__ = True
         try:
@@ -197,6 +197,7 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
         except Exception as exc:
             # its notes so far are the checked code's, not Hypothesis'
             failures.left_property(exc, failures.recipe_problem(exc, problems[0]))
+            run.found(adapter, where, exc)  # said now, before shrinking
             raise
 
     def one(problems: tuple[gmm_ref.Problem, ...]) -> None:
@@ -259,8 +260,9 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
     for i, n in zip(ordered, per_cell, strict=False):  # i: the cell's place in the design (its seed)
         cc = cov.cells[i]
         # a tuple of problems: one, or one shape with Mode.replays group-size vectors
-        prop = given(problem=replays(cov, cc, mode.replays))(_cell_property(adapter, mode, cov, tally, run, dry,
-                                                                            drawn=drawn and n == 1))
+        prop = given(problem=replays(cov, cc, mode.replays))(_cell_property(
+            adapter, mode, cov, tally, run, dry, drawn=drawn and n == 1,
+            where=f"{cc.family} / {mode.name}" if cc.family else mode.name))
         cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} {cc.family} {cc.cell.describe()}"
         if seed is not None or derandomized:
             cell_seed = zlib.crc32(f"{cc.family} {cc.cell.describe()}".encode()) ^ (seed or 0) ^ i
@@ -334,6 +336,7 @@ def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, pr
         except Exception as exc:
             where = run.seen_before(adapter, exc)
             if where is None:
+                run.found(adapter, f"routed / {mode.name}", exc)  # said now, before shrinking
                 raise
             tally.repeated.append((where, exc))
             return

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from hypothesis.errors import HypothesisException
 
 import gmm_ref
 from gmm_kernels import KernelAdapter, triton_interpreter
@@ -31,12 +34,15 @@ from gmm_ref.compare import REPRODUCE
 from gmm_ref.repro import fenced
 
 __all__ = [
+    "LOGGER",
     "CheckRun",
     "Repeated",
     "attach",
     "finish",
     "forget",
+    "found_line",
     "left_property",
+    "log_found",
     "name_guarded_reads",
     "note",
     "one_line",
@@ -226,9 +232,23 @@ class CheckRun:
     tests): the exceptions each kernel, by name, raised in a check already reported. The run holds it; the
     kernels it checks are not changed."""
 
-    def __init__(self) -> None:
+    def __init__(self, announce: Callable[[str, str, str], None] | None = None) -> None:
         #: (kernel name, the exception's signature) -> (the check that reported it, its one line)
         self._reported: dict[tuple[str, str], tuple[str, str]] = {}
+        #: ``announce(kernel, where, line)``: told of a check's first failing example as soon as it is found,
+        #: before Hypothesis shrinks it (default: :func:`log_found`)
+        self.announce = announce if announce is not None else log_found
+        self._found: set[tuple[str, str]] = set()
+
+    def found(self, adapter: KernelAdapter, where: str, exc: BaseException) -> None:
+        """A check (``where``: ``MODE`` or ``FAMILY / MODE``) of the kernel has a failing example: announce its
+        first one, once a check and before shrinking (the report, shrunk, follows when the check ends). Hypothesis'
+        own control flow (an ``assume``) is no failure."""
+        if isinstance(exc, HypothesisException) or (adapter.name, where) in self._found:
+            return
+        self._found.add((adapter.name, where))
+        with contextlib.suppress(Exception):  # an announcement never changes a verdict
+            self.announce(adapter.name, where, one_line(exc))
 
     def record_raised(self, adapter: KernelAdapter, exc: BaseException, where: str) -> None:
         """The kernel raised ``exc`` (not a mismatch) in the check ``where``: later checks of the same kernel in
@@ -243,6 +263,21 @@ class CheckRun:
             return None
         found = self._reported.get((adapter.name, _signature(exc)))
         return None if found is None else found[0]
+
+
+#: the logger :func:`log_found` writes to (its WARNING reaches stderr unless the application configures logging)
+LOGGER = logging.getLogger("gmm_harness")
+
+
+def found_line(kernel: str, where: str, line: str) -> str:
+    """``gmm-harness: FOUND KERNEL / WHERE (shrinking it; the report follows): LINE``."""
+    return f"gmm-harness: FOUND {kernel} / {where} (shrinking it; the report follows): {line[:300]}"
+
+
+def log_found(kernel: str, where: str, line: str) -> None:
+    """The default announcement of a failing example found (:meth:`CheckRun.found`): a WARNING of
+    :data:`LOGGER`."""
+    LOGGER.warning(found_line(kernel, where, line))
 
 
 def name_guarded_reads(adapter: KernelAdapter, exc: BaseException) -> None:

@@ -41,7 +41,7 @@ from gmm_kernels import KernelAdapter, Status, device, triton_interpreter
 from gmm_ref import conventions
 from gmm_ref.names import did_you_mean
 from property_tests import compile_cache, coverage, example_db, large, paths, shards, tiers
-from property_tests.failures import CheckRun
+from property_tests.failures import CheckRun, found_line
 from property_tests.modes import ALL_MODES, MODES
 from property_tests.options import SCOPE_OPTIONS, add_device_option, add_scope_options, modes_option
 from property_tests.request import WorkRequest, resolve_request
@@ -221,7 +221,10 @@ def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, Kern
     examples = {name: args.max_examples if args.kernel else examples_in_default_run(k, args.max_examples)
                 for name, k in kernels.items()}
     if args.in_process:
-        checks = CheckRun()  # the run's cells: an exception a kernel raises is reported in its first cell
+        # the run's cells: an exception a kernel raises is reported in its first cell; a failing example is said
+        # as soon as it is found, before it is shrunk
+        checks = CheckRun(lambda kernel, where, line: print(found_line(kernel, where, line), file=sys.stderr,
+                                                            flush=True))
 
         def run(cell: Cell, seed: int | None) -> CellOutcome:
             try:

@@ -281,11 +281,22 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def gmm_check_run() -> Any:
-    """The session's ``property_tests.failures.CheckRun``, shared by the checks of its kernels."""
-    from property_tests.failures import CheckRun
+def gmm_check_run(request: pytest.FixtureRequest) -> Any:
+    """The session's ``property_tests.failures.CheckRun``, shared by the checks of its kernels. A failing example
+    is said on stderr as soon as it is found, before it is shrunk (``gmm-harness: FOUND ...``); under xdist a
+    worker's stderr is not shown, so there it is a log record (in the test's report)."""
+    from property_tests.failures import CheckRun, found_line
 
-    return CheckRun()
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    if hasattr(request.config, "workerinput") or capman is None:
+        return CheckRun()
+
+    def announce(kernel: str, where: str, line: str) -> None:
+        with capman.global_and_fixture_disabled():
+            sys.stderr.write(found_line(kernel, where, line) + "\n")
+            sys.stderr.flush()
+
+    return CheckRun(announce)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

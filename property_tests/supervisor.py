@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gmm_kernels import Status
+from property_tests.failures import found_line
 from property_tests.request import WorkRequest
 from property_tests.shards import Cell
 from property_tests.table import CellOutcome, Table, failure_line, not_run
@@ -169,6 +170,8 @@ class Supervisor:
                 state.update(error=event["text"], traceback=event.get("traceback", ""))
             elif kind == "end":
                 state["end"] = True
+            elif kind == "found":  # a failing example, before it is shrunk: said now
+                print(found_line(event["kernel"], event["where"], event["text"]), file=sys.stderr, flush=True)
             elif kind == "cell":
                 self._cell(event, state)
         except (ValueError, TypeError, KeyError):

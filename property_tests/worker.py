@@ -59,7 +59,9 @@ def _work(request: WorkRequest, emit: Callable[..., None]) -> None:
     register_profiles()
     device.select(request.device, option="the request's device")
     kernels = {k.name: k for k in resolve_request(request)}
-    checks = CheckRun()  # the worker's cells: an exception a kernel raises is reported in its first cell
+    # the worker's cells: an exception a kernel raises is reported in its first cell; a failing example is told to
+    # the supervisor as soon as it is found, before it is shrunk
+    checks = CheckRun(lambda kernel, where, line: emit(event="found", kernel=kernel, where=where, text=line))
 
     def run(cell: Cell, seed: int | None) -> CellOutcome:
         return run_cell(kernels[cell.kernel], cell.family, cell.column, max_examples=request.max_examples,

@@ -88,6 +88,10 @@ def test_a_broken_kernel_fails_at_once_and_fail_fast_runs_no_other_mode():
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     first = f"gmm-harness: FAIL {BROKEN} / ragged_m / {order[0]}: tail (past sum(group_sizes)): "
     assert proc.stderr.count("gmm-harness: FAIL") == 1 and first in proc.stderr, proc.stderr
+    # the failing example was said when it was found, before it was shrunk (and the FAIL line, shrunk, after)
+    found = f"gmm-harness: FOUND {BROKEN} / ragged_m / {order[0]} (shrinking it; the report follows): tail "
+    assert proc.stderr.count("gmm-harness: FOUND") == 1 and proc.stderr.index(found) < proc.stderr.index(first), \
+        proc.stderr
     cells = _cells(proc.stdout, BROKEN)
     assert cells[order[0]].startswith("FAIL") and cells[order[1]].startswith("n/a") and cells[order[2]] == cells[
         order[1]]
@@ -108,6 +112,38 @@ def test_a_correct_kernels_run_is_the_same_with_fail_fast():
     assert plain.returncode == fast.returncode == 0, plain.stdout[-3000:] + fast.stdout[-3000:]
     assert _cells(plain.stdout, "jax.ragged_dot") == _cells(fast.stdout, "jax.ragged_dot")
     assert "gmm-harness: FAIL" not in plain.stderr + fast.stderr
+    assert "gmm-harness: FOUND" not in plain.stderr + fast.stderr
+
+
+def test_check_kernel_says_a_failing_example_when_it_is_found_once_a_check_before_shrinking(caplog):
+    """The shrunk report comes when a check ends (seconds of shrinking later); the first failing example is a
+    WARNING of the ``gmm_harness`` logger at once (stderr, unless the application configures logging), once per
+    check (the shrinking's failing examples are not said again); a correct kernel's run says nothing."""
+    import logging
+
+    import pytest
+
+    import gmm_ref
+    from property_tests.checking import check_kernel
+    from property_tests.failures import CheckRun
+    from property_tests.tests.broken_kernels import ragged_dot_correct, ragged_dot_tail_not_zeroed
+
+    with caplog.at_level(logging.WARNING, logger="gmm_harness"), pytest.raises(gmm_ref.Mismatch) as info:
+        check_kernel(ragged_dot_tail_not_zeroed, convention="ragged_dot", modes=["normal"], max_examples=10)
+    said = [r.getMessage() for r in caplog.records if r.name == "gmm_harness"]
+    assert len(said) == 1 and said[0].startswith("gmm-harness: FOUND property_tests.tests.broken_kernels:"
+                                                 "ragged_dot_tail_not_zeroed / ragged_m / normal (shrinking it; "
+                                                 "the report follows): tail (past sum(group_sizes))"), said
+    assert "tail (past sum(group_sizes))" in str(info.value)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gmm_harness"):
+        check_kernel(ragged_dot_correct, convention="ragged_dot", modes=["normal"], max_examples=10)
+    assert not [r for r in caplog.records if r.name == "gmm_harness"]
+    # an announcement that raises changes no verdict
+    run = CheckRun(announce=lambda *a: 1 / 0)
+    from gmm_kernels import wrap
+
+    run.found(wrap(ragged_dot_correct, "ragged_dot"), "normal", ValueError("x"))
 
 
 def test_the_plugin_prints_the_failure_at_once_and_honours_x(tmp_path):
@@ -116,6 +152,8 @@ def test_the_plugin_prints_the_failure_at_once_and_honours_x(tmp_path):
     fast = subprocess.run([*run, "-x"], capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
     assert fast.returncode == 1, fast.stdout[-3000:] + fast.stderr[-3000:]
     assert f"gmm-harness: FAIL {BROKEN} / {RUN_ORDER[0]}: tail (past sum(group_sizes)): " in fast.stderr, fast.stderr
+    # said when found, before shrinking (not captured: on the terminal while the test runs)
+    assert f"gmm-harness: FOUND {BROKEN} / ragged_m / {RUN_ORDER[0]} (shrinking it" in fast.stderr, fast.stderr
     assert "1 failed" in fast.stdout and "stopping after 1 failures" in fast.stdout  # the first mode run
     listed = subprocess.run([*run, "--collect-only"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                             check=False)
