@@ -197,7 +197,7 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
         except Exception as exc:
             # its notes so far are the checked code's, not Hypothesis'
             failures.left_property(exc, failures.recipe_problem(exc, problems[0]))
-            run.found(adapter, where, exc)  # said now, before shrinking
+            run.found(adapter, mode.name, where, exc)  # said now, before shrinking
             raise
 
     def one(problems: tuple[gmm_ref.Problem, ...]) -> None:
@@ -336,7 +336,7 @@ def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, pr
         except Exception as exc:
             where = run.seen_before(adapter, exc)
             if where is None:
-                run.found(adapter, f"routed / {mode.name}", exc)  # said now, before shrinking
+                run.found(adapter, mode.name, f"routed / {mode.name}", exc)  # said now, before shrinking
                 raise
             tally.repeated.append((where, exc))
             return

@@ -240,12 +240,16 @@ class CheckRun:
         self.announce = announce if announce is not None else log_found
         self._found: set[tuple[str, str]] = set()
 
-    def found(self, adapter: KernelAdapter, where: str, exc: BaseException) -> None:
-        """A check (``where``: ``MODE`` or ``FAMILY / MODE``) of the kernel has a failing example: announce its
-        first one, once a check and before shrinking (the report, shrunk, follows when the check ends). Hypothesis'
-        own control flow (an ``assume``) is no failure."""
+    def found(self, adapter: KernelAdapter, mode: str, where: str, exc: BaseException) -> None:
+        """A check of ``mode`` (``where``: ``MODE`` or ``FAMILY / MODE``) of the kernel has a failing example:
+        announce its first one, once a check and before shrinking (the report, shrunk, follows when the check
+        ends). Hypothesis' own control flow (an ``assume``) is no failure, and a mode the kernel declares a known
+        upstream bug in is no failure to announce (its verdict is the known bug)."""
         if isinstance(exc, HypothesisException) or (adapter.name, where) in self._found:
             return
+        with contextlib.suppress(Exception):
+            if adapter.known_issue(mode):
+                return
         self._found.add((adapter.name, where))
         with contextlib.suppress(Exception):  # an announcement never changes a verdict
             self.announce(adapter.name, where, one_line(exc))

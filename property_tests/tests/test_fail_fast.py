@@ -139,11 +139,19 @@ def test_check_kernel_says_a_failing_example_when_it_is_found_once_a_check_befor
     with caplog.at_level(logging.WARNING, logger="gmm_harness"):
         check_kernel(ragged_dot_correct, convention="ragged_dot", modes=["normal"], max_examples=10)
     assert not [r for r in caplog.records if r.name == "gmm_harness"]
+    # a mode the kernel declares a known upstream bug in: its verdict is the known bug, nothing is announced
+    from gmm_kernels import Status, get
+
+    with caplog.at_level(logging.WARNING, logger="gmm_harness"):
+        known = check_kernel("jax.ragged_dot", modes=["poisoned"], max_examples=10, raise_on_failure=False)
+    (result,) = list(known)
+    assert result.status is Status.KNOWN_BUG and get("jax.ragged_dot").known_issue("poisoned"), result.detail
+    assert not [r for r in caplog.records if r.name == "gmm_harness"]
     # an announcement that raises changes no verdict
     run = CheckRun(announce=lambda *a: 1 / 0)
     from gmm_kernels import wrap
 
-    run.found(wrap(ragged_dot_correct, "ragged_dot"), "normal", ValueError("x"))
+    run.found(wrap(ragged_dot_correct, "ragged_dot"), "normal", "normal", ValueError("x"))
 
 
 def test_the_plugin_prints_the_failure_at_once_and_honours_x(tmp_path):
