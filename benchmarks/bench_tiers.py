@@ -25,8 +25,10 @@ default ``--jobs``), cold and warm; ``gmm-nightly`` is left out unless named (it
 ``BROKEN_GRADIENTS``) through ``check_kernel(..., tier=T)`` in one process per tier, the modes in ``RUN_ORDER``
 (the main job's order), stopping at the first failure (``raise_on_failure``), and prints how many it caught,
 the CPU and wall seconds, and the time from the call to the first failure reported (shrunk, with its
-reproducer). A kernel whose convention cannot run here is left out and named. ``gmm-nightly``'s first round
-is ``gmm-ci``'s run, so a broken kernel it catches it catches there: it is measured only when named in ``--tiers``.
+reproducer), and the time to the first failing example said (``gmm-harness: FOUND``, before shrinking: the
+``gmm_harness`` logger's first record). A kernel whose convention cannot run here is left out and named.
+``gmm-nightly``'s first round is ``gmm-ci``'s run, so a broken kernel it catches it catches there: it is
+measured only when named in ``--tiers``.
 """
 
 from __future__ import annotations
@@ -84,8 +86,16 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from gmm_kernels import triton_interpreter
 triton_interpreter.use_if_no_gpu()
+import logging
 import gmm_ref
 from property_tests.checking import check_kernel
+from property_tests.failures import LOGGER
+said = []
+class _Said(logging.Handler):
+    def emit(self, record):
+        said.append(time.perf_counter())
+LOGGER.addHandler(_Said())
+LOGGER.propagate = False
 from property_tests.modes import MODES, run_rank
 from property_tests.tests.broken_kernels import BROKEN, BROKEN_GRADIENTS
 tier, wanted = sys.argv[1], set(sys.argv[2].split(",")) if sys.argv[2] else None
@@ -102,6 +112,7 @@ for group in (BROKEN, BROKEN_GRADIENTS):
                 print(json.dumps({**line, "left_out": str(exc)}), flush=True)
                 continue
             t0, c0 = time.perf_counter(), time.process_time()
+            said.clear()
             try:
                 check_kernel(fn, convention=convention, tier=tier, modes=order)
                 line["caught"] = None
@@ -109,7 +120,8 @@ for group in (BROKEN, BROKEN_GRADIENTS):
                 line["left_out"] = str(exc)[:200]
             except Exception as exc:
                 line["caught"] = type(exc).__name__ + ": " + str(exc).splitlines()[0][:120]
-            line.update(wall=time.perf_counter() - t0, cpu=time.process_time() - c0)
+            line.update(wall=time.perf_counter() - t0, cpu=time.process_time() - c0,
+                        said=said[0] - t0 if said else None)
             print(json.dumps(line), flush=True)
 '''
 
@@ -209,8 +221,9 @@ def _default_modes() -> list[str]:
 
 
 def bench_corpus(args: argparse.Namespace) -> None:
-    print("| tier | caught | CPU s | wall s | first failure, median / max s | not caught |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| tier | caught | CPU s | wall s | first failure, median / max s | first said, median / max s | within 10 s"
+          " (said / reported) | not caught |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for tier in args.tiers:
         cache = tempfile.mkdtemp(prefix="gmm-cache-")
         cmd = [sys.executable, "-c", CORPUS, tier, args.conventions or ""]
@@ -226,7 +239,11 @@ def bench_corpus(args: argparse.Namespace) -> None:
         left = [f"{r['kernel']} ({r['left_out'][:60]})" for r in rows if "left_out" in r]
         share = f"{len(caught)}/{len(run)} ({100 * len(caught) / max(len(run), 1):.0f} %)"
         times = f"{statistics.median(firsts):.1f} / {max(firsts):.1f}" if firsts else "-"
-        print(f"| {tier} | {share} | {cpu:.0f} | {wall:.0f} | {times} | {missed} |", flush=True)
+        # the first failing example said (gmm_harness log, before shrinking); the report itself where none was
+        saids = [r["said"] if r.get("said") is not None else r["wall"] for r in caught]
+        said = f"{statistics.median(saids):.1f} / {max(saids):.1f}" if saids else "-"
+        within = f"{sum(s <= 10 for s in saids)} / {sum(f <= 10 for f in firsts)} of {len(caught)}"
+        print(f"| {tier} | {share} | {cpu:.0f} | {wall:.0f} | {times} | {said} | {within} | {missed} |", flush=True)
         if left:
             print(f"left out under {tier}: {'; '.join(left)}", file=sys.stderr)
         if proc.returncode:
