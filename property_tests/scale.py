@@ -15,7 +15,10 @@ small absolute sizes; this mode adds the absolute sizes, cheaply:
 - K and N a few dozen (24, raised to the multiples the kernel needs), so each operand is a few MiB and
   the exact reference costs milliseconds;
 - exact values (small integers), so the check is bit for bit: a dropped, duplicated or misrouted row is a
-  wrong row, named with its group;
+  wrong row, named with its group; a convention of quantized operands only (FP8, MXFP8, NVFP4, int8/int4) gets
+  the cells scaled, in the first of its quantizations the kernel takes: codes of small integers, block scales
+  of 1 or 2 (the products stay exact), K a multiple of the scale blocks, so a scale read from another group's
+  table fails as a wrong value;
 - deterministic problems (seeded), one static signature per cell: no Hypothesis example is drawn or
   shrunk (a failing cell is already as small as it can be for the limit it crosses).
 
@@ -23,25 +26,29 @@ A kernel that runs interpreted here (``KernelAdapter.interpreted()``: Pallas int
 interpreter) gets the cell of :data:`INTERPRETED_GROUP_COUNTS` and the sharded one, not the others: each of
 its grid steps costs milliseconds (megablox's 513 row tiles of the rows cell take 16 s, G = 896 3.4 s), and
 1,025 groups cross 128, 256, 512 and 1,024 in one call. A cell the kernel cannot take (its declared extent or
-group limits, a family, a dtype, the scaled operands some conventions take only) is left out, and the result
+group limits, a family, a dtype, a quantization it declines) is left out, and the result
 says which and why (``pass (2; 2/8 cells)`` and a note); a kernel that can take none of them is ``n/a`` with
 the reasons, never a pass that checked nothing.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 import gmm_ref
 from gmm_kernels import KernelAdapter
+from gmm_ref import dtypes as _dt
 from gmm_ref import families
 from property_tests import scale_routed
 from property_tests.declared import axis_multiple, exact_pair
 from property_tests.modes import Unsupported
+from property_tests.strategies.values import fill_global_scales, fill_scales
 
 __all__ = ["GROUP_COUNTS", "INTERPRETED_GROUP_COUNTS", "ROWS", "ScaleCell", "cells", "cells_detail", "run_cells",
            "scale_problem"]
@@ -102,12 +109,31 @@ def _sizes(cell: ScaleCell, rng: np.random.Generator) -> np.ndarray:
     return sizes
 
 
+def _quantizations(adapter: KernelAdapter, family: str) -> list[tuple[Any, Any]] | None:
+    """The (lhs, rhs) quantizations a scale cell's operands may take for a convention that takes quantized
+    operands only: its pairs in ``family`` that quantize both operands (codes of a dtype the kernel declares), in
+    the convention's order (the first the kernel takes is used); None for a convention that takes unscaled
+    operands (the cells are unscaled then)."""
+    rules = adapter.convention_facts
+    if not rules.quantizations or (None, None) in rules.quantizations:
+        return None
+    declared = {np.dtype(p if isinstance(p, str) else p[0]) for p in adapter.limits().dtypes or rules.dtype_pairs}
+    return [q for q in rules.quantizations_for(family) if None not in q and q[0].elem in declared]
+
+
+def _scaled_out(adapter: KernelAdapter, elem: np.dtype) -> np.dtype:
+    """The output dtype of ``elem`` codes: the first the kernel declares for them (bfloat16 where it may)."""
+    declared = [(np.dtype(i), np.dtype(o)) for i, o in ((p, p) if isinstance(p, str) else p
+                                                         for p in adapter.limits().dtypes
+                                                         or adapter.convention_facts.dtype_pairs)]
+    outs = [o for i, o in declared if i == elem]
+    return next((o for o in outs if o == np.dtype(ml_dtypes.bfloat16)), outs[0] if outs else np.dtype(np.float32))
+
+
 def _refusal(adapter: KernelAdapter, cell: ScaleCell) -> str | None:
     """Why ``adapter`` gets no problem of ``cell`` whatever its shape, or None."""
-    rules = adapter.convention_facts
-    if rules.quantizations and (None, None) not in rules.quantizations:
-        return (f"{adapter.convention} takes quantized operands only; the scale mode builds unscaled ones "
-                "(block scales at these sizes are not built yet)")
+    if _quantizations(adapter, cell.family) == []:
+        return f"{adapter.convention} takes no quantization of both operands in the {cell.family} family"
     if families.get(cell.family).groups == families.ALIGNED:
         return f"the {cell.family} layout's cells are not built yet (groups aligned to the tile)"
     how = adapter.interpreted()
@@ -121,13 +147,15 @@ def _refusal(adapter: KernelAdapter, cell: ScaleCell) -> str | None:
     return None
 
 
-def _shape(adapter: KernelAdapter, cell: ScaleCell, rng: np.random.Generator, in_dt: np.dtype
-           ) -> tuple[dict[str, int], np.ndarray | None, int, int, int] | str:
+def _shape(adapter: KernelAdapter, cell: ScaleCell, rng: np.random.Generator, in_dt: np.dtype,
+           quants: tuple[Any, Any] | None = None) -> tuple[dict[str, int], np.ndarray | None, int, int, int] | str:
     """``({axis: extent}, group sizes, groups in all, local groups, group offset)`` of ``cell``, or why the
-    kernel's declared limits leave it out."""
+    kernel's declared limits leave it out (``quants``: a scaled cell's K a multiple of its scale blocks')."""
     fam, limits = families.get(cell.family), adapter.limits()
     total, local, offset = (cell.groups, cell.groups, 0) if cell.kind != "sharded" else SHARDED
     mults = {a: axis_multiple(adapter, a, cell.family, in_dt) for a in "mkn"}
+    for q in quants or ():
+        mults["k"] = math.lcm(mults["k"], *(b for b in q.block[1:] if b))
     mkn = {a: _round_up(SMALL, mults[a]) for a in "mkn"}
     sizes: np.ndarray | None = None
     if fam.takes_sizes and not fam.serving:
@@ -155,24 +183,39 @@ def _shape(adapter: KernelAdapter, cell: ScaleCell, rng: np.random.Generator, in
 
 
 def scale_problem(adapter: KernelAdapter, cell: ScaleCell, seed: int = 0) -> gmm_ref.Problem | str:
-    """The problem of ``cell`` for ``adapter``, or why it cannot take it (a sentence)."""
+    """The problem of ``cell`` for ``adapter``, or why it cannot take it (a sentence). A convention of quantized
+    operands only gets the cell scaled, in the first of its quantizations the kernel takes."""
     why = _refusal(adapter, cell)
     if why is not None:
         return why
+    candidates = _quantizations(adapter, cell.family)
+    for quants in candidates or [None]:
+        problem = _build(adapter, cell, seed, quants)
+        if not isinstance(problem, str):
+            return problem
+        why = why or problem  # the first quantization's reason, where none is taken
+    return why
+
+
+def _build(adapter: KernelAdapter, cell: ScaleCell, seed: int, quants: tuple[Any, Any] | None
+           ) -> gmm_ref.Problem | str:
+    """The problem of ``cell`` (scaled by ``quants`` where given), or why ``adapter`` cannot take it."""
     rules, fam = adapter.convention_facts, families.get(cell.family)
-    in_dt, out_dt = exact_pair(adapter)
+    in_dt, out_dt = exact_pair(adapter) if quants is None else (quants[0].elem, _scaled_out(adapter, quants[0].elem))
     rng = np.random.default_rng(seed + cell.groups)
-    shape = _shape(adapter, cell, rng, in_dt)
+    shape = _shape(adapter, cell, rng, in_dt, quants)
     if isinstance(shape, str):
         return shape
     (m, k, n), sizes, _total, local, offset = shape[0].values(), *shape[1:]
     lt, rt, packed = rules.layouts_of(cell.family)[0]
 
     def exact(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return rng.integers(-2, 3, shape, dtype=np.int8).astype(dtype)
+        return rng.integers(-2, 3, shape, dtype=np.int8).astype(dtype)  # exact in every code dtype too
 
-    lhs = exact((*((local,) if fam.is_grouped("lhs") else ()), *((k, m) if lt else (m, k))), in_dt)
-    rhs = exact((*((local,) if fam.is_grouped("rhs") else ()), *((n, k) if rt else (k, n))), in_dt)
+    lhs = exact((*((local,) if fam.is_grouped("lhs") else ()), *((k, m) if lt else (m, k))),
+                in_dt if quants is None else quants[0].elem)
+    rhs = exact((*((local,) if fam.is_grouped("rhs") else ()), *((n, k) if rt else (k, n))),
+                in_dt if quants is None else quants[1].elem)
     kwargs: dict[str, Any] = dict(lhs_transposed=lt, rhs_transposed=rt, packed=packed, out_dtype=out_dt,
                                   convention=adapter.convention, **rules.policies(cell.family))
     if adapter.tiling is not None:
@@ -183,7 +226,10 @@ def scale_problem(adapter: KernelAdapter, cell: ScaleCell, seed: int = 0) -> gmm
         kwargs["existing_out"] = exact(fam.shape("out", m, 0, n, local), out_dt)
     gs = None if sizes is None else np.asarray(sizes, np.int32)
     try:
-        problem = gmm_ref.Problem(cell.family, lhs, rhs, gs, **kwargs)
+        if quants is None:
+            problem = gmm_ref.Problem(cell.family, lhs, rhs, gs, **kwargs)
+        else:
+            problem = _with_scales(cell.family, lhs, rhs, gs, quants, rng, kwargs)
     except (ValueError, TypeError) as exc:
         return f"{adapter.convention} cannot express this cell: {exc}"
     resolve = f"gmm_kernels.resolve_kernel({adapter.name!r}, convention={adapter.convention!r})"
@@ -192,6 +238,23 @@ def scale_problem(adapter: KernelAdapter, cell: ScaleCell, seed: int = 0) -> gmm
                                               f"scale.scale_problem({resolve}, {cell_src}, seed={seed})"))
     why = adapter.supports(problem)
     return f"{adapter.name} declines it: {why}" if why else problem
+
+
+def _with_scales(family: str, lhs: np.ndarray, rhs: np.ndarray, sizes: np.ndarray | None, quants: tuple[Any, Any],
+                 rng: np.random.Generator, kwargs: dict[str, Any]) -> gmm_ref.Problem:
+    """The scaled problem of the codes ``lhs`` and ``rhs`` (small integers): the scales of ``quants`` 1 or 2, so
+    the products stay exact (as the strategies' ``exact`` kind: ``fill_scales``)."""
+    out_dt = kwargs["out_dtype"]
+    lc, rc = _dt.standin_codes(lhs), _dt.standin_codes(rhs)
+    codes = gmm_ref.Problem(family, lc, rc, sizes, **{**kwargs, "existing_out": None,
+                                                      "out_dtype": None if lc.dtype == rc.dtype else np.float32})
+    extra: dict[str, Any] = {"lhs": lhs, "rhs": rhs}
+    for name, q in zip(("lhs", "rhs"), quants, strict=True):
+        count = sum(math.prod(shape) for shape in codes.scale_shapes(name, q))
+        extra.update({f"{name}_quant": q, f"{name}_scales": fill_scales(rng, count, q, "exact", 1, out_dt)})
+        if q.global_scale:
+            extra[f"{name}_global"] = fill_global_scales(rng, codes.num_local_groups, "exact")
+    return codes.replace(**extra, out_dtype=out_dt, existing_out=kwargs.get("existing_out"))
 
 
 def run_cells(adapter: KernelAdapter, mode: Any, family: str | None,

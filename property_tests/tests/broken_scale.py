@@ -90,3 +90,24 @@ def grouped_mm_weight_table_of_128(mat_a, mat_b, offs=None, bias=None, out_dtype
 
 #: the same class in a convention of four forms (ragged M, N, K and batch): every family's scale cells catch it
 BROKEN_AT_SCALE_TORCH = {"torch.grouped_mm": [grouped_mm_weight_table_of_128]}
+
+
+def scaled_mm_scale_table_of_128(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
+    """A rowwise FP8 grouped GEMM whose per-group weight-scale pointers live in a table of 128 slots: group g
+    multiplies by the weight (column) scales of group g % 128 (the codes are right; only the scales go wrong)."""
+    import torch
+
+    from property_tests.tests.broken_scaled import _is_mx, _scaled_groups, scaled_mm_correct
+
+    if _is_mx(scale_a):
+        return scaled_mm_correct(mat_a, mat_b, scale_a, scale_b, offs, out_dtype)
+    out, groups = _scaled_groups(mat_a, mat_b, scale_a, scale_b, offs)
+    table = [sb for *_, sb in groups]
+    for g, (where, a, b, sa, sb) in enumerate(groups):
+        read = table[g % 128] if table[g % 128].shape == sb.shape else sb
+        out[where] = (a @ b) * sa[:, None] * read[None, :]
+    return out.to(out_dtype or torch.bfloat16)
+
+
+#: the class in a convention of quantized operands only: the scale cells are scaled (codes, scales of 1 or 2)
+BROKEN_AT_SCALE_SCALED = {"torch.scaled_grouped_mm": [scaled_mm_scale_table_of_128]}

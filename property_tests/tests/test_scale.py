@@ -7,6 +7,7 @@ the group and the row, and the default modes without it pass it, which is why th
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import gmm_ref
@@ -100,10 +101,33 @@ def test_an_interpreted_kernel_gets_the_largest_group_count_and_says_what_it_lef
         assert check_mode(broken, "scale").status is Status.FAILED
 
 
-def test_scaled_only_conventions_say_why_they_have_no_cells():
-    adapter = resolve_kernel(bk.qwix_correct, convention="qwix.ragged_dot", option="kernel")
-    problem = scale.scale_problem(adapter, scale.ScaleCell("ragged_m", "groups", 129))
-    assert isinstance(problem, str) and "quantized operands only" in problem
+def test_scaled_only_conventions_get_scaled_cells_of_exact_codes():
+    """A convention of quantized operands only gets its cells scaled: codes of small integers, block scales of 1
+    or 2 (exact products), K a multiple of the blocks; every scaled convention here takes the ragged_m cells."""
+    for fn, convention in ((bk.qwix_correct, "qwix.ragged_dot"), (bk.scaled_mm_correct, "torch.scaled_grouped_mm"),
+                           (bk.nvfp4_correct, "torchao.nvfp4_grouped_mm")):
+        adapter = resolve_kernel(fn, convention=convention, option="kernel")
+        for cell in scale.cells(adapter):
+            p = scale.scale_problem(adapter, cell)
+            if cell.family != "ragged_m" and isinstance(p, str):
+                continue
+            assert isinstance(p, gmm_ref.Problem) and p.scaled, (convention, cell, p)
+            assert abs(p.lhs.astype(float)).max() <= 2 and abs(p.rhs.astype(float)).max() <= 2
+            for scales in (p.lhs_scales, p.rhs_scales):
+                assert set(np.unique(np.concatenate([np.ravel(s).astype(float) for s in scales]))) <= {1.0, 2.0}
+            for q in (p.lhs_quant, p.rhs_quant):
+                assert q.block[1] is None or p.k % q.block[1] == 0, (convention, q, p.k)
+
+
+def test_a_scaled_kernel_with_a_scale_table_of_128_fails_the_scaled_cells_naming_the_group():
+    pytest.importorskip("torch")
+    (fn,) = bs.BROKEN_AT_SCALE_SCALED["torch.scaled_grouped_mm"]
+    adapter = resolve_kernel(fn, convention="torch.scaled_grouped_mm", option="kernel")
+    result = check_mode(adapter, "scale", family="ragged_m")
+    assert result.status is Status.FAILED and result.detail.startswith(("group 128 ", "group 128:")), result.detail
+    assert check_mode(adapter, "many_groups", family="ragged_m", profile="gmm-ci").status is Status.PASSED
+    correct = resolve_kernel(bk.scaled_mm_correct, convention="torch.scaled_grouped_mm", option="kernel")
+    assert check_mode(correct, "scale", family="ragged_m").status is Status.PASSED
 
 
 def test_the_scale_mode_draws_nothing_to_cover():
