@@ -24,8 +24,9 @@ from typing import Any
 from gmm_kernels.scope import KnownIssue
 from gmm_ref import Problem
 
-__all__ = ["MEGABLOX_EXISTING_OUT_GRAD", "TORCH_CPU_RAGGED_K_LEAK", "TORCH_LEAK_REPRODUCERS", "XLA_CPU_NAN_LEAK",
-           "matching", "torch_cpu_ragged_k_leak", "xla_nan_leak_issues"]
+__all__ = ["MEGABLOX_EXISTING_OUT_GRAD", "TORCH_CPU_RAGGED_K_LEAK", "TORCH_LEAK_REPRODUCERS", "XLA_CPU_BF16_TRANSPOSED",
+           "XLA_CPU_NAN_LEAK", "matching", "torch_cpu_ragged_k_leak", "xla_bf16_transposed_issues",
+           "xla_cpu_bf16_transposed_dot", "xla_nan_leak_issues"]
 
 #: checked on jax 0.10.2 (Python 3.11) and jax 0.12.0.1 (Python 3.12, the newest there on 2026-11-23)
 _SEEN_ON_JAX = {"jax": "<=0.12.0.1"}
@@ -134,10 +135,63 @@ def xla_nan_leak_issues(via: str = "") -> tuple[KnownIssue, ...]:
     return (dataclasses.replace(XLA_CPU_NAN_LEAK, text=f"{XLA_CPU_NAN_LEAK.text}; {via}"),)
 
 
+@functools.cache
+def xla_cpu_bf16_transposed_dot() -> bool:
+    """Whether XLA on this CPU accumulates a bfloat16 ``ragged_dot_general`` (``preferred_element_type``
+    bfloat16) in bfloat16 when a transpose of its output is in the same jit (:data:`XLA_CPU_BF16_TRANSPOSED`):
+    its reproducer run once per process (a few milliseconds), the transposed product against the once-rounded
+    float32 sum. False where jax is not installed (never imported then) or does not run on CPU."""
+    if not _jax_on_cpu():
+        return False
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes
+    import numpy as np
+    from jax import lax
+
+    rng = np.random.default_rng(3)
+    ct = rng.standard_normal((2, 4, 9)).astype(ml_dtypes.bfloat16)  # [B, M, N]
+    rhs = rng.standard_normal((1, 2, 4, 9)).astype(ml_dtypes.bfloat16)  # [G, B, K, N]
+    dn = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((2,), (3,)), ((0,), (1,))),
+                                       lhs_ragged_dimensions=(1,), rhs_group_dimensions=(0,))
+
+    def transposed(c: Any, r: Any, g: Any) -> Any:
+        return jnp.transpose(lax.ragged_dot_general(c, r, g, dn, preferred_element_type=jnp.bfloat16), (0, 2, 1))
+
+    got = np.asarray(jax.jit(transposed)(ct, rhs, np.full((2, 1), 4, np.int32)), np.float64)
+    once = np.einsum("bmn,bkn->bkm", ct.astype(np.float64), rhs[0].astype(np.float64)).astype(np.float32)
+    return not np.array_equal(got, once.astype(ml_dtypes.bfloat16).astype(np.float64))
+
+
+XLA_CPU_BF16_TRANSPOSED = KnownIssue(
+    modes=("grad",),
+    text=(
+        "upstream bug, XLA CPU (jaxlib 0.12): a bfloat16 lax.ragged_dot_general with preferred_element_type "
+        "bfloat16 whose output is transposed in the same jit (as jax.vjp's transpose rule makes d/dlhs of a "
+        "transposed lhs) accumulates in bfloat16, each add rounded, where the same product without the transpose "
+        "(and jax 0.10) sums in float32 and rounds once: errors of several bfloat16 units in the last place. "
+        "Repro: ct = default_rng(3).standard_normal((2, 4, 9)), rhs = ....standard_normal((1, 2, 4, 9)), both "
+        "bfloat16; jit(lambda c, r: transpose(ragged_dot_general(c, r, full((2, 1), 4), dims: contract 2 with 3, "
+        "batch 0 with 1, ragged 1, group 0; preferred_element_type=bfloat16), (0, 2, 1))) is off the once-rounded "
+        "float32 sum by up to 0.042, the untransposed one by 0.012 (gmm_kernels.known_issues."
+        "xla_cpu_bf16_transposed_dot runs it)"),
+    versions={"jax": ">=0.12,<=0.12.0.1"},  # seen on 0.12.0.1 (Python 3.12), not on 0.10.2
+    primitive="ragged_dot_general",
+    kind="values",
+    condition=xla_cpu_bf16_transposed_dot,
+)
+
+
+def xla_bf16_transposed_issues() -> tuple[KnownIssue, ...]:
+    """``known_issues`` of a kernel whose jitted backward transposes a bfloat16 ``ragged_dot_general`` (jax's
+    VJP of ``lax.ragged_dot_general``): :data:`XLA_CPU_BF16_TRANSPOSED` where jax runs on CPU."""
+    return (XLA_CPU_BF16_TRANSPOSED,) if _jax_on_cpu() else ()
+
+
 def _signatures() -> tuple[KnownIssue, ...]:
     """The upstream bugs a failure can be matched against on this machine (one with a ``condition`` only
     where it shows: :func:`matching` asks it last)."""
-    return (*xla_nan_leak_issues(), TORCH_CPU_RAGGED_K_LEAK)
+    return (*xla_nan_leak_issues(), *xla_bf16_transposed_issues(), TORCH_CPU_RAGGED_K_LEAK)
 
 
 def matching(adapter: Any, mode: str, error: BaseException, problem: Problem) -> list[KnownIssue]:

@@ -59,7 +59,10 @@ def refusal(adapter: KernelAdapter) -> str | None:
     if conv.framework != "torch" or conv.out_argument is None or conv.output != "slots":
         return (f"{adapter.convention} does not write a per-slot [T, top_k, N] torch output in place (the cell "
                 "strides its rows)")
-    import torch
+    try:
+        import torch
+    except ImportError:  # the kernel cannot run here either; its availability says why
+        return "torch is not installed: the cell's output is a torch tensor"
 
     try:  # reserved, not touched: committed page by page where written
         torch.empty(_elements(), dtype=torch.bfloat16, device=device.selected())

@@ -83,7 +83,13 @@ def test_a_named_kernel_is_probed_and_no_other_kernel_library_is_imported(tmp_pa
     proc = _run(tmp_path, "-v", "--gmm-kernel=torch.grouped_mm", str(tmp_path / "test_mine.py"), conftest=IMPORTED)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gmm kernel torch.grouped_mm (torch.grouped_mm) on cpu: " in proc.stdout, proc.stdout
-    assert "IMPORTED ['torch']" in proc.stdout, proc.stdout
+    import importlib.util
+
+    # its own library only (where torch is not installed, the probe finds none to import and says so)
+    imported = ["torch"] if importlib.util.find_spec("torch") is not None else []
+    assert f"IMPORTED {imported}" in proc.stdout, proc.stdout
+    if not imported:
+        assert "SKIPPED: torch is not installed" in proc.stdout, proc.stdout
 
 
 def test_the_kernel_checks_live_outside_the_harness_tests():

@@ -189,6 +189,27 @@ def test_distinct_failures_are_one_failure_and_a_count():
     assert "IndexError: index 9 is out of bounds" in exc.__notes__[-1]
 
 
+def test_xla_cpus_bf16_transposed_dot_shows_exactly_on_the_versions_it_is_known_on():
+    """jaxlib 0.12's bfloat16 accumulation of a transposed ragged_dot_general on CPU (the d/dlhs jax.vjp makes of
+    a transposed lhs): its reproducer shows it on the versions the known issue names and not outside them, so
+    an upstream fix (or the bug on a newer jax) fails here, to move the versions; jax.ragged_dot_general's grad
+    mode is a known bug exactly where it shows."""
+    jax = pytest.importorskip("jax")
+    if jax.default_backend() != "cpu":
+        pytest.skip(f"jax runs on {jax.default_backend()}: the bug was seen on its CPU backend")
+    from importlib import metadata
+
+    from packaging.specifiers import SpecifierSet
+
+    from gmm_kernels import get
+    from gmm_kernels.known_issues import XLA_CPU_BF16_TRANSPOSED, xla_cpu_bf16_transposed_dot
+
+    known = metadata.version("jax") in SpecifierSet(XLA_CPU_BF16_TRANSPOSED.versions["jax"])
+    assert xla_cpu_bf16_transposed_dot() == known, (metadata.version("jax"), XLA_CPU_BF16_TRANSPOSED.versions)
+    issue = get("jax.ragged_dot_general").known_issue("grad")
+    assert (issue is not None and issue.startswith(XLA_CPU_BF16_TRANSPOSED.text)) == known, issue
+
+
 @pytest.mark.skipif(not any(k.applies() for k in xla_nan_leak_issues()),
                     reason=f"XLA's ragged_dot NaN leak is known only for jax on CPU at {XLA_CPU_NAN_LEAK.versions}")
 def test_a_failure_matching_a_known_upstream_bug_of_a_called_primitive_cites_it():

@@ -276,6 +276,8 @@ def test_the_golden_command_takes_a_routed_convention_for_a_function(tmp_path):
     import subprocess
     import sys
 
+    pytest.importorskip("torch")  # the user's function is torch.moe_experts' torch code
+
     (tmp_path / "mymoe.py").write_text("from gmm_kernels.adapters.torch_moe import moe_experts\n\n\n"
                                        "def kernel(*args, **kwargs):\n    return moe_experts(*args, **kwargs)\n")
     done = subprocess.run([sys.executable, "-m", "golden", "check", "--kernel", "mymoe:kernel", "--convention",
@@ -336,6 +338,8 @@ def test_a_users_dw_passes_the_gradient_goldens_and_its_expert_order_twin_is_nam
 
 
 def _unsloth_wheel():
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
     from gmm_kernels import triton_interpreter
     from gmm_kernels.adapters import unsloth as adapter
 
