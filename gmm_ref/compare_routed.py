@@ -19,8 +19,7 @@ from gmm_ref import dtypes as _dt
 from gmm_ref.compare import Mismatch, ranges
 from gmm_ref.routed_gradients import GRADIENT_OUTPUTS, OUTPUTS, RoutedGradients
 
-__all__ = ["assert_routed_matches", "combined_feeds", "combined_wrong", "output_target", "output_wrong",
-           "routed_element", "routed_wrong"]
+__all__ = ["assert_routed_matches", "combined_feeds", "output_target", "output_wrong", "routed_element"]
 
 #: what each output is called in a report, and its shape in words
 _WORDS = {"slots": ("the routed reference", "[T, top_k, N]", "column"),
@@ -44,18 +43,6 @@ def routed_element(r: Any, output: str, index: Any) -> str:
     return where if output == "d_weights" else f"{where}, {_WORDS[output][2]} {at[2]}"
 
 
-def routed_wrong(actual: np.ndarray, ref: Any, bound: np.ndarray) -> np.ndarray:
-    """``[T, top_k, N]``: the defined elements of a routed kernel's per-slot output (float64, of the reference's
-    shape) that are neither the once-rounded value nor within ``bound`` of the exact one (NaN where it is NaN)."""
-    return _wrong(actual, ref.slots, ref.slots_exact, bound) & ref.slots_mask
-
-
-def combined_wrong(actual: np.ndarray, ref: Any, bound: np.ndarray) -> np.ndarray:
-    """``[T, N]``: the elements of a routed kernel's combined output (float64, of the reference's shape; every one
-    defined) that are neither the once-rounded value nor within ``bound`` of the exact one (NaN where it is NaN)."""
-    return _wrong(actual, ref.combined, ref.combined_exact, bound)
-
-
 def combined_feeds(r: Any, t: int) -> str:
     """The slots feeding token ``t``'s combined row, each with its global and local expert and its weight:
     ``slot 0 (expert 3, local 1, weight 0.5); slot 1 (expert 6, local -1, on another rank, weight 0.25)``."""
@@ -73,12 +60,15 @@ def output_target(ref: Any, output: str) -> tuple[np.ndarray, np.ndarray, Any, n
     """(the once-rounded values, the exact values, the bound function of a numerics, the defined elements) that a
     routed kernel's ``output`` is judged against (``ref``: a :class:`gmm_ref.RoutedReference` for ``"slots"`` and
     ``"combined"``, a :class:`gmm_ref.RoutedGradients` for a gradient)."""
-    rounded, exact, bound_of = _target(ref, output)
     if output in ("slots", "d_slots"):
-        mask = (ref if output == "slots" else ref.inputs).slots_mask
-    else:
-        mask = np.ones(rounded.shape, bool)
-    return rounded, exact, bound_of, mask
+        r = ref if output == "slots" else ref.inputs
+        return r.slots, r.slots_exact, r.slot_bound, r.slots_mask
+    if output in ("combined", "d_tokens"):
+        r = ref if output == "combined" else ref.inputs
+        return r.combined, r.combined_exact, r.combined_bound, np.ones(r.combined.shape, bool)
+    if output == "d_experts":
+        return ref.experts, ref.experts_exact, ref.experts_bound, np.ones(ref.experts.shape, bool)
+    return ref.weights, ref.weights_exact, ref.weights_bound, np.ones(ref.weights.shape, bool)
 
 
 def output_wrong(actual: np.ndarray, ref: Any, output: str, bound: np.ndarray) -> np.ndarray:
@@ -86,19 +76,6 @@ def output_wrong(actual: np.ndarray, ref: Any, output: str, bound: np.ndarray) -
     the once-rounded value nor within ``bound`` of the exact one (NaN where it is NaN)."""
     rounded, exact, _, mask = output_target(ref, output)
     return _wrong(actual, rounded, exact, bound) & mask
-
-
-def _target(ref: Any, output: str) -> tuple[np.ndarray, np.ndarray, Any]:
-    """(the once-rounded values, the exact values, the bound function) ``output`` is judged against."""
-    if output in ("slots", "d_slots"):
-        r = ref if output == "slots" else ref.inputs
-        return r.slots, r.slots_exact, r.slot_bound
-    if output in ("combined", "d_tokens"):
-        r = ref if output == "combined" else ref.inputs
-        return r.combined, r.combined_exact, r.combined_bound
-    if output == "d_experts":
-        return ref.experts, ref.experts_exact, ref.experts_bound
-    return ref.weights, ref.weights_exact, ref.weights_bound
 
 
 def assert_routed_matches(actual: Any, ref: Any, *, numerics: Any = None, kernel: str = "kernel",
@@ -121,7 +98,7 @@ def assert_routed_matches(actual: Any, ref: Any, *, numerics: Any = None, kernel
         raise TypeError(f"ref: output={output!r} is judged against {want}, got {type(ref).__name__}")
     if output == "d_weights" and not ref.routing.mul_routed_weight:
         raise ValueError("output: 'd_weights' needs a routing with mul_routed_weight (no weight, no gradient)")
-    rounded, exact, bound_of = _target(ref, output)
+    rounded, exact, bound_of, mask = output_target(ref, output)
     a = np.asarray(actual)
     words, shape_words, axis = _WORDS[output]
     if a.shape != rounded.shape or a.dtype != rounded.dtype:
@@ -129,10 +106,7 @@ def assert_routed_matches(actual: Any, ref: Any, *, numerics: Any = None, kernel
                        f"{rounded.shape} ({shape_words})", kind="shape")
     a64 = _dt.as_numpy(a, name="actual").astype(np.float64) if a.size else np.zeros(a.shape)
     bound = bound_of(numerics)
-    wrong = _wrong(a64, rounded, exact, bound)
-    if output in ("slots", "d_slots"):
-        wrong &= (ref if output == "slots" else ref.inputs).slots_mask
-    bad = np.argwhere(wrong)
+    bad = np.argwhere(_wrong(a64, rounded, exact, bound) & mask)
     if not bad.size:
         return
     if output in ("combined", "d_tokens"):

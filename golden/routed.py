@@ -23,6 +23,7 @@ column and every slot feeding it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -217,20 +218,24 @@ class RoutedGoldenReference:
         """The routing (a backward kernel's: with its cotangent) the reference is of."""
         return self.routed.routing
 
+    @cached_property
+    def _target(self) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray]:
+        return output_target(self.routed, self.output)
+
     @property
     def values(self) -> np.ndarray:
-        return output_target(self.routed, self.output)[0]
+        return self._target[0]
 
     @property
     def exact(self) -> np.ndarray:
-        return output_target(self.routed, self.output)[1]
+        return self._target[1]
 
     @property
     def mask(self) -> np.ndarray:
-        return output_target(self.routed, self.output)[3]
+        return self._target[3]
 
     def bound(self, numerics: Any = None) -> np.ndarray:
-        return output_target(self.routed, self.output)[2](numerics)
+        return self._target[2](numerics)
 
 
 def reference(r: gmm_ref.Routing, output: str = "slots") -> RoutedGoldenReference:

@@ -15,7 +15,7 @@ import numpy as np
 from gmm_kernels import KernelAdapter
 from gmm_kernels.scope import Limits
 
-__all__ = ["FEATURE_OPTIONS", "axis_multiple", "exact_pair", "limits_options", "problem_options",
+__all__ = ["FEATURE_OPTIONS", "axis_multiple", "declared_pairs", "exact_pair", "limits_options", "problem_options",
            "routing_options"]
 
 #: a feature a kernel may refuse (``gmm_kernels.scope.FEATURES``) -> the ``problems()`` keyword that draws it
@@ -80,12 +80,18 @@ def routing_options(adapter: KernelAdapter) -> dict[str, Any]:
     return opts
 
 
+def declared_pairs(adapter: KernelAdapter) -> list[tuple[np.dtype, np.dtype]]:
+    """The (input, output) dtype pairs the kernel takes: its declared ones (an input alone: that dtype out), else
+    its convention's."""
+    declared = adapter.limits().dtypes or adapter.convention_facts.dtype_pairs
+    return [(np.dtype(i), np.dtype(o)) for i, o in ((p, p) if isinstance(p, str) else p for p in declared)]
+
+
 def exact_pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype]:
     """The (input, output) pair of the smallest floating input the kernel takes (not a quantized operand's codes),
     an output equal to it first: small integers are exact in it (sums of K products of |x| <= 2 stay below 2**8).
     The problems built for a kernel (``property_tests.scale``, ``property_tests.large_strided``) are in it."""
-    declared = adapter.limits().dtypes or adapter.convention_facts.dtype_pairs
-    pairs = [(np.dtype(i), np.dtype(o)) for i, o in ((p, p) if isinstance(p, str) else p for p in declared)]
+    pairs = declared_pairs(adapter)
     floats = [p for p in pairs if p[0].kind in "fV" and p[0] not in adapter.convention_facts.code_dtypes] or pairs
     return min(floats, key=lambda p: (p[0].itemsize, p[0] != p[1], str(p[0])))
 

@@ -43,12 +43,11 @@ import numpy as np
 
 import gmm_ref
 from gmm_kernels import KernelAdapter
-from gmm_ref import dtypes as _dt
 from gmm_ref import families
 from property_tests import scale_routed
-from property_tests.declared import axis_multiple, exact_pair
+from property_tests.declared import axis_multiple, declared_pairs, exact_pair
 from property_tests.modes import Unsupported
-from property_tests.strategies.values import fill_global_scales, fill_scales
+from property_tests.strategies.problems import scaled_problem
 
 __all__ = ["GROUP_COUNTS", "INTERPRETED_GROUP_COUNTS", "ROWS", "ScaleCell", "cells", "cells_detail", "run_cells",
            "scale_problem"]
@@ -117,16 +116,13 @@ def _quantizations(adapter: KernelAdapter, family: str) -> list[tuple[Any, Any]]
     rules = adapter.convention_facts
     if not rules.quantizations or (None, None) in rules.quantizations:
         return None
-    declared = {np.dtype(p if isinstance(p, str) else p[0]) for p in adapter.limits().dtypes or rules.dtype_pairs}
+    declared = {i for i, _ in declared_pairs(adapter)}
     return [q for q in rules.quantizations_for(family) if None not in q and q[0].elem in declared]
 
 
 def _scaled_out(adapter: KernelAdapter, elem: np.dtype) -> np.dtype:
     """The output dtype of ``elem`` codes: the first the kernel declares for them (bfloat16 where it may)."""
-    declared = [(np.dtype(i), np.dtype(o)) for i, o in ((p, p) if isinstance(p, str) else p
-                                                         for p in adapter.limits().dtypes
-                                                         or adapter.convention_facts.dtype_pairs)]
-    outs = [o for i, o in declared if i == elem]
+    outs = [o for i, o in declared_pairs(adapter) if i == elem]
     return next((o for o in outs if o == np.dtype(ml_dtypes.bfloat16)), outs[0] if outs else np.dtype(np.float32))
 
 
@@ -229,7 +225,8 @@ def _build(adapter: KernelAdapter, cell: ScaleCell, seed: int, quants: tuple[Any
         if quants is None:
             problem = gmm_ref.Problem(cell.family, lhs, rhs, gs, **kwargs)
         else:
-            problem = _with_scales(cell.family, lhs, rhs, gs, quants, rng, kwargs)
+            # scales of 1 or 2: the products stay exact (the strategies' exact kind)
+            problem = scaled_problem(rng, cell.family, lhs, rhs, gs, quants, "exact", k, kwargs)
     except (ValueError, TypeError) as exc:
         return f"{adapter.convention} cannot express this cell: {exc}"
     resolve = f"gmm_kernels.resolve_kernel({adapter.name!r}, convention={adapter.convention!r})"
@@ -238,23 +235,6 @@ def _build(adapter: KernelAdapter, cell: ScaleCell, seed: int, quants: tuple[Any
                                               f"scale.scale_problem({resolve}, {cell_src}, seed={seed})"))
     why = adapter.supports(problem)
     return f"{adapter.name} declines it: {why}" if why else problem
-
-
-def _with_scales(family: str, lhs: np.ndarray, rhs: np.ndarray, sizes: np.ndarray | None, quants: tuple[Any, Any],
-                 rng: np.random.Generator, kwargs: dict[str, Any]) -> gmm_ref.Problem:
-    """The scaled problem of the codes ``lhs`` and ``rhs`` (small integers): the scales of ``quants`` 1 or 2, so
-    the products stay exact (as the strategies' ``exact`` kind: ``fill_scales``)."""
-    out_dt = kwargs["out_dtype"]
-    lc, rc = _dt.standin_codes(lhs), _dt.standin_codes(rhs)
-    codes = gmm_ref.Problem(family, lc, rc, sizes, **{**kwargs, "existing_out": None,
-                                                      "out_dtype": None if lc.dtype == rc.dtype else np.float32})
-    extra: dict[str, Any] = {"lhs": lhs, "rhs": rhs}
-    for name, q in zip(("lhs", "rhs"), quants, strict=True):
-        count = sum(math.prod(shape) for shape in codes.scale_shapes(name, q))
-        extra.update({f"{name}_quant": q, f"{name}_scales": fill_scales(rng, count, q, "exact", 1, out_dt)})
-        if q.global_scale:
-            extra[f"{name}_global"] = fill_global_scales(rng, codes.num_local_groups, "exact")
-    return codes.replace(**extra, out_dtype=out_dt, existing_out=kwargs.get("existing_out"))
 
 
 def run_cells(adapter: KernelAdapter, mode: Any, family: str | None,

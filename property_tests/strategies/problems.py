@@ -34,7 +34,7 @@ from property_tests.strategies.values import (
     unused_elements,
 )
 
-__all__ = ["Covering", "CoveringCell", "covering", "problems", "replay_refusal", "replays"]
+__all__ = ["Covering", "CoveringCell", "covering", "problems", "replay_refusal", "replays", "scaled_problem"]
 
 def problems(
     *,
@@ -371,13 +371,8 @@ def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: b
             # a few NaN/Inf inside groups too: they must propagate within their group only
             poison(rng, lhs, few(rng, ~lu))
             poison(rng, rhs, few(rng, ~ru))
-    if quants != (None, None):  # the codes as a problem of their own (its output dtype theirs), then scaled
-        # (4-bit codes stand in as the 8-bit codes holding their values; _scaled puts them back)
-        lc, rc = standin_codes(lhs), standin_codes(rhs)
-        codes = gmm_ref.Problem(fam, lc, rc, sizes, **{**common, "existing_out": None,
-                                                      "out_dtype": None if lc.dtype == rc.dtype else np.float32})
-        return _scaled(rng, codes, quants, value_kind, k_eff, s.out_dtype, common.get("existing_out"),
-                       (lhs, rhs))
+    if quants != (None, None):
+        return scaled_problem(rng, fam, lhs, rhs, sizes, quants, value_kind, k_eff, common)
     return gmm_ref.Problem(fam, lhs, rhs, sizes, **common)
 
 
@@ -409,6 +404,19 @@ def _quantizations(draw: Any, cfg: Config, s: Static) -> tuple[Any, Any]:
     if not mine:
         raise InvalidArgument(f"convention={cfg.convention!r} has no quantization of {s.in_dtype} codes")
     return draw(sampled(mine))
+
+
+def scaled_problem(rng: np.random.Generator, family: str, lhs: np.ndarray, rhs: np.ndarray, sizes: Any,
+                   quants: tuple[Any, Any], kind: str, k: int, fields: dict[str, Any]) -> gmm_ref.Problem:
+    """The scaled problem of the codes ``lhs`` and ``rhs`` (each of its quantization's element dtype, or the input
+    dtype where ``quants`` leaves it unscaled): the codes as a problem of their own (its output dtype theirs),
+    then scaled by ``quants`` with scales of ``kind`` (:func:`values.fill_scales`); ``fields`` are the problem's
+    other fields, ``out_dtype`` and ``existing_out`` included (the strategies' draws and the scale mode's cells)."""
+    # 4-bit codes stand in as the 8-bit codes holding their values; _scaled puts them back
+    lc, rc = standin_codes(lhs), standin_codes(rhs)
+    codes = gmm_ref.Problem(family, lc, rc, sizes, **{**fields, "existing_out": None,
+                                                      "out_dtype": None if lc.dtype == rc.dtype else np.float32})
+    return _scaled(rng, codes, quants, kind, k, fields["out_dtype"], fields.get("existing_out"), (lhs, rhs))
 
 
 def _scaled(rng: np.random.Generator, p: gmm_ref.Problem, quants: tuple[Any, Any], kind: str, k: int,

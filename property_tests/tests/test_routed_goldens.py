@@ -363,14 +363,11 @@ def _unsloth_wheel():
 def test_unsloths_backward_kernels_pass_the_gradient_goldens_and_fail_them_with_one_line_broken(
         name, function, bug, case, where, tmp_path, monkeypatch):
     adapter = _unsloth_wheel()
-    from property_tests.tests.wheel_twins import edited_wheel
+    from property_tests.tests.test_unsloth_backward import _edited
 
     ok = check_goldens(name, DATA)
     assert ok and all(r.status is Status.PASSED for r in ok), [r.line() for r in ok]
-    wheel = adapter.WHEEL.find()
-    for i, (old, new) in enumerate(_edits(bug)):
-        wheel = edited_wheel(wheel, adapter.BACKWARD_MEMBER, function, old, new, tmp_path / f"{bug}-{i}.whl")
-    monkeypatch.setenv(adapter.WHEEL.env, str(wheel))
+    monkeypatch.setenv(adapter.WHEEL.env, str(_edited(tmp_path, function, _edits(bug), bug)))
     bad = {r.check: r for r in check_goldens(name, DATA)}
     assert bad[case].status is Status.FAILED and re.search(where, bad[case].detail), bad[case].detail
 

@@ -75,6 +75,14 @@ def test_a_broken_triton_kernel_is_rejected_naming_the_group(kernel, group):
         check_kernel(SPEC + kernel, modes=["exact", "many_groups"], max_examples=EXAMPLES)
 
 
+def _without_interpreter(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a fresh process whose environment leaves TRITON_INTERPRET unset (what a process that
+    has not set it yet sees)."""
+    env = {k: v for k, v in os.environ.items() if k != triton_interpreter.ENV}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+
+
 def _user_package(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "userpkg").mkdir()
     (tmp_path / "userpkg" / "__init__.py").write_text("")
@@ -155,9 +163,7 @@ def test_a_wheel_kernel_run_directly_gets_the_interpreters_fixes(name, tmp_path)
         "out = k.run(r)\n"
         "gmm_ref.assert_routed_matches(out, gmm_ref.routed_reference(r), numerics=k.numerics_for(r), kernel=k.name)\n"
         "print('OK')\n")
-    env = {k: v for k, v in os.environ.items() if k != triton_interpreter.ENV}
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+    done = _without_interpreter(tmp_path, "-c", script)
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -171,9 +177,7 @@ def test_every_routed_triton_kernel_says_it_runs_interpreted_before_available_se
     script = ("from gmm_kernels import resolve_kernel\n"
               "for name in ('vllm.fused_moe', 'sglang.fused_moe', 'unsloth.grouped_gemm', 'torch.moe_experts'):\n"
               "    print(name, resolve_kernel(name).interpreted())\n")
-    env = {k: v for k, v in os.environ.items() if k != triton_interpreter.ENV}
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+    done = _without_interpreter(tmp_path, "-c", script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == [f"{n} Triton's interpreter" for n in
                                         ("vllm.fused_moe", "sglang.fused_moe", "unsloth.grouped_gemm")] + [
@@ -188,9 +192,7 @@ def test_triton_imported_before_the_interpreter_was_set_makes_a_wheel_kernel_na_
               "os.environ['TRITON_INTERPRET'] = '1'\n"
               "from gmm_kernels import resolve_kernel\n"
               "print(resolve_kernel('vllm.fused_moe').available())\n")
-    env = {k: v for k, v in os.environ.items() if k != triton_interpreter.ENV}
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+    done = _without_interpreter(tmp_path, "-c", script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Triton was imported before TRITON_INTERPRET=1 was set" in done.stdout, done.stdout
     assert triton_interpreter.imported_too_early() is None  # this process set it first (the plugin does)
@@ -199,9 +201,7 @@ def test_triton_imported_before_the_interpreter_was_set_makes_a_wheel_kernel_na_
 def test_the_golden_command_checks_interpreted_kernels_after_a_library_imported_triton(tmp_path):
     """`python -m golden check` runs every kernel in one process: ejkernel's (which imports triton) before vLLM's
     interpreted one. It sets the interpreter before any kernel library is imported; vLLM's case failed without."""
-    env = {k: v for k, v in os.environ.items() if k != triton_interpreter.ENV}
-    done = subprocess.run([sys.executable, "-m", "golden", "check", "--cases", "gmm-bf16-aligned*,moe-vllm-f32-t1*"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    done = _without_interpreter(tmp_path, "-m", "golden", "check", "--cases", "gmm-bf16-aligned*,moe-vllm-f32-t1*")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     assert "PASSED      ejkernel.grouped_matmul[xla] :: gmm-bf16-aligned" in out, out[-3000:]
