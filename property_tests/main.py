@@ -341,6 +341,9 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
             partial: bool = False) -> int:
     """Print the table and its summary, write the JSON; the exit status (1: a cell failed; 2: nothing checked).
     A shard with no cells prints and writes that it checked nothing, and exits 0: the merge judges the run."""
+    if not partial and doc.get("seed") is None and doc.get("max_examples") is None \
+            and doc.get("tier", tiers.DEFAULT) in tiers.SAME_EVERY_RUN:
+        table.known_bugs_not_caught({k["name"]: k["known_bugs"] for k in doc["kernels"] if k.get("known_bugs")})
     n_fail, n_pass = table.count(Status.FAILED), table.count(Status.PASSED)
     if partial and doc.get("checked") == 0:
         print(f"shard {doc['shard'][0]}/{doc['shard'][1]} checked nothing (0 of the {len(doc['plan'])} cells); its "
@@ -434,7 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _run(args, request, {k.name: k for k in kernels}, plan, cells, table)
     columns = modes + ([] if args.no_goldens else [GOLDENS])
     doc = {"format": shards.FORMAT, "kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
-                        "scope": None if k.scope is None else k.scope.to_json(), "device": devices[k.name]}
+                        "scope": None if k.scope is None else k.scope.to_json(), "device": devices[k.name],
+                        "known_bugs": {m: bug for m in request.modes if (bug := k.known_issue(m))}}
                        for k in kernels],
            "requested": bool(args.kernel), "modes": list(request.modes), "goldens": not args.no_goldens,
            "max_examples": request.max_examples, "seed": request.seed, "budget": args.budget,
