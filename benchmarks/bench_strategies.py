@@ -60,7 +60,7 @@ def check_rate(n: int) -> tuple[float, float, int, int]:
     fn = jax.jit(traced, static_argnames="preferred_element_type")
     checked = [0]
     # XLA:CPU flushes subnormals, which the reference does not model: leave "wide" values out;
-    # and its ragged_dot leaks NaN across groups (the known upstream bug test_kernels xfails):
+    # and its ragged_dot leaks NaN across groups (the known upstream bug the main job marks):
     # leave "poisoned" out too, or the first poisoned example stops the run
     strategy = gst.problems(convention="ragged_dot", max_groups=16, values=("exact", "normal"))
 

@@ -162,7 +162,7 @@ class KernelAdapter:
     #: a per-mode example budget for slow kernels (None: the profile's)
     max_examples: ClassVar[int | None] = None
     #: upstream bugs that make the kernel fail some modes, with the versions they are known on
-    #: (strict xfail in the suite, "known bug" cell in the main job, where they apply)
+    #: (strict xfail in the plugin's checks, "known bug" cell in the main job, where they apply; not caught: a failure)
     known_issues: ClassVar[tuple[KnownIssue, ...]] = ()
     #: input ("lhs", "rhs", "existing_out") -> the upstream bug in its gradient
     known_gradient_issues: ClassVar[dict[str, KnownIssue]] = {}

@@ -2,9 +2,10 @@
 
 An adapter lists its upstream bugs in ``known_issues`` (a tuple of
 :class:`gmm_kernels.KnownIssue`, each naming the modes it makes the kernel
-fail and the package versions it was seen on). Where one applies, the suite
-shows the mode as a strict xfail and the main job as a "known bug" cell that
-still shows the caught mismatch; on a version outside the range the bug is not
+fail and the package versions it was seen on). Where one applies, the plugin's
+kernel checks show the mode as a strict xfail and the main job as a "known bug"
+cell that still shows the caught mismatch (and a failure where every family of
+the mode passed under gmm-ci's examples: the bug is no longer caught); on a version outside the range the bug is not
 assumed, so a fix upstream shows as a pass. A bug that shows only on some
 machines carries a ``condition``: torch's CPU ragged-K leak
 (:data:`TORCH_CPU_RAGGED_K_LEAK`) applies where a probe that runs its reproducer

@@ -1,8 +1,9 @@
 """The harness's kernel checks, as pytest tests: every selected kernel in every mode, and against the goldens.
 
 The plugin collects this module itself whenever a run asks for the harness's checks (``--pyargs
-property_tests --gmm-kernel ...``, or this repository's own suite, whose ``tests/test_kernels.py`` and
-``tests/test_goldens.py`` import them), so checking one kernel never collects the harness's own tests. The
+property_tests --gmm-kernel ...``), so checking one kernel never collects the harness's own tests. This
+repository's suite imports the goldens check alone (``tests/test_goldens.py``): every built-in kernel in every
+mode is the main job's table (``gmm-harness check``, which CI runs on both legs), not repeated by the suite. The
 modes (the ``gmm_mode`` parameter, the plugin's: the default modes and the ``--gmm-tier``'s opt-in ones) run in
 ``property_tests.modes.RUN_ORDER`` (the modes most likely to fail first): under pytest's ``-x`` a broken
 kernel's run stops at its first failing mode. Under ``--gmm-tier`` each mode runs the tier's plan

@@ -334,8 +334,8 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
     # the harness's kernel checks, collected when the run walks the harness's package with --gmm-kernel; not named
-    # test_*.py, so that this repository's suite (whose tests/test_kernels.py and tests/test_goldens.py import
-    # them) and a run without --gmm-kernel do not collect them twice
+    # test_*.py, so that this repository's suite (whose tests/test_goldens.py imports the goldens check) and a
+    # run without --gmm-kernel do not collect them twice
     if not parent.config.getoption("--gmm-kernel") or file_path.name != _CHECKS.name:
         return None
     if file_path != _CHECKS and file_path.resolve() != _CHECKS:

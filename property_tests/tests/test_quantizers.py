@@ -90,7 +90,7 @@ def test_blocks_restart_at_every_group_unless_shared_across_groups():
 
 def test_qwix_ragged_dot_qt_shares_its_weight_scales_across_experts():
     """qwix's ragged_dot_qt quantizes the weights [G, K, N] per output channel over every expert at once. Held to
-    its own format it passes every mode (test_kernels.py); held to per-expert scales, it fails on the small
+    its own format it passes every mode (the main job); held to per-expert scales, it fails on the small
     expert as soon as another expert's weights are far larger, the error naming that group."""
     pytest.importorskip("qwix", reason="qwix is not installed")
     from gmm_kernels import Scope, configure

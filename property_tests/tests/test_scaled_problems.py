@@ -134,7 +134,7 @@ def test_a_correct_mxfp8_kernel_passes_once_it_declares_its_format():
     from gmm_kernels import Status, declare
     from property_tests.tests import broken_scaled as bs
 
-    # (torchao's MXFP8 kernel, declared the same way, runs every mode in test_kernels.py)
+    # (torchao's MXFP8 kernel, declared the same way, runs every mode in the main job)
     report = _mx_check(bs.mxfp8_correct, modes=["exact", "wide", "poisoned", "all_empty"])
     assert all(r.status is Status.PASSED for r in report), report
     # undeclared, the same kernel is held to the unquantized reference: the wide mode's blocks flush

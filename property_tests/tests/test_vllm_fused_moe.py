@@ -127,12 +127,14 @@ def test_a_wheel_without_the_kernel_is_named(tmp_path):
 @interpreted
 def test_the_wheels_kernel_passes_every_routed_mode_and_the_others_say_why_not(monkeypatch):
     monkeypatch.setenv(adapter.WHEEL_ENV, WHEEL)
-    report = check_kernel("vllm.fused_moe", profile="gmm-ci")
+    # a dozen routings a mode, as the sglang twin of this test: the main job's vllm.fused_moe row runs the
+    # wheel's kernel in every mode too
+    report = check_kernel("vllm.fused_moe", max_examples=12)
     status = {r.check: r.status for r in report}
     assert {m for m, s in status.items() if s is Status.PASSED} == {"exact", "normal", "wide", "poisoned", "scale"}
     assert all(r.detail.startswith("routed: ") for r in report if r.status is Status.UNSUPPORTED)
     # the drawn modes' examples; the scale mode's two cells interpreted (test_scale_routed)
-    assert all(r.examples >= 40 or r.cells == (2, 7) for r in report if r.status is Status.PASSED)
+    assert all(r.examples >= 10 or r.cells == (2, 7) for r in report if r.status is Status.PASSED)
 
 
 def test_the_row_reaches_past_256_experts_top_k_8_and_the_tile_edges():
