@@ -34,8 +34,9 @@ __all__ = ["MARGIN_MAX_BYTES", "MARGIN_MIN_BYTES", "MARGIN_ROWS", "SENTINEL", "C
 
 #: at least 16 KiB of margin on each side ...
 MARGIN_MIN_BYTES = 16 * 1024
-#: ... and 128 of the buffer's largest stride (128 rows of a matrix, 128 matrices of a stack: a whole tile read or
-#: written past the end, or a whole group past the last, e.g. ``mat_a[G]``) ...
+#: ... and 128 rows (of a matrix: its largest stride; of a stack of matrices: its second largest) beyond one whole
+#: matrix of a stack (its largest stride): a whole tile read or written past the end, or a whole group past the
+#: last and a tile of the next, e.g. ``mat_a[G]`` ...
 MARGIN_ROWS = 128
 #: ... but no more than 8 MiB a side (the large mode's operands)
 MARGIN_MAX_BYTES = 8 * 1024 * 1024
@@ -46,10 +47,17 @@ _ALIGN = 512  # the buffer starts as aligned as the base allocation (torch, Trit
 
 def margin_elements(x: np.ndarray) -> int:
     """The margin on each side of a guarded copy of ``x``, in elements of its dtype: ``MARGIN_ROWS`` of its largest
-    stride, at least ``MARGIN_MIN_BYTES`` and at most ``MARGIN_MAX_BYTES``, rounded up to 512 bytes."""
+    stride (a vector's elements, a matrix's rows), and for a stack of matrices (three dimensions or more) its largest
+    stride (one whole matrix) plus ``MARGIN_ROWS`` of its second largest (rows); at least ``MARGIN_MIN_BYTES`` and at
+    most ``MARGIN_MAX_BYTES``, rounded up to 512 bytes. (128 whole matrices of a stack, as before, gave a few
+    hundred KiB of groups 8 MiB a side, and filling and comparing them was half of such a check's time.)"""
     item = max(x.dtype.itemsize, 1)
-    largest = max((abs(s) for s in x.strides), default=item)
-    want = min(max(MARGIN_ROWS * largest, MARGIN_MIN_BYTES), MARGIN_MAX_BYTES)
+    strides = sorted((abs(s) for s in x.strides if abs(s) > 0), reverse=True) or [item]
+    if x.ndim >= 3 and len(strides) >= 2:
+        want = strides[0] + MARGIN_ROWS * strides[1]
+    else:
+        want = MARGIN_ROWS * strides[0]
+    want = min(max(want, MARGIN_MIN_BYTES), MARGIN_MAX_BYTES)
     want = -(-want // _ALIGN) * _ALIGN
     return -(-want // item)
 

@@ -3,7 +3,9 @@
 ``gmm-harness check`` (or ``python -m property_tests.main check``) prints a
 kernel x mode table, one row per (kernel, family): ``pass (n examples)``,
 ``FAIL [note]``, ``n/a [note]`` or ``known bug [note]``, the notes below the
-table, plus a goldens column; it exits 1 if anything fails, 2 on a usage error
+table, plus a goldens column (a mode in which a kernel declares a known upstream
+bug that passed in every family, under gmm-ci's examples, is a FAIL saying the
+bug is no longer caught); it exits 1 if anything fails, 2 on a usage error
 (or when nothing could be checked for a kernel it was asked for). With ``-v``
 every failure's full report and reproducer follows the table. Usage errors
 come before any kernel runs, in the command's own usage, with a "did you mean"

@@ -53,6 +53,26 @@ def test_a_view_into_a_wider_buffer_keeps_its_layout_inside_the_guard():
     assert g.base.size == owner.size + 2 * call.guards[0].lo  # the whole owner copied, margins around it
 
 
+def test_the_margins_hold_a_tile_of_rows_and_a_whole_group_of_a_stack():
+    # a matrix: 128 rows each side; a stack: a whole matrix (mat_b[G] past the last group, mat_b[-1] before the
+    # first) and 128 rows of the next, wherever a stray index lands in them (its last row included)
+    item = np.dtype(np.float32).itemsize
+    matrix = np.zeros((300, 64), np.float32)
+    assert guards.margin_elements(matrix) * item >= 128 * 64 * item
+    stack = np.zeros((3, 300, 16), np.float32)  # K = 300 rows: past the 128 rows of the rule for a matrix
+    assert guards.margin_elements(stack) >= 300 * 16 + 128 * 16
+    assert guards.margin_elements(np.zeros((3, 300, 16), np.float32).transpose(0, 2, 1)) >= 300 * 16 + 128 * 16
+    with guards.call("k") as call:
+        g = call.copy("mat_b", stack)
+    past = np.lib.stride_tricks.as_strided(g, (5, 300, 16), g.strides)  # mat_b[3] and mat_b[4]: groups G, G + 1
+    assert np.isnan(past[3]).all() and np.isnan(past[4, :128]).all()
+    lo = call.guards[0].lo
+    assert np.isnan(g.base[lo - 300 * 16:lo]).all()  # mat_b[-1], before the first group
+    # and no more: a stack of small matrices is not given 128 whole matrices (up to 8 MiB) a side
+    small = np.zeros((8, 64, 64), np.float16)  # 64 KiB a matrix: the old rule gave 8 MiB of margins a side
+    assert guards.margin_elements(small) * 2 <= 64 * 64 * 2 + 128 * 64 * 2 + 512
+
+
 def test_a_write_before_the_start_or_past_the_end_is_named_with_how_far():
     with guards.call("k") as call:
         c = call.empty("C", (2, 3), np.float32)
