@@ -371,12 +371,14 @@ class Table:
         return ((sum(v.cells[0] for v in values), sum(v.cells[1] for v in values)),
                 (sum(v.pairs[0] for v in values), sum(v.pairs[1] for v in values)))
 
-    def known_bugs_not_caught(self, declared: dict[str, dict[str, str]]) -> None:
+    def known_bugs_not_caught(self, declared: dict[str, dict[str, str]]) -> int:
         """A mode in which a kernel declares a known upstream bug (``declared``: kernel -> mode -> the bug) must
         still catch it, as the plugin's strict xfail requires: where every family's cell of such a mode passed
         (none a known bug, failed or n/a), those cells become failures saying so. The upstream fix it may be shows
         where it happened, and a harness that stopped catching the bug does not pass in silence. Only for runs
-        whose examples are the same every run (``gmm-ci``'s, ``gmm-nightly``'s first round)."""
+        whose examples are the same every run (``gmm-ci``'s, ``gmm-nightly``'s first round). Returns how many
+        cells it failed."""
+        failed = 0
         for kernel, modes in declared.items():
             for mode, bug in modes.items():
                 cells = {f: row[mode] for (k, f), row in self.rows.items() if k == kernel and mode in row}
@@ -387,7 +389,9 @@ class Table:
                         "on (gmm_kernels.known_issues), else the harness stopped catching it")
                 for family, o in cells.items():
                     self.put(Cell(kernel, family, mode), dataclasses.replace(o, status=Status.FAILED, note=note))
+                    failed += 1
                 self.details.append(f"== {kernel} / {mode}\n{note}:\n{bug}")
+        return failed
 
     def checked_nothing(self, kernel: str) -> bool:
         return all(o.status is Status.UNSUPPORTED for (k, _), row in self.rows.items() if k == kernel

@@ -8,6 +8,7 @@ examples every run) and names the profile or seed it ran under.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -171,7 +172,7 @@ def test_a_typo_gets_the_commands_usage_and_a_suggestion(tmp_path, monkeypatch, 
     assert err.startswith(f"usage: gmm-harness {command}".rstrip()), err  # the command's usage, not the top one's
 
 
-def test_a_declared_known_bug_the_run_no_longer_catches_fails_the_main_job(monkeypatch, capsys):
+def test_a_declared_known_bug_the_run_no_longer_catches_fails_the_main_job(monkeypatch, capsys, tmp_path):
     # the suite's strict xfail, in the main job: a declared upstream bug that every family of its mode passed is
     # a failure naming the bug (fixed upstream, or the harness stopped catching it), not a silent pass
     from gmm_kernels.adapters.ragged_dot import JaxRaggedDot
@@ -182,10 +183,12 @@ def test_a_declared_known_bug_the_run_no_longer_catches_fails_the_main_job(monke
     issue = KnownIssue(("exact",), "upstream bug: a made-up bug in a correct kernel")
     monkeypatch.setattr(JaxRaggedDot, "known_issues", property(lambda self: (issue,)))
     argv = ["check", "--in-process", "--kernel", "jax.ragged_dot", "--modes", "exact", "--no-goldens"]
-    assert main(argv) == 1
+    assert main([*argv, "--json", str(tmp_path / "run.json")]) == 1
     out = capsys.readouterr().out
     assert "FAIL: declared known upstream bug not caught: every family passed the exact mode" in out, out
     assert "narrow the versions it is known on" in out and "a made-up bug" in out
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["failed"] == 1 and [c["status"] for c in doc["cells"]] == ["FAIL"], doc["cells"]
     # where the examples are not the same every run, whether they meet the bug is luck: no verdict on it
     assert main([*argv, "--seed", "3"]) == 0
     assert main([*argv, "--tier", "gmm-quick"]) == 0
