@@ -56,9 +56,7 @@ def test_a_view_into_a_wider_buffer_keeps_its_layout_inside_the_guard():
 def test_the_margins_hold_a_tile_of_rows_and_a_whole_group_of_a_stack():
     # a matrix: 128 rows each side; a stack: a whole matrix (mat_b[G] past the last group, mat_b[-1] before the
     # first) and 128 rows of the next, wherever a stray index lands in them (its last row included)
-    item = np.dtype(np.float32).itemsize
-    matrix = np.zeros((300, 64), np.float32)
-    assert guards.margin_elements(matrix) * item >= 128 * 64 * item
+    assert guards.margin_elements(np.zeros((300, 64), np.float32)) >= 128 * 64
     stack = np.zeros((3, 300, 16), np.float32)  # K = 300 rows: past the 128 rows of the rule for a matrix
     assert guards.margin_elements(stack) >= 300 * 16 + 128 * 16
     assert guards.margin_elements(np.zeros((3, 300, 16), np.float32).transpose(0, 2, 1)) >= 300 * 16 + 128 * 16
