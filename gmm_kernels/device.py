@@ -26,8 +26,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["EXPECTED", "cpu_only", "cuda_only", "jax_device", "of", "on_cuda", "parse", "place", "resolve", "select",
-           "selected", "synchronize", "torch_device", "using"]
+__all__ = ["EXPECTED", "cpu_only", "cuda_only", "jax_device", "of", "on_cuda", "parse", "place", "reserve", "resolve",
+           "select", "selected", "synchronize", "torch_device", "using"]
 
 #: what a device option takes, for its usage errors
 EXPECTED = "auto, cpu, cuda or cuda:N (N a CUDA device index)"
@@ -123,6 +123,42 @@ def place(x: Any) -> Any:
     if type(x).__module__.startswith("torch") and hasattr(x, "to"):
         return x.to(torch_device())
     return x
+
+
+#: ``madvise(2)`` advice: no transparent huge pages in the range (Linux's value on every architecture torch builds for)
+_MADV_NOHUGEPAGE = 15
+
+
+def reserve(elements: int, dtype: Any) -> Any:
+    """An uninitialised torch tensor of ``elements`` on the selected device whose pages are committed only where
+    written: the address space of the large mode's strided cells (gigabytes, a few MiB of it touched).
+
+    On a Linux CPU its pages are advised ``MADV_NOHUGEPAGE``: where transparent huge pages are ``always``, each
+    element written would otherwise commit a 2 MiB page (measured: 90 elements 2**26 apart, 182 MiB against 0.4)."""
+    import torch
+
+    base = torch.empty(elements, dtype=dtype, device=selected())
+    if base.device.type == "cpu" and sys.platform.startswith("linux"):
+        _no_huge_pages(base.data_ptr(), base.nbytes)
+    return base
+
+
+def _no_huge_pages(address: int, nbytes: int) -> None:
+    """Advise the whole pages inside ``[address, address + nbytes)`` ``MADV_NOHUGEPAGE``; best effort (a libc or
+    kernel that refuses leaves the pages as they were, committed in larger pieces)."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    lo, hi = -(-address // page) * page, (address + nbytes) // page * page
+    if hi <= lo:
+        return
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return
+    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    madvise(lo, hi - lo, _MADV_NOHUGEPAGE)
 
 
 def synchronize() -> None:

@@ -221,7 +221,7 @@ def _strided(x: np.ndarray, axis: int, stride: int) -> tuple[Any, Any, np.ndarra
         strides[i], step = step, step * x.shape[i]
     strides[axis] = stride
     count = x.shape[axis]
-    base = torch.empty(_elements(x, axis, stride), dtype=convert.torch_dtype(x.dtype), device=device.selected())
+    base = device.reserve(_elements(x, axis, stride), dtype=convert.torch_dtype(x.dtype))
     view = torch.as_strided(base, x.shape, tuple(strides), FRONT)
     view.copy_(convert.to_torch(np.ascontiguousarray(x), device=base.device))
     starts = FRONT + np.arange(count, dtype=np.int64)[:, None] * stride

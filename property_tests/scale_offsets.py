@@ -76,7 +76,7 @@ def _strided(c: np.ndarray) -> tuple[Any, Any, np.ndarray]:
     import torch
 
     t, k, n = c.shape
-    base = torch.empty(_elements(), dtype=convert.torch_dtype(c.dtype), device=device.selected())
+    base = device.reserve(_elements(), dtype=convert.torch_dtype(c.dtype))
     view = torch.as_strided(base, c.shape, (k * ROW_STRIDE, ROW_STRIDE, 1), FRONT)
     view.copy_(convert.to_torch(np.ascontiguousarray(c), device=base.device))
     starts = FRONT + np.arange(t * k, dtype=np.int64)[:, None] * ROW_STRIDE
