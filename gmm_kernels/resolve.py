@@ -22,8 +22,8 @@ from gmm_kernels import triton_interpreter
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.registry import registry
 from gmm_kernels.scope import Scope
-from gmm_kernels.user import wrap
-from gmm_ref import Numerics, as_tiling, conventions
+from gmm_kernels.user import RoutedFunctionAdapter, wrap
+from gmm_ref import Numerics, RoutedNumerics, as_tiling, conventions
 from gmm_ref.names import did_you_mean
 
 __all__ = ["RUN_STATE", "configure", "load_object", "resolve_kernel", "resolve_kernels"]
@@ -51,12 +51,13 @@ def load_object(spec: str, *, option: str = "--kernel") -> Any:
 
 
 def configure(adapter: KernelAdapter, *, origin: str | None = None, tiling: Any = None, scope: Scope | None = None,
-              version: str | None = None, numerics: Numerics | None = None, option: str = "--kernel"
-              ) -> KernelAdapter:
+              version: str | None = None, numerics: Numerics | RoutedNumerics | None = None,
+              option: str = "--kernel") -> KernelAdapter:
     """A copy of ``adapter`` with the run state given (None: left as it is): ``origin`` (the spec it was
     resolved from), ``tiling`` (three ints or ``"TM,TK,TN"``), ``scope`` (a ``gmm_kernels.Scope``, checked
     against the adapter's convention), ``version`` (recorded with its goldens) and ``numerics`` (the declared
-    scope's arithmetic). ``adapter`` itself is not changed; nothing given: ``adapter`` itself. Errors are
+    scope's arithmetic; a routed function's :class:`~gmm_ref.RoutedNumerics`, or the :class:`~gmm_ref.Numerics`
+    of its product). ``adapter`` itself is not changed; nothing given: ``adapter`` itself. Errors are
     ValueError / TypeError naming ``option``'s tiling option or the scope's field."""
     changes: dict[str, Any] = {}
     if origin is not None:
@@ -64,9 +65,15 @@ def configure(adapter: KernelAdapter, *, origin: str | None = None, tiling: Any 
     if adapter.routed and tiling is not None:
         raise ValueError(f"{option.replace('kernel', 'tiling')}: {adapter.name} is a routed MoE kernel: its launch "
                          "config is its convention's (docs/routed.md), not a tiling")
-    if adapter.routed and (scope is not None or numerics is not None):
-        raise ValueError(f"scope: {adapter.name} is a routed MoE kernel: it takes no declared scope or numerics here "
-                         "yet (docs/routed.md)")
+    if adapter.routed and scope is not None:
+        raise ValueError(f"scope: {adapter.name} is a routed MoE kernel: it takes no declared scope yet "
+                         "(docs/routed.md)")
+    if adapter.routed and numerics is not None:
+        changes["numerics"] = _routed_numerics(adapter, numerics)
+        numerics = None
+    elif isinstance(numerics, RoutedNumerics):
+        raise ValueError(f"numerics: weight= and combine= are a routed MoE kernel's; {adapter.name} is a grouped "
+                         f"GEMM ({adapter.convention}): expected a gmm_ref.Numerics")
     if tiling is not None:
         changes["tiling"] = as_tiling(tiling, name=option.replace("kernel", "tiling"))
     if scope is not None and not isinstance(scope, Scope):
@@ -84,6 +91,21 @@ def configure(adapter: KernelAdapter, *, origin: str | None = None, tiling: Any 
     for field, value in changes.items():  # the one place run state is set on an adapter
         setattr(configured, field, value)
     return configured
+
+
+def _routed_numerics(adapter: KernelAdapter, numerics: Any) -> RoutedNumerics:
+    """``numerics`` as the routed ``adapter`` declares them (a :class:`~gmm_ref.Numerics` is its product's); a
+    routed kernel whose adapter says its own numerics (``numerics_for``) is not overridden: ValueError."""
+    if isinstance(numerics, Numerics):
+        numerics = RoutedNumerics(product=numerics)
+    if not isinstance(numerics, RoutedNumerics):
+        raise TypeError(f"numerics: expected a gmm_ref.RoutedNumerics or Numerics for the routed MoE kernel "
+                        f"{adapter.name}, got {type(numerics).__name__}")
+    if not isinstance(adapter, RoutedFunctionAdapter):
+        raise ValueError(f"numerics: {adapter.name} is a routed MoE kernel whose adapter says its numerics "
+                         "(numerics_for); declared numerics are a routed function's (gmm_kernels.wrap), or "
+                         "subclass the adapter (docs/routed.md)")
+    return numerics
 
 
 def _adapter(obj: Any) -> KernelAdapter | None:

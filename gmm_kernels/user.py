@@ -10,6 +10,7 @@ tensor, NumPy) comes back as NumPy.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -87,18 +88,21 @@ class RoutedFunctionAdapter(RoutedKernelAdapter):
     torch tensors), returning the per-slot output or writing the convention's output buffer in place. Unless
     ``numerics`` (a :class:`gmm_ref.RoutedNumerics`) is given, the kernel is held to the default: exact products
     accumulated in float32 (or the widest dtype involved), the routed weight multiplied into the accumulator,
-    subnormals possibly flushed. A routed kernel takes no declared scope yet."""
+    subnormals possibly flushed (``--numerics``, ``configure(numerics=...)``: a :class:`gmm_ref.RoutedNumerics`, or
+    the :class:`gmm_ref.Numerics` of its product). A routed kernel takes no declared scope yet."""
 
     flush_subnormals = True
 
     def __init__(self, fn: Callable[..., Any], convention: str, *, name: str | None = None,
-                 numerics: RoutedNumerics | None = None, deterministic: bool = True, scope: Scope | None = None
-                 ) -> None:
+                 numerics: RoutedNumerics | Numerics | None = None, deterministic: bool = True,
+                 scope: Scope | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+        if isinstance(numerics, Numerics):  # its product's
+            numerics = RoutedNumerics(product=numerics)
         if numerics is not None and not isinstance(numerics, RoutedNumerics):
-            raise TypeError(f"numerics: expected a gmm_ref.RoutedNumerics for the routed convention {convention!r}, "
-                            f"got {type(numerics).__name__}")
+            raise TypeError(f"numerics: expected a gmm_ref.RoutedNumerics (or the product's Numerics) for the routed "
+                            f"convention {convention!r}, got {type(numerics).__name__}")
         if scope is not None:
             raise ValueError(f"scope: the routed convention {convention!r} takes no declared scope yet")
         self.convention = conventions.get(convention).name  # type: ignore[misc]
@@ -108,7 +112,13 @@ class RoutedFunctionAdapter(RoutedKernelAdapter):
         self.deterministic = deterministic  # type: ignore[misc]
 
     def numerics_for(self, routing: Any) -> RoutedNumerics:
-        return self.numerics if self.numerics is not None else super().numerics_for(routing)
+        """The declared numerics (a product left None: the default's, subnormals possibly flushed), else the
+        default (see the class docstring)."""
+        if self.numerics is None:
+            return super().numerics_for(routing)
+        if self.numerics.product is None:
+            return dataclasses.replace(self.numerics, product=super().numerics_for(routing).product)
+        return self.numerics
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
         conv = self.convention_facts

@@ -39,11 +39,11 @@ import numpy as np
 from gmm_ref import dtypes as _dt
 from gmm_ref.checks import choice, frozen_copy, output_dtype, set_field
 from gmm_ref.exact import reference
-from gmm_ref.numerics import U_REF, Numerics, error_bound, gamma, min_normal
+from gmm_ref.numerics import U_REF, Numerics, error_bound, gamma, min_normal, parse_numerics
 from gmm_ref.problem import Problem
 
-__all__ = ["EXPERT_LAYOUTS", "ID_DTYPES", "WEIGHT_DTYPES", "RoutedNumerics", "RoutedReference", "Routing",
-           "peaked_weights", "routed_reference"]
+__all__ = ["EXPERT_LAYOUTS", "ID_DTYPES", "ROUTED_NUMERICS_KEYS", "WEIGHT_DTYPES", "RoutedNumerics", "RoutedReference",
+           "Routing", "parse_declared_numerics", "parse_routed_numerics", "peaked_weights", "routed_reference"]
 
 #: how the experts' weights are stored: ``[E, N, K]`` (vLLM, SGLang, unsloth) or ``[E, K, N]``
 EXPERT_LAYOUTS = ("enk", "ekn")
@@ -282,6 +282,12 @@ class RoutedNumerics:
                              "weight='output' rounds them to the output dtype first: give combine the dtype the "
                              "rounded slots are summed in")
 
+    def describe(self) -> str:
+        """One line: the product's numerics, where the weight multiplies in, how the slots are combined."""
+        product = ("the default for the dtypes" if self.product is None
+                   else ", ".join(f"{k}={v}" for k, v in self.product.to_json().items()))
+        return f"product {product}; weight {self.weight}; combine {self.combine}"
+
     def weight_dtype(self, r: Routing) -> np.dtype | None:
         """The dtype the weight multiplies the rounded product in (None: in the accumulator)."""
         if isinstance(self.weight, str):
@@ -290,6 +296,55 @@ class RoutedNumerics:
 
     def product_numerics(self, r: Routing) -> Numerics:
         return self.product or Numerics.default_for(r.tokens.dtype, r.experts.dtype, r.out_dtype)
+
+
+#: the keys of ``--numerics`` that only a routed kernel's :class:`RoutedNumerics` has
+ROUTED_NUMERICS_KEYS = ("weight", "combine")
+
+
+def _routed_items(text: str) -> tuple[list[str], dict[str, str]]:
+    """``text``'s items split into the product's (``parse_numerics``'s) and the routed keys' values."""
+    product, routed = [], {}
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        key, eq, value = item.partition("=")
+        if key.strip() in ROUTED_NUMERICS_KEYS:
+            routed[key.strip()] = value.strip() if eq else ""
+        else:
+            product.append(item)
+    return product, routed
+
+
+def parse_routed_numerics(text: str | None, *, option: str = "--numerics") -> RoutedNumerics | None:
+    """``"accumulate=float32,flush,weight=output,combine=bfloat16"`` -> :class:`RoutedNumerics`; ValueError naming
+    ``option``.
+
+    ``weight=accumulator|output|DTYPE`` and ``combine=accumulator|DTYPE`` are its fields (default
+    ``accumulator`` each); the other items are :func:`gmm_ref.numerics.parse_numerics`'s, the product's
+    :class:`Numerics` (none of them: ``product`` None, the kernel's default for the dtypes)."""
+    if text is None:
+        return None
+    product_items, routed = _routed_items(text)
+    for key, value in routed.items():
+        if not value:
+            forms = "accumulator|output|DTYPE" if key == "weight" else "accumulator|DTYPE"
+            raise ValueError(f"{option}: expected {key}={forms}, got {key!r}")
+    product = parse_numerics(",".join(product_items), option=option) if product_items else None
+    try:
+        return RoutedNumerics(product=product, **routed)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
+def parse_declared_numerics(text: str | None, *, option: str = "--numerics") -> Numerics | RoutedNumerics | None:
+    """The command lines' ``--numerics``: a :class:`RoutedNumerics` where ``text`` names ``weight=`` or
+    ``combine=`` (:func:`parse_routed_numerics`), else a :class:`Numerics` (``parse_numerics``); a routed kernel
+    takes either (a :class:`Numerics` is its product's), a grouped GEMM only the second
+    (``gmm_kernels.configure`` says so)."""
+    if text is None:
+        return None
+    if _routed_items(text)[1]:
+        return parse_routed_numerics(text, option=option)
+    return parse_numerics(text, option=option)
 
 
 def _routed_numerics(numerics: Any) -> RoutedNumerics:

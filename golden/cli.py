@@ -19,7 +19,7 @@ from typing import Any
 
 import gmm_ref
 from gmm_kernels import configure, device, load_object, resolve_kernel, triton_interpreter
-from gmm_ref.numerics import parse_numerics
+from gmm_ref.routing import parse_declared_numerics
 from golden.case import Case, GoldenError, select
 from golden.cases import CASES
 from golden.judge import check_goldens, out_of_scope, reasons_text, scope_reasons
@@ -75,7 +75,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                         choices=[*gmm_ref.conventions.names(), *gmm_ref.conventions.routed_names()],
                         help="the calling convention of a 'pkg.module:function' kernel")
         sp.add_argument("--numerics", default=None, metavar="SPEC",
-                        help="the kernel's arithmetic: accumulate=DTYPE[,multiply=DTYPE][,flush] "
+                        help="the kernel's arithmetic: accumulate=DTYPE[,multiply=DTYPE][,flush]; a routed "
+                             "function's also [,weight=accumulator|output|DTYPE][,combine=accumulator|DTYPE] "
                              "(default: its adapter's, or docs/numerics.md's default for a function)")
         sp.add_argument("--kernel-version", default=None,
                         help="version recorded for the kernel (goldens match bit for bit only on the same one)")
@@ -104,7 +105,7 @@ def _kernel(args: argparse.Namespace) -> Any:
     if not args.kernel:
         return None
     kernel = resolve_kernel(args.kernel, convention=args.convention)
-    return configure(kernel, numerics=parse_numerics(args.numerics), version=args.kernel_version or None)
+    return configure(kernel, numerics=parse_declared_numerics(args.numerics), version=args.kernel_version or None)
 
 
 def _nothing_checked(kernel: Any, directory: Path, cases: str | None, results: list[Any]) -> str:

@@ -444,7 +444,7 @@ def check_kernel(
     tiling: Any = None,
     max_examples: int | None = None,
     modes: Iterable[str] | None = None,
-    numerics: gmm_ref.Numerics | None = None,
+    numerics: gmm_ref.Numerics | gmm_ref.RoutedNumerics | None = None,
     name: str | None = None,
     scope: Scope | None = None,
     profile: str | None = "gmm-ci",

@@ -290,6 +290,8 @@ def _header(kernels: list[KernelAdapter], asked: str, request: WorkRequest, devi
     for k in kernels:
         if k.scope is not None:
             lines.append(f"{k.name} ({k.convention}) declared scope: {k.scope.describe()}")
+        if k.routed and getattr(k, "numerics", None) is not None:  # a routed function's (``--numerics``)
+            lines.append(f"{k.name} ({k.convention}) declared numerics: {k.numerics.describe()}")
         if k.version and request.kernel_version:
             lines.append(f"{k.name} version {k.version}: its own goldens must match bit for bit")
     if list(request.modes) != list(MODES):

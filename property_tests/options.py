@@ -8,7 +8,10 @@ kernel supports
 is a usage error naming the option. The command-line forms are parsed here
 (:func:`scope_fields`, :func:`parse_multiples`, :func:`parse_quantizes`; the text
 form of ``Numerics`` is ``gmm_ref.numerics.parse_numerics``, which ``python -m
-golden`` takes too); ``gmm_kernels.Scope`` holds only the fields.
+golden`` takes too); ``gmm_kernels.Scope`` holds only the fields. A routed MoE
+kernel takes no declared scope yet, only ``--numerics``, with ``weight=`` and
+``combine=`` (``gmm_ref.routing.parse_declared_numerics``): a routed function's
+``gmm_ref.RoutedNumerics``.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gmm_kernels import KernelAdapter, Scope, configure
-from gmm_ref import FAMILIES, MXQuantizer
+from gmm_ref import FAMILIES, MXQuantizer, RoutedNumerics
 from gmm_ref.names import did_you_mean
 from gmm_ref.numerics import parse_numerics
+from gmm_ref.routing import parse_declared_numerics
 
 __all__ = ["SCOPE_OPTIONS", "add_device_option", "add_scope_options", "apply_scope", "modes_option",
            "parse_multiples", "parse_numerics", "parse_quantizes", "scope_fields", "split_list", "suggestions"]
@@ -38,7 +42,9 @@ SCOPE_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
                       help="an extent the kernel needs a multiple of, e.g. k=32 (repeatable)")),
     ("no-tail", dict(action="store_true", help="every row is in a group: no rows past the last group")),
     ("zero-extents", dict(metavar="AXES", help="the axes whose extent may be 0: some of m,k,n, or none")),
-    ("numerics", dict(metavar="SPEC", help="the kernel's arithmetic: accumulate=DTYPE[,multiply=DTYPE][,flush]")),
+    ("numerics", dict(metavar="SPEC", help="the kernel's arithmetic: accumulate=DTYPE[,multiply=DTYPE][,flush]; a "
+                                           "routed kernel's also [,weight=accumulator|output|DTYPE]"
+                                           "[,combine=accumulator|DTYPE] (docs/routed.md)")),
     ("quantizes", dict(metavar="SPEC", help="the kernel quantizes its inputs itself: mx[:ELEM[:BLOCK[:MODE]]] for "
                                             "both operands, or lhs=...,rhs=... (docs/scaled.md)")),
 )
@@ -92,7 +98,7 @@ def scope_fields(values: Mapping[str, Any], prefix: str = "--") -> dict[str, Any
         if any(a not in AXES for a in axes):
             raise ValueError(f"{prefix}zero-extents: expected some of m,k,n or none, got {zero!r}")
         fields["zero_extents"] = tuple(axes)
-    numerics = parse_numerics(values.get("numerics"), option=prefix + "numerics")
+    numerics = parse_declared_numerics(values.get("numerics"), option=prefix + "numerics")
     if numerics is not None:
         fields["numerics"] = numerics
     quantizes = parse_quantizes(values.get("quantizes"), option=prefix + "quantizes")
@@ -156,8 +162,17 @@ def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str =
     if not fields:
         return adapter
     if adapter.routed:
-        raise ValueError(f"{prefix}{next(iter(fields)).replace('_', '-')}: {adapter.name} is a routed MoE kernel: it "
-                         "takes no declared scope yet (docs/routed.md)")
+        scoped = [f for f in fields if f != "numerics"]
+        if scoped:
+            raise ValueError(f"{prefix}{scoped[0].replace('_', '-')}: {adapter.name} is a routed MoE kernel: it "
+                             "takes no declared scope yet, only --numerics (docs/routed.md)")
+        try:
+            return configure(adapter, numerics=fields["numerics"])
+        except ValueError as exc:
+            raise ValueError(f"{prefix}{exc} (kernel {adapter.name})") from None
+    if isinstance(fields.get("numerics"), RoutedNumerics):
+        raise ValueError(f"{prefix}numerics: weight= and combine= are a routed MoE kernel's; {adapter.name} is a "
+                         f"grouped GEMM ({adapter.convention})")
     try:
         return configure(adapter, scope=dataclasses.replace(adapter.scope or Scope(), **fields))
     except ValueError as exc:

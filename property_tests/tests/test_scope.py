@@ -8,17 +8,19 @@ still caught.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
 import gmm_kernels
 import gmm_ref
-from gmm_kernels import KnownIssue, Scope, Status, configure, declare, resolve_kernel
+from gmm_kernels import KnownIssue, Scope, Status, configure, declare, get, resolve_kernel
 from gmm_ref.conventions.base import has_tail
 from property_tests import strategies as gst
 from property_tests.checking import check_kernel
-from property_tests.options import parse_multiples, parse_numerics
+from property_tests.options import apply_scope, parse_multiples, parse_numerics, scope_fields
 from property_tests.tests.broken_kernels import _ends, _mm32
 
 MODES = ["exact", "normal", "poisoned", "all_empty", "many_groups"]
@@ -165,6 +167,44 @@ def test_parsers_name_their_option():
             parse_numerics(bad)
     with pytest.raises(ValueError, match="--numerics"):
         parse_numerics("accumulate=float99")
+
+
+def test_numerics_with_weight_or_combine_are_a_routed_kernels():
+    from gmm_ref.routing import parse_declared_numerics, parse_routed_numerics
+
+    assert parse_declared_numerics("accumulate=float32,flush") == gmm_ref.Numerics(None, "float32", True)
+    assert parse_declared_numerics("weight=bfloat16") == gmm_ref.RoutedNumerics(weight="bfloat16")
+    assert parse_routed_numerics("accumulate=float32,weight=output,combine=float32") == gmm_ref.RoutedNumerics(
+        gmm_ref.Numerics(None, "float32", False), weight="output", combine="float32")
+    assert parse_routed_numerics("flush") == gmm_ref.RoutedNumerics(gmm_ref.Numerics(None, "float32", True))
+    for bad, words in (("weight", "expected weight=accumulator|output|DTYPE, got 'weight'"),
+                       ("weight=int8", "weight: expected 'accumulator', 'output' or a float dtype"),
+                       ("combine=xx", "combine: "), ("weight=float32,fast", "expected accumulate=DTYPE")):
+        with pytest.raises(ValueError, match=re.escape(f"--gmm-numerics: {words}")):
+            parse_declared_numerics(bad, option="--gmm-numerics")
+    kernel = get("jax.ragged_dot")
+    fields = scope_fields({"numerics": "weight=output,combine=float32"}, prefix="--gmm-")
+    with pytest.raises(ValueError, match=r"--gmm-numerics: weight= and combine= are a routed MoE kernel's; "
+                                         r"jax\.ragged_dot is a grouped GEMM \(ragged_dot\)"):
+        apply_scope(kernel, fields, prefix="--gmm-")
+    with pytest.raises(ValueError, match=r"numerics: weight= and combine= are a routed MoE kernel's"):
+        configure(kernel, numerics=fields["numerics"])
+
+
+def test_a_routed_function_takes_declared_numerics_only():
+    pytest.importorskip("torch")
+    from property_tests.tests.test_vllm_fused_moe import torch_fused_moe
+
+    kernel = resolve_kernel(torch_fused_moe, convention="vllm.fused_moe")
+    declared = apply_scope(kernel, scope_fields({"numerics": "weight=output,combine=float32"}, prefix="--gmm-"),
+                           prefix="--gmm-")
+    assert declared.numerics == gmm_ref.RoutedNumerics(weight="output", combine="float32") and kernel.numerics is None
+    assert configure(kernel, numerics=gmm_ref.Numerics(None, "float32", False)).numerics == gmm_ref.RoutedNumerics(
+        gmm_ref.Numerics(None, "float32", False))
+    with pytest.raises(ValueError, match=r"--gmm-families: .* is a routed MoE kernel: it takes no declared scope "
+                                         r"yet, only --numerics"):
+        apply_scope(kernel, scope_fields({"families": "ragged_m", "numerics": "flush"}, prefix="--gmm-"),
+                    prefix="--gmm-")
 
 
 def test_scope_round_trips_through_json():

@@ -292,7 +292,7 @@ def test_the_default_run_checks_an_interpreted_routed_kernel_on_few_examples(mon
 
 # ------------------------------------------------------------------- a user's fused MoE in this convention
 def torch_fused_moe(A, B, C, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded, mul_routed_weight,
-                    top_k, config=None, compute_type=None, bug=None):
+                    top_k, config=None, compute_type=None, bug=None, weight_after_rounding=False):
     """A fused MoE in torch taking exactly ``vllm.fused_moe``'s arguments (docs/routed.md's walkthrough): each
     block of ``BLOCK_SIZE_M`` slots computed with its expert in float32, written into ``C``. ``bug``: one real bug
     class, for the broken twins below."""
@@ -312,11 +312,24 @@ def torch_fused_moe(A, B, C, topk_weights, sorted_token_ids, expert_ids, num_tok
             out[rows] = 0
             continue
         acc = A[rows // top_k].float() @ B[e].float().T
-        if mul_routed_weight or bug == "weight_without_flag":
-            acc = acc * topk_weights.reshape(-1)[rows].float()[:, None]
+        if weight_after_rounding and mul_routed_weight:  # unsloth's FUSE_MUL_POST: in C's dtype, rounded
+            value = acc.to(C.dtype) * topk_weights.reshape(-1)[rows].to(C.dtype)[:, None]
+        else:
+            if mul_routed_weight or bug == "weight_without_flag":
+                acc = acc * topk_weights.reshape(-1)[rows].float()[:, None]
+            value = acc.to(C.dtype)
         if bug == "swaps_slots" and top_k > 1:
             rows = rows - rows % top_k + (rows % top_k + 1) % top_k
-        out[rows] = acc.to(C.dtype)
+        out[rows] = value
+
+
+def torch_fused_moe_weight_after_rounding(A, B, C, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                                          mul_routed_weight, top_k, config=None, compute_type=None):
+    """``torch_fused_moe`` whose weight multiplies the product rounded to C's dtype, in C's dtype (unsloth's
+    ``FUSE_MUL_POST``): correct under ``RoutedNumerics(weight="output")``, two roundings where the default allows
+    one."""
+    torch_fused_moe(A, B, C, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded, mul_routed_weight,
+                    top_k, config, weight_after_rounding=True)
 
 
 def test_a_users_torch_fused_moe_passes_in_this_convention():
@@ -337,13 +350,38 @@ def test_a_users_broken_fused_moe_fails_naming_token_slot_and_expert(bug):
         check_kernel(broken, convention="vllm.fused_moe", modes=["normal"], profile="gmm-ci")
 
 
-def test_a_routed_convention_refuses_grouped_numerics_and_a_scope():
+def test_a_routed_function_takes_its_products_numerics_and_refuses_a_scope():
     from gmm_kernels import Scope, wrap
 
-    with pytest.raises(TypeError, match=r"numerics: expected a gmm_ref\.RoutedNumerics"):
-        wrap(torch_fused_moe, "vllm.fused_moe", numerics=gmm_ref.Numerics())
+    product = gmm_ref.Numerics(accumulate="float32")
+    assert wrap(torch_fused_moe, "vllm.fused_moe", numerics=product).numerics == gmm_ref.RoutedNumerics(product)
+    with pytest.raises(TypeError, match=r"numerics: expected a gmm_ref\.RoutedNumerics \(or the product's Numerics\)"):
+        wrap(torch_fused_moe, "vllm.fused_moe", numerics="accumulate=float32")
     with pytest.raises(ValueError, match=r"scope: the routed convention 'vllm\.fused_moe' takes no declared scope"):
         wrap(torch_fused_moe, "vllm.fused_moe", scope=Scope())
+
+
+def test_the_cli_declares_a_routed_functions_numerics(capsys):
+    """A correct kernel of other numerics (the weight multiplied into the rounded product) fails the default, which
+    allows one rounding, naming the slot; ``--numerics weight=output,...`` declares them and it passes."""
+    pytest.importorskip("torch")
+    from property_tests.main import main
+
+    argv = ["check", "--in-process", "--kernel", f"{__name__}:torch_fused_moe_weight_after_rounding", "--convention",
+            "vllm.fused_moe", "--modes", "normal", "--no-goldens"]
+    assert main(argv) == 1
+    assert re.search(SLOT, capsys.readouterr().out)
+    assert main([*argv, "--numerics", "weight=output,combine=float32"]) == 0
+    out = capsys.readouterr().out
+    assert "declared numerics: product the default for the dtypes; weight output; combine float32" in out, out
+    assert "pass (50)" in out, out
+
+    def broken(*args, **kwargs):  # the declared numerics' bound still holds a slot's bug
+        return torch_fused_moe(*args, **kwargs, bug="swaps_slots", weight_after_rounding=True)
+
+    with pytest.raises(gmm_ref.Mismatch, match=SLOT):
+        check_kernel(broken, convention="vllm.fused_moe", modes=["normal"], profile="gmm-ci",
+                     numerics=gmm_ref.RoutedNumerics(weight="output", combine="float32"))
 
 
 def test_the_cli_takes_a_users_kernel_in_the_routed_convention(capsys):
@@ -370,6 +408,11 @@ def test_coverage_says_a_routed_convention_has_no_covering_design_yet(capsys):
     (["--dtypes", "bfloat16"], "--dtypes: vllm.fused_moe is a routed MoE kernel: it takes no declared scope yet"),
     (["--tiling", "16,32,32"], "--tiling: vllm.fused_moe is a routed MoE kernel: its launch config is its "
                                "convention's"),
+    (["--numerics", "weight=float32"], "--numerics: vllm.fused_moe is a routed MoE kernel whose adapter says its "
+                                       "numerics (numerics_for)"),
+    (["--numerics", "weight=output"], "--numerics: combine: 'accumulator' sums the weighted products in the "
+                                      "accumulator, but weight='output' rounds them"),
+    (["--numerics", "combine"], "--numerics: expected combine=accumulator|DTYPE, got 'combine'"),
 ])
 def test_the_cli_refuses_a_scope_or_tiling_for_a_routed_kernel(argv, words, capsys):
     from property_tests.main import main
