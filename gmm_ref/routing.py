@@ -282,6 +282,12 @@ class RoutedNumerics:
                              "weight='output' rounds them to the output dtype first: give combine the dtype the "
                              "rounded slots are summed in")
 
+    def to_json(self) -> dict[str, Any]:
+        """Every field as JSON: the product's :meth:`Numerics.to_json` (None: the default), weight and combine as
+        text."""
+        return {"product": None if self.product is None else self.product.to_json(), "weight": str(self.weight),
+                "combine": str(self.combine)}
+
     def describe(self) -> str:
         """One line: the product's numerics, where the weight multiplies in, how the slots are combined."""
         product = ("the default for the dtypes" if self.product is None

@@ -81,8 +81,7 @@ def numerics_json(n: Any) -> dict[str, Any] | None:
     if n is None:
         return None
     if isinstance(n, gmm_ref.RoutedNumerics):
-        return {"routed_numerics": {"product": numerics_json(n.product), "weight": str(n.weight),
-                                   "combine": str(n.combine)}}
+        return {"routed_numerics": n.to_json()}
     return n.to_json()
 
 

@@ -445,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     columns = modes + ([] if args.no_goldens else [GOLDENS])
     doc = {"format": shards.FORMAT, "kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
                         "scope": None if k.scope is None else k.scope.to_json(), "device": devices[k.name],
+                        **({"numerics": k.numerics.to_json()} if k.routed and getattr(k, "numerics", None) else {}),
                         "known_bugs": {m: bug for m in request.modes if (bug := k.known_issue(m))}}
                        for k in kernels],
            "requested": bool(args.kernel), "modes": list(request.modes), "goldens": not args.no_goldens,

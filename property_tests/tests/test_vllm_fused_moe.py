@@ -11,6 +11,7 @@ fail naming the token, the slot and the expert of a wrong element.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import zipfile
 
@@ -361,7 +362,7 @@ def test_a_routed_function_takes_its_products_numerics_and_refuses_a_scope():
         wrap(torch_fused_moe, "vllm.fused_moe", scope=Scope())
 
 
-def test_the_cli_declares_a_routed_functions_numerics(capsys):
+def test_the_cli_declares_a_routed_functions_numerics(capsys, tmp_path):
     """A correct kernel of other numerics (the weight multiplied into the rounded product) fails the default, which
     allows one rounding, naming the slot; ``--numerics weight=output,...`` declares them and it passes."""
     pytest.importorskip("torch")
@@ -371,8 +372,10 @@ def test_the_cli_declares_a_routed_functions_numerics(capsys):
             "vllm.fused_moe", "--modes", "normal", "--no-goldens"]
     assert main(argv) == 1
     assert re.search(SLOT, capsys.readouterr().out)
-    assert main([*argv, "--numerics", "weight=output,combine=float32"]) == 0
+    assert main([*argv, "--numerics", "weight=output,combine=float32", "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
+    kernel, = json.loads((tmp_path / "r.json").read_text())["kernels"]
+    assert kernel["numerics"] == {"product": None, "weight": "output", "combine": "float32"}, kernel
     assert "declared numerics: product the default for the dtypes; weight output; combine float32" in out, out
     assert "pass (50)" in out, out
 
