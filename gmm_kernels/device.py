@@ -139,26 +139,26 @@ def reserve(elements: int, dtype: Any) -> Any:
 
     base = torch.empty(elements, dtype=dtype, device=selected())
     if base.device.type == "cpu" and sys.platform.startswith("linux"):
-        _no_huge_pages(base.data_ptr(), base.nbytes)
+        _advise(base.data_ptr(), base.nbytes, _MADV_NOHUGEPAGE)  # best effort: refused, pages commit as they did
     return base
 
 
-def _no_huge_pages(address: int, nbytes: int) -> None:
-    """Advise the whole pages inside ``[address, address + nbytes)`` ``MADV_NOHUGEPAGE``; best effort (a libc or
-    kernel that refuses leaves the pages as they were, committed in larger pieces)."""
+def _advise(address: int, nbytes: int, advice: int) -> bool:
+    """``madvise(2)`` ``advice`` for the whole pages inside ``[address, address + nbytes)``; whether it was taken
+    (False where there is no such call or it refused)."""
     import ctypes
     import mmap
 
     page = mmap.PAGESIZE
     lo, hi = -(-address // page) * page, (address + nbytes) // page * page
     if hi <= lo:
-        return
+        return False
     try:
         madvise = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):
-        return
+        return False
     madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    madvise(lo, hi - lo, _MADV_NOHUGEPAGE)
+    return madvise(lo, hi - lo, advice) == 0
 
 
 def synchronize() -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import gmm_ref
-from gmm_kernels import Status, get, resolve_kernel
+from gmm_kernels import Status, device, get, resolve_kernel
 from property_tests import large
 from property_tests import large_strided as ls
 from property_tests.checking import check_kernel, check_mode
@@ -94,7 +94,7 @@ def test_a_cell_commits_a_few_mib_of_its_12_gib(monkeypatch, huge_pages):
         def empty_with_huge_pages(*args, **kwargs):
             x = empty(*args, **kwargs)
             if x.device.type == "cpu" and x.nbytes > 2**30:
-                _advise(x.data_ptr(), x.nbytes, 14)  # MADV_HUGEPAGE
+                assert device._advise(x.data_ptr(), x.nbytes, 14)  # MADV_HUGEPAGE
             return x
 
         monkeypatch.setattr(torch, "empty", empty_with_huge_pages)
@@ -108,15 +108,6 @@ def test_a_cell_commits_a_few_mib_of_its_12_gib(monkeypatch, huge_pages):
     assert size > kept[0][0].nbytes - 2 * 4096, (f"{size} bytes of mappings lie inside the allocation's "
                                                  f"{kept[0][0].nbytes}: its pages were not advised apart")
     assert resident < 16 * 2**20, f"{resident / 2**20:.1f} MiB of the allocation committed"  # ... a few MiB touched
-
-
-def _advise(address: int, nbytes: int, advice: int) -> None:
-    import ctypes
-
-    lo, hi = -(-address // 4096) * 4096, (address + nbytes) // 4096 * 4096
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
-    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    assert madvise(lo, hi - lo, advice) == 0, ctypes.get_errno()
 
 
 def _inside(address: int, nbytes: int) -> tuple[int, int]:
