@@ -22,7 +22,7 @@ from gmm_kernels import triton_interpreter
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.registry import registry
 from gmm_kernels.scope import Scope
-from gmm_kernels.user import RoutedFunctionAdapter, wrap
+from gmm_kernels.user import RoutedFunctionAdapter, routed_scope, wrap
 from gmm_ref import Numerics, RoutedNumerics, as_tiling, conventions
 from gmm_ref.names import did_you_mean
 
@@ -65,12 +65,16 @@ def configure(adapter: KernelAdapter, *, origin: str | None = None, tiling: Any 
     if adapter.routed and tiling is not None:
         raise ValueError(f"{option.replace('kernel', 'tiling')}: {adapter.name} is a routed MoE kernel: its launch "
                          "config is its convention's (docs/routed.md), not a tiling")
-    if adapter.routed and scope is not None:
-        raise ValueError(f"scope: {adapter.name} is a routed MoE kernel: it takes no declared scope yet "
-                         "(docs/routed.md)")
-    if adapter.routed and numerics is not None:
-        changes["numerics"] = _routed_numerics(adapter, numerics)
-        numerics = None
+    if adapter.routed and (scope is not None or numerics is not None):
+        if not isinstance(adapter, RoutedFunctionAdapter):
+            raise ValueError(f"{'scope' if scope is not None else 'numerics'}: {adapter.name} is a routed MoE kernel "
+                             "whose adapter says what it takes and its numerics; a declared scope or numerics is a "
+                             "routed function's (gmm_kernels.wrap), or subclass the adapter (docs/routed.md)")
+        if scope is not None:
+            changes["scope"] = routed_scope(scope, adapter.convention_facts)
+        if numerics is not None:
+            changes["numerics"] = _routed_numerics(adapter, numerics)
+        scope = numerics = None
     elif isinstance(numerics, RoutedNumerics):
         raise ValueError(f"numerics: weight= and combine= are a routed MoE kernel's; {adapter.name} is a grouped "
                          f"GEMM ({adapter.convention}): expected a gmm_ref.Numerics")
@@ -94,17 +98,12 @@ def configure(adapter: KernelAdapter, *, origin: str | None = None, tiling: Any 
 
 
 def _routed_numerics(adapter: KernelAdapter, numerics: Any) -> RoutedNumerics:
-    """``numerics`` as the routed ``adapter`` declares them (a :class:`~gmm_ref.Numerics` is its product's); a
-    routed kernel whose adapter says its own numerics (``numerics_for``) is not overridden: ValueError."""
+    """``numerics`` as the routed ``adapter`` declares them (a :class:`~gmm_ref.Numerics` is its product's)."""
     if isinstance(numerics, Numerics):
         numerics = RoutedNumerics(product=numerics)
     if not isinstance(numerics, RoutedNumerics):
         raise TypeError(f"numerics: expected a gmm_ref.RoutedNumerics or Numerics for the routed MoE kernel "
                         f"{adapter.name}, got {type(numerics).__name__}")
-    if not isinstance(adapter, RoutedFunctionAdapter):
-        raise ValueError(f"numerics: {adapter.name} is a routed MoE kernel whose adapter says its numerics "
-                         "(numerics_for); declared numerics are a routed function's (gmm_kernels.wrap), or "
-                         "subclass the adapter (docs/routed.md)")
     return numerics
 
 

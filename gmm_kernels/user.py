@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gmm_kernels import inputs
-from gmm_kernels.base import KernelAdapter, RoutedKernelAdapter
+from gmm_kernels.base import KernelAdapter, RoutedKernelAdapter, dtype_name
 from gmm_kernels.convert import jax_primitives, jax_x64, to_framework, uses_64bit
 from gmm_kernels.scope import Scope
 from gmm_ref import Numerics, Problem, RoutedNumerics, conventions
@@ -89,7 +89,8 @@ class RoutedFunctionAdapter(RoutedKernelAdapter):
     ``numerics`` (a :class:`gmm_ref.RoutedNumerics`) is given, the kernel is held to the default: exact products
     accumulated in float32 (or the widest dtype involved), the routed weight multiplied into the accumulator,
     subnormals possibly flushed (``--numerics``, ``configure(numerics=...)``: a :class:`gmm_ref.RoutedNumerics`, or
-    the :class:`gmm_ref.Numerics` of its product). A routed kernel takes no declared scope yet."""
+    the :class:`gmm_ref.Numerics` of its product). Its ``scope`` (:func:`routed_scope`) declares the dtypes it takes
+    (``--dtypes``, ``--out-dtypes``) and its known issues; the rest of a scope is a grouped problem's."""
 
     flush_subnormals = True
 
@@ -103,13 +104,20 @@ class RoutedFunctionAdapter(RoutedKernelAdapter):
         if numerics is not None and not isinstance(numerics, RoutedNumerics):
             raise TypeError(f"numerics: expected a gmm_ref.RoutedNumerics (or the product's Numerics) for the routed "
                             f"convention {convention!r}, got {type(numerics).__name__}")
-        if scope is not None:
-            raise ValueError(f"scope: the routed convention {convention!r} takes no declared scope yet")
         self.convention = conventions.get(convention).name  # type: ignore[misc]
+        self.scope = None if scope is None else routed_scope(scope, self.convention_facts)
         self.fn = fn
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"  # type: ignore[misc]
         self.numerics = numerics
         self.deterministic = deterministic  # type: ignore[misc]
+
+    def dtype_refusal(self, lhs: Any, rhs: Any, out: Any) -> str | None:
+        """The convention's refusal, else the declared scope's (tokens ``lhs``, experts ``rhs``, output ``out``)."""
+        scope = self.scope
+        if scope is not None and not (scope.takes(lhs, out) and scope.takes(rhs, out)):
+            return (f"the declared scope takes dtypes {scope.dtypes} / out_dtypes {scope.out_dtypes}, not "
+                    f"{dtype_name(lhs)} x {dtype_name(rhs)} -> {dtype_name(out)}")
+        return super().dtype_refusal(lhs, rhs, out)
 
     def numerics_for(self, routing: Any) -> RoutedNumerics:
         """The declared numerics (a product left None: the default's, subnormals possibly flushed), else the
@@ -125,6 +133,31 @@ class RoutedFunctionAdapter(RoutedKernelAdapter):
         a, kw = to_framework(conv.framework, args, kwargs)
         out = self.fn(*a, **kw)
         return conv.out_value(a, kw) if out is None and conv.out_argument is not None else out
+
+
+#: the fields of a :class:`Scope` a routed kernel declares; the others (families, multiples, a tail, zero extents,
+#: numerics, quantizes) describe a grouped problem
+ROUTED_SCOPE_FIELDS = ("dtypes", "out_dtypes", "known_issues")
+
+
+def routed_scope(scope: Any, convention: Any) -> Scope:
+    """``scope`` checked for the routed ``convention``: only :data:`ROUTED_SCOPE_FIELDS` set (numerics are a
+    :class:`gmm_ref.RoutedNumerics`, given apart), and some of the convention's dtype pairs left; ValueError
+    naming the field otherwise."""
+    if not isinstance(scope, Scope):
+        raise TypeError(f"scope: expected a gmm_kernels.Scope, got {type(scope).__name__}")
+    default = Scope()
+    for f in dataclasses.fields(Scope):
+        if f.name not in ROUTED_SCOPE_FIELDS and getattr(scope, f.name) != getattr(default, f.name):
+            raise ValueError(f"{f.name}: the routed convention {convention.name!r} takes a declared scope of "
+                             f"dtypes, out_dtypes and known_issues only"
+                             + (" (its numerics: a gmm_ref.RoutedNumerics, numerics=)" if f.name == "numerics"
+                                else ""))
+    if not scope.dtype_pairs(convention):
+        raise ValueError(f"dtypes: {scope.dtypes} / out_dtypes: {scope.out_dtypes} leave none of "
+                         f"{convention.name}'s input/output dtypes "
+                         f"{[tuple(map(str, p)) for p in convention.dtype_pairs]}")
+    return scope
 
 
 def wrap(fn: Callable[..., Any], convention: str, **options: Any) -> KernelAdapter:

@@ -9,9 +9,9 @@ is a usage error naming the option. The command-line forms are parsed here
 (:func:`scope_fields`, :func:`parse_multiples`, :func:`parse_quantizes`; the text
 form of ``Numerics`` is ``gmm_ref.numerics.parse_numerics``, which ``python -m
 golden`` takes too); ``gmm_kernels.Scope`` holds only the fields. A routed MoE
-kernel takes no declared scope yet, only ``--numerics``, with ``weight=`` and
-``combine=`` (``gmm_ref.routing.parse_declared_numerics``): a routed function's
-``gmm_ref.RoutedNumerics``.
+function takes ``--dtypes``, ``--out-dtypes`` and ``--numerics``, with ``weight=``
+and ``combine=`` (``gmm_ref.routing.parse_declared_numerics``: its
+``gmm_ref.RoutedNumerics``); a built-in routed adapter none of them.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gmm_kernels import KernelAdapter, Scope, configure
+from gmm_kernels.user import RoutedFunctionAdapter
 from gmm_ref import FAMILIES, MXQuantizer, RoutedNumerics
 from gmm_ref.names import did_you_mean
 from gmm_ref.numerics import parse_numerics
@@ -162,12 +163,18 @@ def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str =
     if not fields:
         return adapter
     if adapter.routed:
-        scoped = [f for f in fields if f != "numerics"]
+        first = _option(next(iter(fields)))
+        if not isinstance(adapter, RoutedFunctionAdapter):
+            raise ValueError(f"{prefix}{first}: {adapter.name} is a routed MoE kernel whose adapter says what it takes "
+                             "and its numerics; a declared scope is a routed function's (docs/routed.md)")
+        scoped = [f for f in fields if f not in ("dtypes", "out_dtypes", "numerics")]
         if scoped:
-            raise ValueError(f"{prefix}{scoped[0].replace('_', '-')}: {adapter.name} is a routed MoE kernel: it "
-                             "takes no declared scope yet, only --numerics (docs/routed.md)")
+            raise ValueError(f"{prefix}{_option(scoped[0])}: {adapter.name} is a routed MoE kernel: it "
+                             f"takes only {prefix}dtypes, {prefix}out-dtypes and {prefix}numerics (docs/routed.md)")
+        dtypes = {f: v for f, v in fields.items() if f != "numerics"}
         try:
-            return configure(adapter, numerics=fields["numerics"])
+            return configure(adapter, scope=dataclasses.replace(adapter.scope or Scope(), **dtypes) if dtypes else None,
+                             numerics=fields.get("numerics"))
         except ValueError as exc:
             raise ValueError(f"{prefix}{exc} (kernel {adapter.name})") from None
     if isinstance(fields.get("numerics"), RoutedNumerics):
@@ -177,6 +184,11 @@ def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str =
         return configure(adapter, scope=dataclasses.replace(adapter.scope or Scope(), **fields))
     except ValueError as exc:
         raise ValueError(f"{prefix}{exc} (kernel {adapter.name})") from None
+
+
+def _option(field: str) -> str:
+    """The option (without its prefix) that sets the Scope field ``field``."""
+    return {"tail": "no-tail", "multiples": "multiple"}.get(field, field.replace("_", "-"))
 
 
 def modes_option(text: str | None, known: Any, error: Callable[[str], Any], default: Any = None) -> list[str]:

@@ -191,7 +191,7 @@ def test_numerics_with_weight_or_combine_are_a_routed_kernels():
         configure(kernel, numerics=fields["numerics"])
 
 
-def test_a_routed_function_takes_declared_numerics_only():
+def test_a_routed_function_takes_declared_dtypes_and_numerics_only():
     pytest.importorskip("torch")
     from property_tests.tests.test_vllm_fused_moe import torch_fused_moe
 
@@ -201,10 +201,17 @@ def test_a_routed_function_takes_declared_numerics_only():
     assert declared.numerics == gmm_ref.RoutedNumerics(weight="output", combine="float32") and kernel.numerics is None
     assert configure(kernel, numerics=gmm_ref.Numerics(None, "float32", False)).numerics == gmm_ref.RoutedNumerics(
         gmm_ref.Numerics(None, "float32", False))
-    with pytest.raises(ValueError, match=r"--gmm-families: .* is a routed MoE kernel: it takes no declared scope "
-                                         r"yet, only --numerics"):
-        apply_scope(kernel, scope_fields({"families": "ragged_m", "numerics": "flush"}, prefix="--gmm-"),
-                    prefix="--gmm-")
+    both = apply_scope(kernel, scope_fields({"dtypes": "bfloat16", "out-dtypes": "bfloat16", "numerics": "flush"},
+                                            prefix="--gmm-"), prefix="--gmm-")
+    assert both.scope == Scope(dtypes=("bfloat16",), out_dtypes=("bfloat16",)), both.scope
+    assert both.numerics == gmm_ref.RoutedNumerics(gmm_ref.Numerics(None, "float32", True))
+    for values, option in (({"families": "ragged_m", "numerics": "flush"}, "families"),
+                           ({"no-tail": True}, "no-tail"), ({"multiple": ["k=32"]}, "multiple")):
+        with pytest.raises(ValueError, match=rf"--gmm-{option}: .* is a routed MoE kernel: it takes only --gmm-dtypes, "
+                                             "--gmm-out-dtypes and --gmm-numerics"):
+            apply_scope(kernel, scope_fields(values, prefix="--gmm-"), prefix="--gmm-")
+    with pytest.raises(ValueError, match=r"--gmm-dtypes: \('float64',\) / out_dtypes: None leave none"):
+        apply_scope(kernel, scope_fields({"dtypes": "float64"}, prefix="--gmm-"), prefix="--gmm-")
 
 
 def test_scope_round_trips_through_json():

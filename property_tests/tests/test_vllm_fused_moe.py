@@ -25,6 +25,7 @@ from gmm_ref import conventions
 from gmm_ref.conventions.vllm import FUSED_MOE, FUSED_MOE_CONFIG, _FusedMoE
 from gmm_ref.routing_metadata import moe_align_block_size
 from property_tests import strategies as gst
+from property_tests.declared import routing_options
 from property_tests.tests.wheel_twins import SLOT, edited_wheel, rejected
 
 CONV = conventions.get("vllm.fused_moe")
@@ -351,15 +352,51 @@ def test_a_users_broken_fused_moe_fails_naming_token_slot_and_expert(bug):
         check_kernel(broken, convention="vllm.fused_moe", modes=["normal"], profile="gmm-ci")
 
 
-def test_a_routed_function_takes_its_products_numerics_and_refuses_a_scope():
+def test_a_routed_function_takes_its_products_numerics_and_a_scope_of_dtypes():
     from gmm_kernels import Scope, wrap
 
     product = gmm_ref.Numerics(accumulate="float32")
     assert wrap(torch_fused_moe, "vllm.fused_moe", numerics=product).numerics == gmm_ref.RoutedNumerics(product)
     with pytest.raises(TypeError, match=r"numerics: expected a gmm_ref\.RoutedNumerics \(or the product's Numerics\)"):
         wrap(torch_fused_moe, "vllm.fused_moe", numerics="accumulate=float32")
-    with pytest.raises(ValueError, match=r"scope: the routed convention 'vllm\.fused_moe' takes no declared scope"):
-        wrap(torch_fused_moe, "vllm.fused_moe", scope=Scope())
+    bf16 = wrap(torch_fused_moe, "vllm.fused_moe", scope=Scope(dtypes=["bfloat16"]))
+    assert bf16.dtype_refusal(np.float32, np.float32, np.float32) == (
+        "the declared scope takes dtypes ('bfloat16',) / out_dtypes None, not float32 x float32 -> float32")
+    assert bf16.dtype_refusal(*[gmm_ref.dtypes.as_dtype("bfloat16")] * 3) is None
+    assert [tuple(map(str, p)) for p in routing_options(bf16)["dtypes"]] == [("bfloat16", "bfloat16")]
+    for scope, words in ((Scope(families=["ragged_m"]), "families: the routed convention 'vllm.fused_moe' takes a "
+                          "declared scope of dtypes, out_dtypes and known_issues only"),
+                         (Scope(numerics=product), "numerics: .* \\(its numerics: a gmm_ref.RoutedNumerics"),
+                         (Scope(dtypes=["float64"]), r"dtypes: \('float64',\) / out_dtypes: None leave none of "
+                                                     "vllm.fused_moe's input/output dtypes")):
+        with pytest.raises(ValueError, match=words):
+            wrap(torch_fused_moe, "vllm.fused_moe", scope=scope)
+
+
+def fused_moe_without_float32(A, B, *args, **kwargs):
+    """A correct kernel that takes no float32 tokens (many Triton MoE kernels): it raises on them."""
+    import torch
+
+    if A.dtype == torch.float32:
+        raise NotImplementedError("float32 tokens: not supported")
+    return torch_fused_moe(A, B, *args, **kwargs)
+
+
+def test_the_cli_declares_the_dtypes_a_routed_function_takes(capsys):
+    """Without ``--dtypes`` its float32 routings and goldens fail (as they must: the kernel says nothing); with it
+    they are out of scope, named, and the kernel passes."""
+    pytest.importorskip("torch")
+    from property_tests.main import main
+
+    argv = ["check", "--in-process", "--kernel", f"{__name__}:fused_moe_without_float32", "--convention",
+            "vllm.fused_moe", "--modes", "normal"]
+    assert main(argv) == 1
+    assert "NotImplementedError: float32 tokens: not supported" in capsys.readouterr().out
+    assert main([*argv, "--dtypes", "bfloat16,float16"]) == 0
+    out = capsys.readouterr().out
+    assert "declared scope: dtypes bfloat16,float16" in out and "pass (50)" in out, out
+    assert "out of scope: 2 x the declared scope takes dtypes ('bfloat16', 'float16') / out_dtypes None, not " \
+           "float32 x float32 -> float32" in out, out
 
 
 def test_the_cli_declares_a_routed_functions_numerics(capsys, tmp_path):
@@ -408,11 +445,12 @@ def test_coverage_says_a_routed_convention_has_no_covering_design_yet(capsys):
 
 
 @pytest.mark.parametrize(("argv", "words"), [
-    (["--dtypes", "bfloat16"], "--dtypes: vllm.fused_moe is a routed MoE kernel: it takes no declared scope yet"),
+    (["--dtypes", "bfloat16"], "--dtypes: vllm.fused_moe is a routed MoE kernel whose adapter says what it takes "
+                               "and its numerics; a declared scope is a routed function's"),
     (["--tiling", "16,32,32"], "--tiling: vllm.fused_moe is a routed MoE kernel: its launch config is its "
                                "convention's"),
-    (["--numerics", "weight=float32"], "--numerics: vllm.fused_moe is a routed MoE kernel whose adapter says its "
-                                       "numerics (numerics_for)"),
+    (["--numerics", "weight=float32"], "--numerics: vllm.fused_moe is a routed MoE kernel whose adapter says what "
+                                       "it takes and its numerics"),
     (["--numerics", "weight=output"], "--numerics: combine: 'accumulator' sums the weighted products in the "
                                       "accumulator, but weight='output' rounds them"),
     (["--numerics", "combine"], "--numerics: expected combine=accumulator|DTYPE, got 'combine'"),
