@@ -188,11 +188,16 @@ class Scope:
         fams = self.families_in(convention)
         if not fams:
             raise ValueError(f"families: {self.families} leaves none of {convention.name}'s {convention.families}")
+        self.require_dtypes(convention)
+        return self
+
+    def require_dtypes(self, convention: Any) -> None:
+        """ValueError if the declared dtypes leave none of ``convention``'s (input, output) pairs (a grouped or a
+        routed convention)."""
         if not self.dtype_pairs(convention):
             raise ValueError(f"dtypes: {self.dtypes} / out_dtypes: {self.out_dtypes} leave none of "
                              f"{convention.name}'s input/output dtypes "
                              f"{[tuple(map(str, p)) for p in convention.dtype_pairs]}")
-        return self
 
     def families_in(self, convention: Convention) -> tuple[str, ...]:
         return tuple(f for f in convention.families if self.families is None or f in self.families)
@@ -206,13 +211,21 @@ class Scope:
     def dtype_pairs(self, convention: Convention) -> tuple[tuple[np.dtype, np.dtype], ...]:
         return tuple((i, o) for i, o in convention.dtype_pairs if self.takes(i, o))
 
+    def dtype_refusal(self, lhs: Any, rhs: Any, out: Any) -> str | None:
+        """Why inputs of ``lhs`` x ``rhs`` giving ``out`` are outside the declared dtypes, else None."""
+        lhs, rhs, out = np.dtype(lhs), np.dtype(rhs), np.dtype(out)
+        if lhs == rhs and self.takes(lhs, out):
+            return None
+        return (f"the declared scope takes dtypes {self.dtypes} / out_dtypes {self.out_dtypes}, not {lhs} x {rhs} "
+                f"-> {out}")
+
     def refusal(self, p: Problem) -> str | None:
         """Why ``p`` is outside the declared scope, else None."""
         if self.families is not None and p.family not in self.families:
             return f"the declared scope has the families {self.families}, not {p.family!r}"
-        if not (p.lhs.dtype == p.rhs.dtype and self.takes(p.lhs.dtype, p.out_dtype)):
-            have = f"{p.lhs.dtype} x {p.rhs.dtype} -> {p.out_dtype}"
-            return f"the declared scope takes dtypes {self.dtypes} / out_dtypes {self.out_dtypes}, not {have}"
+        refused = self.dtype_refusal(p.lhs.dtype, p.rhs.dtype, p.out_dtype)
+        if refused:
+            return refused
         for axis, mult in self.multiples.items():
             extent = getattr(p, axis)
             if extent % mult:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gmm_kernels import inputs
-from gmm_kernels.base import KernelAdapter, RoutedKernelAdapter, dtype_name
+from gmm_kernels.base import KernelAdapter, RoutedKernelAdapter
 from gmm_kernels.convert import jax_primitives, jax_x64, to_framework, uses_64bit
 from gmm_kernels.scope import Scope
 from gmm_ref import Numerics, Problem, RoutedNumerics, conventions
@@ -113,11 +113,8 @@ class RoutedFunctionAdapter(RoutedKernelAdapter):
 
     def dtype_refusal(self, lhs: Any, rhs: Any, out: Any) -> str | None:
         """The convention's refusal, else the declared scope's (tokens ``lhs``, experts ``rhs``, output ``out``)."""
-        scope = self.scope
-        if scope is not None and not (scope.takes(lhs, out) and scope.takes(rhs, out)):
-            return (f"the declared scope takes dtypes {scope.dtypes} / out_dtypes {scope.out_dtypes}, not "
-                    f"{dtype_name(lhs)} x {dtype_name(rhs)} -> {dtype_name(out)}")
-        return super().dtype_refusal(lhs, rhs, out)
+        return (self.scope.dtype_refusal(lhs, rhs, out) if self.scope is not None else None) \
+            or super().dtype_refusal(lhs, rhs, out)
 
     def numerics_for(self, routing: Any) -> RoutedNumerics:
         """The declared numerics (a product left None: the default's, subnormals possibly flushed), else the
@@ -153,10 +150,7 @@ def routed_scope(scope: Any, convention: Any) -> Scope:
                              f"dtypes, out_dtypes and known_issues only"
                              + (" (its numerics: a gmm_ref.RoutedNumerics, numerics=)" if f.name == "numerics"
                                 else ""))
-    if not scope.dtype_pairs(convention):
-        raise ValueError(f"dtypes: {scope.dtypes} / out_dtypes: {scope.out_dtypes} leave none of "
-                         f"{convention.name}'s input/output dtypes "
-                         f"{[tuple(map(str, p)) for p in convention.dtype_pairs]}")
+    scope.require_dtypes(convention)
     return scope
 
 
