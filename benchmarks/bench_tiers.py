@@ -1,5 +1,5 @@
 """Bugs per CPU-second: what each tier costs and catches (a script, not a test; figures from one run are comparable
-with each other, not across machines; issue 31, item 5).
+with each other, not across machines).
 
     python benchmarks/bench_tiers.py kernels   # gmm-harness check --kernel K --tier T: cold and warm, per tier
     python benchmarks/bench_tiers.py api       # the same through check_kernel(K, tier=T) in a fresh process
@@ -21,7 +21,7 @@ goldens; the same ``--nightly-budget``, the ``large`` mode left out unless ``--w
 ``main`` runs the main job as CI does (``gmm-harness check --tier T``: every kernel here, the goldens, the
 default ``--jobs``), cold and warm; ``gmm-nightly`` is left out unless named (its budget is 300 s a kernel).
 
-``corpus`` runs, per tier, every broken kernel of ``property_tests/tests/broken_kernels.py`` (``BROKEN`` and
+``corpus`` runs, per tier, every broken kernel of ``tests/corpus/broken_kernels.py`` (``BROKEN`` and
 ``BROKEN_GRADIENTS``) through ``check_kernel(..., tier=T)`` in one process per tier, the modes in ``RUN_ORDER``
 (the main job's order), stopping at the first failure (``raise_on_failure``), and prints how many it caught,
 the CPU and wall seconds, and the time from the call to the first failure reported (shrunk, with its
@@ -97,7 +97,7 @@ class _Said(logging.Handler):
 LOGGER.addHandler(_Said())
 LOGGER.propagate = False
 from property_tests.modes import MODES, run_rank
-from property_tests.tests.broken_kernels import BROKEN, BROKEN_GRADIENTS
+from tests.corpus.broken_kernels import BROKEN, BROKEN_GRADIENTS
 tier, wanted = sys.argv[1], set(sys.argv[2].split(",")) if sys.argv[2] else None
 order = sorted(MODES, key=run_rank)
 for group in (BROKEN, BROKEN_GRADIENTS):

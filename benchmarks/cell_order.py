@@ -3,7 +3,7 @@ on the project's broken-kernel corpus (a script, not a test; about 15 minutes on
 
     python benchmarks/cell_order.py [--conventions ragged_dot,...] [--jsonl FILE] [--from FILE]
 
-Each broken kernel of ``property_tests/tests/broken_kernels.py`` (``BROKEN`` and ``BROKEN_GRADIENTS``) runs, in
+Each broken kernel of ``tests/corpus/broken_kernels.py`` (``BROKEN`` and ``BROKEN_GRADIENTS``) runs, in
 every mode that draws examples, on the one example ``gmm-quick`` gives every cell of the mode's covering design
 (the same seed and settings, no shrinking), and each cell's verdict is recorded; a kernel whose convention
 cannot run here is left out and named. A cell's *catches* are the broken kernels of its convention it caught.
@@ -83,7 +83,7 @@ def measure(conventions: set[str] | None, jsonl: str | None) -> list[dict]:
     import gmm_ref
     from gmm_kernels import resolve_kernel
     from property_tests.modes import MODES, Unsupported
-    from property_tests.tests.broken_kernels import BROKEN, BROKEN_GRADIENTS
+    from tests.corpus.broken_kernels import BROKEN, BROKEN_GRADIENTS
 
     corpus = [(c, fn) for group in (BROKEN, BROKEN_GRADIENTS) for c, fns in group.items() for fn in fns
               if conventions is None or c in conventions]

@@ -3,7 +3,7 @@ broken-kernel corpus (a script, not a test; about 45 minutes on 2 cores).
 
     python benchmarks/mode_order.py [--conventions ragged_dot,torch.grouped_mm,...] [--jsonl FILE]
 
-Each broken kernel of ``property_tests/tests/broken_kernels.py`` (``BROKEN`` and ``BROKEN_GRADIENTS``) runs in
+Each broken kernel of ``tests/corpus/broken_kernels.py`` (``BROKEN`` and ``BROKEN_GRADIENTS``) runs in
 every mode under the ``gmm-ci`` profile, every mode to the end (``raise_on_failure=False``); a kernel whose
 convention cannot run here (its framework missing, no GPU) is left out and named. Printed: how many kernels
 each mode caught, and the order: first the mode that catches the most, then, while some caught kernel escapes
@@ -45,7 +45,7 @@ def main() -> int:
     from gmm_kernels import Status
     from property_tests.checking import check_kernel
     from property_tests.modes import MODES
-    from property_tests.tests.broken_kernels import BROKEN, BROKEN_GRADIENTS
+    from tests.corpus.broken_kernels import BROKEN, BROKEN_GRADIENTS
 
     wanted = None if args.conventions is None else set(args.conventions.split(","))
     corpus = [(c, fn) for group in (BROKEN, BROKEN_GRADIENTS) for c, fns in group.items() for fn in fns

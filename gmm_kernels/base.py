@@ -183,24 +183,12 @@ class KernelAdapter:
     #: the kernel's version recorded with its goldens (``--kernel-version``; None: its installed package's)
     version: str | None = None
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "_strategy_options" in cls.__dict__:  # the hook before issue 27: loud, rather than silently unread
-            raise TypeError(f"{cls.__name__}: _strategy_options() is gone; state what the kernel takes as facts "
-                            f"in _limits(), returning a gmm_kernels.scope.Limits")
-
     # ------------------------------------------------------------- capability
     @property
     def convention_facts(self) -> conventions.Convention:
         """The :class:`gmm_ref.conventions.Convention` record this kernel is called in (``convention`` is its
         name), as ``Problem.family_facts`` is the record of ``Problem.family``."""
         return conventions.get(self.convention)
-
-    @property
-    def spec(self) -> conventions.Convention:
-        """Read-only alias of :attr:`convention_facts`, kept for adapters written against it. In the harness a
-        *spec* is the text a kernel is resolved from (``resolve_kernel(spec)``, :attr:`origin`)."""
-        return self.convention_facts
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -484,16 +472,10 @@ class VariantAdapter(KernelAdapter):
     whose upstream bugs it then inherits (``gmm_kernels.known_issues``).
     """
 
-    #: the op's name (``"tokamax.ragged_dot"``); a subclass that sets ``family`` instead (this attribute's
-    #: name before issue 27, when "family" also meant ``ragged_m`` and the rest) still works
+    #: the op's name (``"tokamax.ragged_dot"``)
     op: ClassVar[str] = ""
     implementations: ClassVar[tuple[str, ...]] = ()
     xla_via: ClassVar[str] = ""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "family" in cls.__dict__ and "op" not in cls.__dict__:
-            cls.op = cls.__dict__["family"]
 
     def __init__(self, implementation: str = "xla") -> None:
         if implementation not in self.implementations:

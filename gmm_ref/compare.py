@@ -50,11 +50,14 @@ class Comparison:
 
 
 class Mismatch(AssertionError):
-    """A kernel output disagrees with the reference; ``comparison`` says where."""
+    """A kernel output disagrees with the reference; ``comparison`` says where. ``output`` is the kernel's output
+    where the check that raised it keeps it for the report (the forward check, for the guard regions' blame)."""
 
-    def __init__(self, message: str, *, comparison: Comparison | None = None, kind: str | None = None):
+    def __init__(self, message: str, *, comparison: Comparison | None = None, kind: str | None = None,
+                 output: Any = None):
         super().__init__(message)
         self.comparison = comparison or Comparison(False, kind or "values", message)
+        self.output = output
 
     @property
     def groups(self) -> tuple[int, ...]:

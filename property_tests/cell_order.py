@@ -1,6 +1,6 @@
 """The order a ``gmm-quick`` run checks a mode's cells in: the cells most likely to fail first.
 
-Measured on the project's broken-kernel corpus (``property_tests/tests/broken_kernels.py``) by
+Measured on the project's broken-kernel corpus (``tests/corpus/broken_kernels.py``) by
 ``benchmarks/cell_order.py``, which runs every broken kernel on one example of every cell of every mode's
 covering design and counts, per cell, the broken kernels (each a bug class seen in real kernels) it caught.
 A design's cells are a convention's own, so what carries over to any kernel is the cells' *relations*

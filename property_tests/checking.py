@@ -25,16 +25,17 @@ import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, cuda_graph, resolve_kernel
 from gmm_kernels import device as devices
 from gmm_ref.compare_routed import routed_element
-from property_tests import cell_order, compile_cache, failures, scale, tiers
+from property_tests import cell_order, compile_cache, engine, failures, scale, tiers
 from property_tests import example_db as example_dbs
-from property_tests.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings, run_rank
+from property_tests.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
+from property_tests.profiles import DEFAULT as DEFAULT_PROFILE
 from property_tests.profiles import PROFILES, pinned_constants
 from property_tests.profiles import profile as profile_settings
 from property_tests.strategies.design import observe, pairs_of
 from property_tests.strategies.problems import Covering, replay_refusal, replays
 from property_tests.tiers import Tier, budgets, cell_settings, chosen, run_setting
 
-__all__ = ["check_example", "check_kernel", "check_mode", "cotangent_for", "coverage", "next_round"]
+__all__ = ["ModeResults", "check_example", "check_kernel", "check_mode", "cotangent_for", "coverage"]
 
 
 def cotangent_for(problem: gmm_ref.Problem) -> np.ndarray:
@@ -111,7 +112,7 @@ def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode,
         try:
             gmm_ref.assert_matches_reference(out, ref, numerics=numerics, kernel=adapter.name)
         except gmm_ref.Mismatch as exc:
-            exc._guarded_output = out  # type: ignore[attr-defined]  # for failures.name_guarded_reads, once shrunk
+            exc.output = out  # for failures.name_guarded_reads, once shrunk
             raise
         if mode.deterministic_repeat and adapter.deterministic:
             gmm_ref.assert_deterministic(out, adapter.run(problem), ref, kernel=adapter.name)
@@ -447,7 +448,7 @@ def check_kernel(
     numerics: gmm_ref.Numerics | gmm_ref.RoutedNumerics | None = None,
     name: str | None = None,
     scope: Scope | None = None,
-    profile: str | None = "gmm-ci",
+    profile: str | None = DEFAULT_PROFILE,
     seed: int | None = None,
     raise_on_failure: bool = True,
     example_db: Any = None,
@@ -495,7 +496,7 @@ def check_kernel(
         adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name,
                                  scope=scope, option="kernel", convention_option="convention")
         _check_options(max_examples, profile, seed, budget)
-        plan = chosen(tier, profile, default_profile="gmm-ci")
+        plan = chosen(tier, profile, default_profile=DEFAULT_PROFILE)
         order = _modes(modes, plan)
         check_known_issue_modes(adapter, option="scope")
         database = example_dbs.resolve(tiers.example_db_spec(example_db, plan))
@@ -504,55 +505,60 @@ def check_kernel(
         if why:
             raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")
         seconds = budget if budget is not None else plan.budget if plan is not None else None
-        results, first_seed = {}, tiers.first_round_seed(plan, seed)
         run = failures.CheckRun()  # an exception the kernel raises is reported in the first mode that finds it
         kw = dict(max_examples=max_examples, profile=None if plan else profile, example_db=database, run=run,
                   tier=plan)
-        for m in order:
-            results[m] = check_mode(adapter, m, seed=seed, **kw)
-            if raise_on_failure and results[m].status is Status.FAILED:
-                failures.raise_failure(results[m])
-        r, deadline = 1, t0 + (seconds or 0)  # the budget: the kernel's time, rounds over its passed modes (as the CLI)
-        while (live := [m for m, x in results.items() if x.status is Status.PASSED and mode_of(m).draws_examples]) \
-                and time.perf_counter() < deadline:
-            r += 1
-            for m in (m for m in live if time.perf_counter() < deadline):
-                results[m] = next_round(adapter, m, results[m], r, first_seed=first_seed, **kw)
-                if raise_on_failure and results[m].status is Status.FAILED:
-                    failures.raise_failure(results[m])
+        results: dict[str, Result] = {}
+        for m, result, _ in engine.run_checks(
+                engine.mode_order(order), lambda m, s: check_mode(adapter, m, seed=s, **kw), ModeResults(adapter),
+                seed=seed, deadline=t0 + seconds if seconds else None, clock=time.perf_counter,
+                rounds_from=tiers.first_round_seed(plan, seed)):
+            results[m] = result
+            if raise_on_failure and result.status is Status.FAILED:
+                failures.raise_failure(result)
         if all(r.status is Status.UNSUPPORTED for r in results.values()):
             reasons = "; ".join(f"{r.check}: {r.detail}" for r in results.values())
             raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked "
                              f"({reasons}); check its convention, tiling and declared scope")
-        shown = results.values() if plan is None or not plan.ordered_cells else sorted(  # the order asked for
-            results.values(), key=lambda r: list(ALL_MODES).index(r.check))
-        return Report(adapter.name, tuple(shown), tier=plan.name if plan is not None else "")
+        return Report(adapter.name, tuple(results[m] for m in order), tier=plan.name if plan is not None else "")
 
 
-def next_round(adapter: KernelAdapter, mode: str, result: Result, r: int, *, first_seed: int, **check: Any) -> Result:
-    """Round ``r`` (>= 2; the first run is round 1) of a time budget for a mode that passed as ``result``: a
-    :func:`check_mode` with ``check``'s arguments under seed ``first_seed + (r - 1) * ROUND_SEED_STEP``. The passed
-    result with the round's examples added (its detail: ``r rounds``), or the round's failure naming it."""
-    s = first_seed + (r - 1) * tiers.ROUND_SEED_STEP
-    again = check_mode(adapter, mode, seed=s, **check)
-    if again.status is Status.FAILED:  # (a failure always carries its error)
-        where = f"round {r}, seed {s}, after {result.examples} examples passed"
-        failures.note(again.error, f"Found in {where} of a time budget.")  # type: ignore[arg-type]
-        return dataclasses.replace(again, detail=f"{again.detail} ({where})")
-    return dataclasses.replace(result, examples=result.examples + again.examples, detail=f"{r} rounds",
-                               seconds=result.seconds + again.seconds)
+class ModeResults:
+    """A mode's results under the run policy (``property_tests.engine``): a round adds its examples to a passed
+    mode that draws examples, or fails it naming the round, its seed and the examples that passed before it."""
+
+    def __init__(self, adapter: KernelAdapter) -> None:
+        self.kernel = adapter.name
+
+    def failed(self, result: Result) -> bool:
+        return result.status is Status.FAILED
+
+    def extendable(self, result: Result) -> bool:
+        return result.status is Status.PASSED and mode_of(result.check).draws_examples
+
+    def add_round(self, before: Result, new: Result, r: int, seed: int) -> Result:
+        if new.status is Status.FAILED:  # (a failure always carries its error)
+            where = f"round {r}, seed {seed}, after {before.examples} examples passed"
+            failures.note(new.error, f"Found in {where} of a time budget.")  # type: ignore[arg-type]
+            return dataclasses.replace(new, detail=f"{new.detail} ({where})")
+        return dataclasses.replace(before, examples=before.examples + new.examples, detail=f"{r} rounds",
+                                   seconds=before.seconds + new.seconds)
+
+    def not_run(self, unit: str, failure: str) -> Result:
+        return Result(kernel=self.kernel, check=unit, status=Status.UNSUPPORTED,
+                      detail=f"not run: stopped at the kernel's first failure ({failure})")
 
 
 def _modes(modes: Iterable[str] | None, plan: Tier | None = None) -> list[str]:
-    """The modes to run, in the order to run them: ``modes``, else the default ones and the tier's opt-in ones; the
-    modes most likely to fail first (``modes.RUN_ORDER``) under a tier that orders its cells."""
+    """The modes to check, in the order asked (the run checks them in ``engine.mode_order``): ``modes``, else the
+    default ones and the tier's opt-in ones."""
     if modes is None:  # the default run: every mode but the opt-in ones (and the tier's)
-        names = [*MODES, *(plan.opt_in if plan is not None else ())]
-    elif isinstance(modes, str) or not isinstance(modes, Iterable):
+        return [*MODES, *(plan.opt_in if plan is not None else ())]
+    if isinstance(modes, str) or not isinstance(modes, Iterable):
         raise TypeError(f"modes: expected an iterable of mode names (some of {sorted(MODES)}), got {modes!r}")
-    elif not (names := [mode_of(m).name for m in modes]):
+    if not (names := [mode_of(m).name for m in modes]):
         raise ValueError(f"modes: expected at least one of {sorted(MODES)}, got none")
-    return sorted(names, key=run_rank) if plan is not None and plan.ordered_cells else names
+    return names
 
 
 def check_known_issue_modes(adapter: KernelAdapter, *, option: str) -> None:

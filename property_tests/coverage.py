@@ -20,6 +20,7 @@ from gmm_ref import conventions
 from property_tests.checking import coverage
 from property_tests.modes import MODES, Unsupported, mode_covering
 from property_tests.options import add_device_option, modes_option
+from property_tests.profiles import DEFAULT
 
 __all__ = ["add_parser", "run"]
 
@@ -89,7 +90,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     targets = _targets(parser, args)
-    profile = "gmm-ci" if args.seed is None else None
+    profile = DEFAULT if args.seed is None else None
     width = max(len(t.name) for t in targets) + 2
     print(f"{'':<{width}}" + "".join(f"{m:<18}" for m in modes))
     missing, reached, checked, na = [], 0, 0, []

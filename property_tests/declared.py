@@ -15,12 +15,8 @@ import numpy as np
 from gmm_kernels import KernelAdapter
 from gmm_kernels.scope import Limits
 
-__all__ = ["FEATURE_OPTIONS", "axis_multiple", "declared_pairs", "exact_pair", "limits_options", "problem_options",
+__all__ = ["axis_multiple", "declared_pairs", "exact_pair", "limits_options", "problem_options",
            "routing_options"]
-
-#: a feature a kernel may refuse (``gmm_kernels.scope.FEATURES``) -> the ``problems()`` keyword that draws it
-FEATURE_OPTIONS: dict[str, str] = {"sharding": "sharding", "existing_out": "existing_out"}
-
 
 def limits_options(limits: Limits) -> dict[str, Any]:
     """The ``problems()`` keywords that draw only problems within ``limits`` (only those that narrow)."""
@@ -43,7 +39,7 @@ def limits_options(limits: Limits) -> dict[str, Any]:
         opts["zero_extents"] = limits.zero_extents
     if limits.quantizations is not None:
         opts["quantizations"] = limits.quantizations
-    opts.update((FEATURE_OPTIONS[f], False) for f in limits.refuses)
+    opts.update((f, False) for f in limits.refuses)  # a feature's name is the problems() keyword that draws it
     return opts
 
 

@@ -288,9 +288,11 @@ def name_guarded_reads(adapter: KernelAdapter, exc: BaseException) -> None:
     """Make the shrunk failure ``exc`` a ``read_out_of_bounds`` one, its first line naming the operand, where the
     guard regions tell that the kernel read outside one (``KernelAdapter.guarded_reads``: reruns of the failing
     example, once, after shrinking); else leave it."""
-    out = vars(exc).pop("_guarded_output", None) if hasattr(exc, "__dict__") else None  # not kept alive after this
+    if not isinstance(exc, gmm_ref.Mismatch):
+        return
+    out, exc.output = exc.output, None  # the output is not kept alive after this
     problem = recipe_problem(exc, None)
-    if not isinstance(exc, gmm_ref.Mismatch) or out is None or problem is None:
+    if out is None or problem is None:
         return
     lines = adapter.guarded_reads(problem, out, exc.comparison.bad)
     if lines:

@@ -26,9 +26,9 @@ import pytest
 from gmm_kernels import Status
 from golden.judge import check_goldens
 from golden.store import MANIFEST
-from property_tests.checking import check_mode, next_round
+from property_tests.checking import ModeResults, check_mode
+from property_tests.engine import spend_rounds
 from property_tests.failures import raise_failure
-from property_tests.modes import mode_of
 from property_tests.plugin import tier, tier_modes
 from property_tests.table import examples_in_default_run
 from property_tests.tiers import first_round_seed
@@ -58,12 +58,13 @@ def test_kernel_matches_reference(gmm_kernel, gmm_mode, request, gmm_check_run):
     checks = dict(run=gmm_check_run, max_examples=None if named else examples_in_default_run(gmm_kernel, None),
                   tier=plan)
     result = check_mode(gmm_kernel, mode, **checks)
-    if plan is not None and plan.budget and result.status is Status.PASSED and mode_of(mode).draws_examples:
-        deadline = time.perf_counter() + plan.budget / len(tier_modes(request.config))  # the kernel's, shared
-        r = 1
-        while result.status is Status.PASSED and time.perf_counter() < deadline:
-            r += 1
-            result = next_round(gmm_kernel, mode, result, r, first_seed=first_round_seed(plan, None), **checks)
+    if plan is not None and plan.budget:  # the mode's share of the kernel's time, after its first run
+        deadline = time.perf_counter() + plan.budget / len(tier_modes(request.config))
+        rounds = spend_rounds({mode: result}, lambda m, s: check_mode(gmm_kernel, m, seed=s, **checks),
+                              ModeResults(gmm_kernel), deadline=deadline, first=first_round_seed(plan, None),
+                              clock=time.perf_counter)
+        for _, joined in rounds:
+            result = joined  # the last round's is the check's
     if result.status is Status.UNSUPPORTED:
         if known:
             pytest.fail(f"{gmm_kernel.name} / {mode}: declared known issue, but the mode is unsupported: "

@@ -42,25 +42,23 @@ from typing import Any
 from gmm_kernels import KernelAdapter, Status, device, triton_interpreter
 from gmm_ref import conventions
 from gmm_ref.names import did_you_mean
-from property_tests import compile_cache, coverage, example_db, large, paths, shards, tiers
-from property_tests.failures import CheckRun, found_line
+from property_tests import compile_cache, coverage, document, example_db, large, paths, shards, tiers
+from property_tests.document import KernelEntry, RunDocument
 from property_tests.modes import ALL_MODES, MODES
 from property_tests.options import SCOPE_OPTIONS, add_device_option, add_scope_options, modes_option
 from property_tests.request import WorkRequest, resolve_request
 from property_tests.shards import Cell
-from property_tests.supervisor import Supervisor
+from property_tests.supervisor import Supervisor, take_event
 from property_tests.table import (
     GOLDENS,
     CellOutcome,
     Table,
     cells_of,
-    check_cells,
     examples_in_default_run,
-    failure_line,
     render,
-    run_cell,
     run_order,
 )
+from property_tests.worker import compute
 
 __all__ = ["main", "resolve_request"]
 
@@ -222,47 +220,30 @@ def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, Kern
     # the default run (no --kernel): a routed kernel that runs interpreted gets few examples a mode
     examples = {name: args.max_examples if args.kernel else examples_in_default_run(k, args.max_examples)
                 for name, k in kernels.items()}
-    if args.in_process:
-        # the run's cells: an exception a kernel raises is reported in its first cell; a failing example is said
-        # as soon as it is found, before it is shrunk
-        checks = CheckRun(lambda kernel, where, line: print(found_line(kernel, where, line), file=sys.stderr,
-                                                            flush=True))
+    by_kernel: dict[str, list[Cell]] = {}
+    for cell in cells:
+        by_kernel.setdefault(cell.kernel, []).append(cell)
 
-        def run(cell: Cell, seed: int | None) -> CellOutcome:
-            try:
-                return run_cell(kernels[cell.kernel], cell.family, cell.column, max_examples=examples[cell.kernel],
-                                seed=seed, golden_dir=request.golden_dir, require_own=request.require_own,
-                                example_db=request.example_db, run=checks, tier=request.tier)
-            except (SystemExit, GeneratorExit) as exc:  # a kernel's sys.exit: never the run's exit status
-                what = f"{type(exc).__name__}({', '.join(map(repr, exc.args))}) was raised in the cell"
-                report = f"== {' / '.join(map(str, cell))}\nthe kernel {what}"
-                return CellOutcome(Status.FAILED, what, details=(report,))
+    def lane(name: str) -> WorkRequest:
+        # the worker loads this kernel alone (another's module failing to load there is not this kernel's failure)
+        return replace(request, kernels=(kernels[name].origin or name,), max_examples=examples[name],
+                       deadline=time.time() + args.budget if args.budget else None)  # the kernel's budget
 
-        for name in dict.fromkeys(c.kernel for c in cells):  # kernel by kernel: the budget is each kernel's
-            deadline = time.time() + args.budget if args.budget else None
-            for cell, o, _ in check_cells(run_order(c for c in cells if c.kernel == name), run,
-                                          lambda c, extra: None, deadline=deadline, seed=args.seed,
-                                          fail_fast=args.fail_fast, rounds_from=request.rounds_from):
-                table.add(cell, o)
-                if o.status is Status.FAILED:  # as soon as it is found
-                    print(failure_line(cell, o), file=sys.stderr, flush=True)
+    if args.in_process:  # the worker's work, kernel by kernel, in this process
+        for name, mine in by_kernel.items():
+            compute(replace(lane(name), cells=tuple(run_order(mine))), kernels,
+                    lambda event: take_event(event, table, verbose=False), contain_exits=True)
         return
     # one lane per job; a lane takes the next kernel and checks all its cells in one worker, so the shapes a
     # kernel compiled for one mode serve its other modes; each kernel fills a table of its own, merged in
     # kernel order, so the report does not depend on which lane finished first
-    by_kernel: dict[str, list[Cell]] = {}
-    for cell in cells:
-        by_kernel.setdefault(cell.kernel, []).append(cell)
     if not by_kernel:  # a shard with no cells
         return
     tables = {name: Table() for name in by_kernel}
 
     def check(name: str) -> None:
         tables[name].plan([c for c in plan if c.kernel == name])  # every row, even for a shard with the goldens alone
-        # the worker loads this kernel alone (another's module failing to load there is not this kernel's failure)
-        lane = replace(request, kernels=(kernels[name].origin or name,), max_examples=examples[name],
-                       deadline=time.time() + args.budget if args.budget else None)  # the kernel's budget
-        Supervisor(lane, tables[name], args.timeout, verbose=True).run(run_order(by_kernel[name]))
+        Supervisor(lane(name), tables[name], args.timeout, verbose=True).run(run_order(by_kernel[name]))
 
     jobs = min(args.jobs or os.cpu_count() or 1, len(by_kernel))
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="gmm-lane") as lanes:
@@ -335,37 +316,35 @@ def _json_cells(table: Table, cells: list[Cell]) -> list[dict[str, Any]]:
     return out
 
 
-def _write_json(path: str, doc: dict[str, Any]) -> None:
+def _write_json(path: str, doc: RunDocument) -> None:
     Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)  # checked before the run
-    Path(path).expanduser().write_text(json.dumps(doc, indent=2) + "\n")
+    Path(path).expanduser().write_text(json.dumps(doc.to_json(), indent=2) + "\n")
 
 
 def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *, requested: list[str],
-            seconds: float, run: str, verbose: bool, json_path: str | None, doc: dict[str, Any],
+            seconds: float, run: str, verbose: bool, json_path: str | None, doc: RunDocument,
             partial: bool = False) -> int:
     """Print the table and its summary, write the JSON; the exit status (1: a cell failed; 2: nothing checked).
     A shard with no cells prints and writes that it checked nothing, and exits 0: the merge judges the run."""
     # a declared known bug no longer caught, where the examples are the same every run: a failure
-    same_every_run = doc.get("seed") is None and doc.get("max_examples") is None \
-        and doc.get("tier", tiers.DEFAULT) in tiers.SAME_EVERY_RUN
-    declared = {k["name"]: k["known_bugs"] for k in doc["kernels"] if k.get("known_bugs")}
-    if not partial and same_every_run and table.known_bugs_not_caught(declared):
-        doc = {**doc, "cells": _json_cells(table, [Cell(*c) for c in doc["plan"]])}  # the JSON says it too
+    if not partial and doc.same_every_run and table.known_bugs_not_caught(doc.declared_bugs()):
+        doc = doc.replace(cells=tuple(_json_cells(table, list(doc.plan))))  # the JSON says it too
     n_fail, n_pass = table.count(Status.FAILED), table.count(Status.PASSED)
-    if partial and doc.get("checked") == 0:
-        print(f"shard {doc['shard'][0]}/{doc['shard'][1]} checked nothing (0 of the {len(doc['plan'])} cells); its "
+    if partial and doc.checked == 0 and doc.shard is not None:
+        print(f"shard {doc.shard[0]}/{doc.shard[1]} checked nothing (0 of the {len(doc.plan)} cells); its "
               "--json file says so, and gmm-harness merge joins it with the other shards")
     else:
         print(render(table.as_rows(), columns))
         print(f"\n{n_pass} passed, {n_fail} failed  ({seconds:.0f} s; {run}; 'n/a' cells give their reason)")
-        print(_reached_line(table, doc.get("tier", tiers.DEFAULT)))
+        print(_reached_line(table, doc.tier))
     # a shard may hold only a kernel's n/a cells: whether a kernel was checked at all is the merge's to say
     idle = [] if partial else [name for name in requested if table.checked_nothing(name)]
     if json_path:
         (run_cells, cells), (reached, pairs) = table.reached()
-        _write_json(json_path, {**doc, "failures": table.details, "coverage": table.coverage, "passed": n_pass,
-                                "failed": n_fail, "seconds": round(seconds, 1), "checked_nothing": idle,
-                                "reached": {"cells": [run_cells, cells], "pairs": [reached, pairs]}})
+        _write_json(json_path, doc.replace(failures=tuple(table.details), coverage=tuple(table.coverage),
+                                           passed=n_pass, failed=n_fail, seconds=seconds,
+                                           checked_nothing=tuple(idle),
+                                           reached={"cells": [run_cells, cells], "pairs": [reached, pairs]}))
     if idle:
         parser.error(f"--kernel: nothing was checked for {', '.join(idle)}: every cell is n/a (see the notes)")
     if verbose and table.coverage:
@@ -379,25 +358,22 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
 
 
 def _merge(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    doc = shards.load_shards(args.files, parser.error)
+    doc = document.load_shards(args.files, parser.error)
     table = Table()
-    table.plan(Cell(*c) for c in doc["plan"])
-    for c in doc["cells"]:  # the goldens come once per family row; the reports and coverage: the document's
+    table.plan(doc.plan)
+    for c in doc.cells:  # the goldens come once per family row; the reports and coverage: the document's
         try:
             table.put(Cell(c["kernel"], c["family"], c["check"]), CellOutcome.from_json(c))
         except (ValueError, KeyError, TypeError) as exc:
             parser.error(f"a shard's cell is not a result: {type(exc).__name__}: {exc}: {c}")
-    table.details, table.coverage = doc["failures"], doc["coverage"]
-    table.devices = {k["name"]: k["device"] for k in doc["kernels"] if k.get("device")}  # shards before it: none
-    columns = doc["modes"] + ([GOLDENS] if doc["goldens"] else [])
-    n = len(doc["shards"])
-    run = _run_text(doc["seed"], doc.get("budget"), doc.get("tier", tiers.DEFAULT))
-    print(f"merged {n} shards ({', '.join(f'{s:.0f} s' for s in doc['shard_seconds'] if s is not None)})\n")
-    merged = {k: v for k, v in doc.items() if k not in ("failures", "coverage", "seconds")}
-    requested = [k["name"] for k in doc["kernels"]] if doc.get("requested") else []
-    return _finish(parser, table, columns, requested=requested, seconds=doc["seconds"],
-                   run=f"{run}; seconds summed over the shards", verbose=args.verbose, json_path=args.json,
-                   doc={**merged, "cells": doc["cells"]})
+    table.details, table.coverage = list(doc.failures), list(doc.coverage)
+    table.devices = {k.name: k.device for k in doc.kernels if k.device}
+    columns = list(doc.modes) + ([GOLDENS] if doc.goldens else [])
+    run = _run_text(doc.seed, doc.budget, doc.tier)
+    print(f"merged {len(doc.shards or ())} shards ({', '.join(f'{s:.0f} s' for s in doc.shard_seconds or ())})\n")
+    requested = [k.name for k in doc.kernels] if doc.requested else []
+    return _finish(parser, table, columns, requested=requested, seconds=doc.seconds,
+                   run=f"{run}; seconds summed over the shards", verbose=args.verbose, json_path=args.json, doc=doc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -443,16 +419,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(filter(None, [header, _shard_line(args.shard, plan, cells)])) + "\n")
     _run(args, request, {k.name: k for k in kernels}, plan, cells, table)
     columns = modes + ([] if args.no_goldens else [GOLDENS])
-    doc = {"format": shards.FORMAT, "kernels": [{"name": k.name, "convention": k.convention, "available": k.available(),
-                        "scope": None if k.scope is None else k.scope.to_json(), "device": devices[k.name],
-                        **({"numerics": k.numerics.to_json()} if k.routed and getattr(k, "numerics", None) else {}),
-                        "known_bugs": {m: bug for m in request.modes if (bug := k.known_issue(m))}}
-                       for k in kernels],
-           "requested": bool(args.kernel), "modes": list(request.modes), "goldens": not args.no_goldens,
-           "max_examples": request.max_examples, "seed": request.seed, "budget": args.budget,
-           "tier": request.tier, "rounds_from": request.rounds_from,
-           "golden_dir": request.golden_dir, "shard": list(args.shard) if args.shard else None,
-           "plan": [list(c) for c in plan], "checked": len(cells), "cells": _json_cells(table, cells)}
+    doc = RunDocument(
+        kernels=tuple(KernelEntry(k.name, k.convention, k.available(), None if k.scope is None else k.scope.to_json(),
+                                  devices[k.name],
+                                  k.numerics.to_json() if k.routed and getattr(k, "numerics", None) else None,
+                                  {m: bug for m in request.modes if (bug := k.known_issue(m))})
+                      for k in kernels),
+        modes=request.modes, plan=tuple(plan), requested=bool(args.kernel), goldens=not args.no_goldens,
+        max_examples=request.max_examples, seed=request.seed, budget=args.budget, tier=request.tier,
+        rounds_from=request.rounds_from, golden_dir=request.golden_dir, shard=args.shard, checked=len(cells),
+        cells=tuple(_json_cells(table, cells)))
     return _finish(parser, table, columns, requested=[k.name for k in kernels] if args.kernel else [],
                    seconds=time.perf_counter() - t0, run=_run_text(args.seed, args.budget, request.tier),
                    verbose=args.verbose,

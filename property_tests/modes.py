@@ -184,7 +184,7 @@ MODES: dict[str, Mode] = {
         Mode("graph", "one shape, 4 group-size vectors in turn on the same kernel: later calls must not reuse "
              "the first call's group sizes (a launch plan cached by shape, a replayed CUDA graph)",
              {"values": "exact"}, replays=4, refuse=_no_group_sizes,
-             routed_why="routed: several routings of one shape in turn are not drawn yet (issue 29)"),
+             routed_why="routed: several routings of one shape in turn are not drawn yet"),
         Mode("scale", "group counts just past real limits (129 to 1,025) and 65,600 rows in one call and in one "
              "group, K and N a few dozen, exact values (property_tests.scale)", cells=True,
              routed_why="routed: the scale mode's routed cells are built, not drawn (property_tests.scale_routed)"),

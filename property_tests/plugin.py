@@ -11,17 +11,16 @@ its pytest configuration (this repository does). Then:
 - ``--gmm-tier NAME`` (``property_tests.tiers``: ``gmm-quick`` for pull requests, ``gmm-ci``, ``gmm-nightly``, ...)
   is what the kernel checks run: examples a cell, the order of the cells, the modes (``gmm-nightly`` adds the
   ``large`` mode), a time budget of new examples after a passed mode (its share of the tier's) and the example
-  database; without it they run under the profile in force, as before tiers. The report header names the tier;
+  database; without it they run under the profile in force. The report header names the tier;
 - ``--gmm-kernel`` (repeatable: a built-in adapter name or ``pkg.module:fn``),
   ``--gmm-convention`` and ``--gmm-tiling`` select the kernels the kernel
-  checks run on. With ``--gmm-kernel`` the harness's own tests are left out (its
-  tests directory is not even walked, and the run's summary says so) and its kernel
-  checks, ``property_tests.kernel_checks``, are collected by the plugin itself when
-  the run asks for the harness's package (``--pyargs property_tests``), while your
-  own tests run as always; a run in which no collected test checks the kernel
-  (neither ``--pyargs property_tests`` nor a test of yours using ``gmm_kernel``) is a
-  usage error that says to add ``--pyargs property_tests`` (under xdist, whose
-  workers cannot stop the run, a failing item with the same message);
+  checks run on. The harness's kernel checks, ``property_tests.kernel_checks``, are
+  collected by the plugin itself when the run asks for the harness's package
+  (``--pyargs property_tests``), while your own tests run as always; a run in
+  which no collected test checks the kernel (neither ``--pyargs property_tests``
+  nor a test of yours using ``gmm_kernel``) is a usage error that says to add
+  ``--pyargs property_tests`` (under xdist, whose workers cannot stop the run, a
+  failing item with the same message);
 - a kernel check's failure is printed to stderr as soon as it is reported
   (``gmm-harness: FAIL KERNEL / MODE: cause``); the checks run the modes most likely
   to fail first (``property_tests.modes.RUN_ORDER``), so pytest's ``-x`` stops a
@@ -62,16 +61,13 @@ from property_tests.tiers import TIERS
 
 __all__: list[str] = []
 
-_TESTS = Path(__file__).resolve().parent / "tests"  # the harness's own tests, installed or in a checkout
-#: the harness's kernel checks, which the plugin collects itself with --gmm-kernel (never its own tests)
+#: the harness's kernel checks, which the plugin collects itself with --gmm-kernel
 _CHECKS = Path(__file__).resolve().parent / "kernel_checks.py"
 
 # the run's state, in pytest's public per-config stash
 _KERNELS = pytest.StashKey[list[Any]]()  # the adapters this run checks
 _COMPILE_CACHE = pytest.StashKey[str]()  # the report header's line on the compilation cache
 _EXAMPLE_DB = pytest.StashKey[str]()  # the report header's line on the example database
-_NOT_COLLECTED = pytest.StashKey[int]()  # the harness's test modules not collected
-_LEFT_OUT = pytest.StashKey[tuple[int, int]]()  # (tests deselected, modules not collected), for the summary
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -307,31 +303,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("gmm_mode", tier_modes(metafunc.config))
 
 
-def _harness_test(path: Path) -> bool:
-    """Whether ``path`` is one of the harness's own test modules."""
-    if not (path.name.startswith("test_") and path.suffix == ".py"):
-        return False
-    return path.parent == _TESTS or path.parent.resolve() == _TESTS
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    # with --gmm-kernel the harness's own tests concern the harness, not the kernel: its tests directory is not
-    # even walked (collecting its modules cost seconds, and a module-level skip of one, such as the
-    # walk-through's outside a checkout, would show in every user's run); the kernel checks come from
-    # property_tests.kernel_checks, which the plugin collects itself (pytest_collect_file) when the run walks the
-    # harness's package (--pyargs property_tests). A path named on the command line is collected all the same
-    # (pytest asks this hook only about the paths it finds).
-    if not config.getoption("--gmm-kernel"):
-        return None
-    if collection_path == _TESTS or collection_path.resolve() == _TESTS:
-        config.stash[_NOT_COLLECTED] = len(list(_TESTS.glob("test_*.py")))
-        return True
-    if _harness_test(collection_path):  # (a test module of the harness found another way)
-        config.stash[_NOT_COLLECTED] = config.stash.get(_NOT_COLLECTED, 0) + 1
-        return True
-    return None
-
-
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
     # the harness's kernel checks, collected when the run walks the harness's package with --gmm-kernel; not named
     # test_*.py, so that this repository's suite (whose tests/test_goldens.py imports the goldens check) and a
@@ -368,17 +339,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     kernels = config.getoption("--gmm-kernel")
     if not kernels:
         return
-    keep, drop = [], []
-    for item in items:  # the harness's own tests that are not kernel checks go; the user's tests all stay
-        internal = _harness_test(item.path) and item.get_closest_marker("kernel") is None
-        (drop if internal else keep).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-    left_out = (len(drop), config.stash.get(_NOT_COLLECTED, 0))
-    config.stash[_LEFT_OUT] = left_out
-    if hasattr(config, "workeroutput"):  # an xdist worker: its controller prints the summary
-        config.workeroutput["gmm_left_out"] = left_out
     if any("gmm_kernel" in getattr(item, "fixturenames", ()) for item in items):
         return
     them = "it" if len(kernels) == 1 else "them"
@@ -415,22 +375,3 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     text = text if len(text) <= 110 else text[:107] + "..."
     sys.stderr.write(f"gmm-harness: FAIL {check[0]} / {check[1]}: {text}\n")
     sys.stderr.flush()
-
-
-@pytest.hookimpl(optionalhook=True)  # xdist's: a worker ended, with what it collected
-def pytest_testnodedown(node: Any, error: Any) -> None:
-    counts = getattr(node, "workeroutput", {}).get("gmm_left_out")
-    if counts is not None:
-        node.config.stash[_LEFT_OUT] = (counts[0], counts[1])
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    if not config.getoption("--gmm-kernel"):
-        return
-    deselected, not_collected = config.stash.get(_LEFT_OUT, (0, 0))  # an xdist worker's, if one ran
-    if not deselected and not not_collected:  # none of the harness's tests were asked for: nothing to say
-        return
-    terminalreporter.write_line(
-        f"gmm-harness: --gmm-kernel runs the harness's kernel checks and your own tests; the harness's other "
-        f"tests (of the harness itself, not of your kernel) were left out: {deselected} deselected, "
-        f"{not_collected} of its test modules not collected")

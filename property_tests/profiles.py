@@ -70,7 +70,7 @@ def pinned_constants() -> Iterator[None]:
     would otherwise be drawn from). The one use of Hypothesis' internals in the harness
     (``test_architecture.py`` allows it here alone): a Hypothesis that collects no local constants has nothing
     to pin, and one that collects them elsewhere gets a warning once, its examples depending on the modules
-    loaded again (``property_tests/tests/test_determinism.py`` fails then), never an error."""
+    loaded again (``tests/property_tests/test_determinism.py`` fails then), never an error."""
     try:
         from hypothesis.internal.conjecture import providers
     except ImportError:  # pragma: no cover - every Hypothesis the harness takes has it

@@ -1,12 +1,15 @@
-"""What the main job asks of a worker: a typed request, written to JSON for the worker and read back there.
+"""What the main job and its worker say to each other: a typed request one way, typed events the other, each
+with one JSON codec.
 
 A :class:`WorkRequest` holds the kernel specs and every option a cell needs;
 the main job builds it from its command line, a lane narrows it to one kernel
 (``dataclasses.replace``) and the supervisor adds the cells a worker computes.
 :func:`resolve_request` turns it into kernels, in the main job and in the
-worker alike; this module imports nothing heavy (the worker sets its
-environment from the request before any framework loads) and nothing of the
-command line.
+worker alike. A :class:`WorkerEvent` is what computing the cells reports (a
+cell begins, the problem a kernel is given, a failing example found, a cell's
+outcome, an error that ended the worker, the end). This module imports nothing
+heavy (the worker sets its environment from the request before any framework
+loads) and nothing of the command line.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from property_tests.shards import Cell
+from property_tests.tiers import DEFAULT
 
 if TYPE_CHECKING:
     from gmm_kernels import KernelAdapter
+    from property_tests.outcomes import CellOutcome
 
-__all__ = ["KernelExit", "WorkRequest", "resolve_request"]
+__all__ = ["EVENT_KINDS", "KernelExit", "WorkRequest", "WorkerEvent", "resolve_request"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class WorkRequest:
     #: ``--fail-fast``: a kernel's cells after its first failed one are not run
     fail_fast: bool = False
     #: ``--tier``: what a mode runs (``property_tests.tiers``)
-    tier: str = "gmm-ci"
+    tier: str = DEFAULT
     #: the first seed of the time budget's rounds (None: the run's seed, or 0)
     rounds_from: int | None = None
     cells: tuple[Cell, ...] = ()
@@ -75,6 +80,59 @@ class WorkRequest:
         if "cells" in values:
             values["cells"] = tuple(Cell(*c) for c in values["cells"])
         return cls(**values)
+
+
+#: what a worker reports: a cell begins (``start``), the problem a kernel is about to be given (``problem``), a
+#: failing example found before it is shrunk (``found``), a cell's outcome (``cell``), an exception that ended the
+#: worker (``error``), every cell reported (``end``)
+EVENT_KINDS = ("start", "problem", "found", "cell", "error", "end")
+
+
+@dataclass(frozen=True)
+class WorkerEvent:
+    """One thing a worker reports, of a kind in :data:`EVENT_KINDS`; the fields its kind has are set.
+
+    ``cell`` (start, cell) and ``extra`` (a round of the time budget revising a cell already reported);
+    ``kernel`` (problem, found); ``text`` (problem: the problem described; found: the failure's line; error: the
+    exception named); ``where`` (found: the mode and family); ``outcome`` (cell); ``traceback`` (error)."""
+
+    kind: str
+    cell: Cell | None = None
+    extra: bool = False
+    kernel: str = ""
+    text: str = ""
+    where: str = ""
+    outcome: CellOutcome | None = None
+    traceback: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in EVENT_KINDS:
+            raise ValueError(f"kind: expected one of {EVENT_KINDS}, got {self.kind!r}")
+        if self.kind in ("start", "cell") and self.cell is None:
+            raise ValueError(f"cell: a {self.kind} event names its cell")
+        if self.kind == "cell" and self.outcome is None:
+            raise ValueError("outcome: a cell event carries the cell's outcome")
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict of the fields set (:meth:`from_json` reads it back)."""
+        doc: dict[str, Any] = {"event": self.kind}
+        if self.cell is not None:
+            doc.update(cell=list(self.cell), extra=self.extra)
+        doc.update((k, getattr(self, k)) for k in ("kernel", "text", "where", "traceback") if getattr(self, k))
+        if self.outcome is not None:
+            doc["outcome"] = self.outcome.to_json()
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> WorkerEvent:
+        """The event of :meth:`to_json`'s dict; ``ValueError``, ``KeyError`` or ``TypeError`` for anything else (a
+        line a kernel wrote into the events file)."""
+        from property_tests.outcomes import CellOutcome
+
+        cell, outcome = doc.get("cell"), doc.get("outcome")
+        return cls(str(doc["event"]), cell=None if cell is None else Cell(*cell), extra=bool(doc.get("extra", False)),
+                   **{k: str(doc.get(k, "")) for k in ("kernel", "text", "where", "traceback")},
+                   outcome=None if outcome is None else CellOutcome.from_json(outcome))
 
 
 class KernelExit(RuntimeError):

@@ -13,7 +13,8 @@ with fewer groups of cells than shards, in a CI matrix whose shard count is
 fixed): it writes a shard file that says it checked nothing and exits 0, and
 the merge decides whether the run checked anything.
 
-``gmm-harness merge A.json B.json ...`` reads the shards' ``--json`` files,
+``gmm-harness merge A.json B.json ...`` reads the shards' ``--json`` files
+(``property_tests.document.load_shards``),
 checks that they are the N shards of one plan (a missing, repeated or foreign
 shard is an error, an empty shard's file too is needed: cells nobody checked
 are never a pass), prints the whole table and exits as the unsharded run would
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["FORMAT", "Cell", "assign", "load_durations", "load_shards", "parse_shard", "plan_key"]
+__all__ = ["Cell", "assign", "load_durations", "parse_shard", "plan_key"]
 
 
 class Cell(NamedTuple):
@@ -40,8 +41,6 @@ class Cell(NamedTuple):
     column: str
 
 
-#: the format of the main job's ``--json`` document: 2 since each cell carries its result's fields
-FORMAT = 2
 _GOLDENS = "goldens"  # the goldens column (property_tests.table.GOLDENS, not imported: this module stays light)
 _SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 
@@ -99,82 +98,3 @@ def assign(cells: Sequence[Cell], n: int, durations: dict[str, float] | None = N
             owner[i] = s
         load[s] += weight[u]
     return [[c for c, o in zip(cells, owner, strict=True) if o == s] for s in range(n)]
-
-
-def load_shards(paths: Sequence[str], error: Callable[[str], Any]) -> dict[str, Any]:
-    """The shards' ``--json`` documents merged into one (cells in plan order); ``error`` for anything that is not
-    exactly the N shards of one plan."""
-    docs = []
-    for p in paths:
-        try:
-            docs.append((p, json.loads(Path(p).read_text())))
-        except (OSError, ValueError) as exc:
-            error(f"{p}: expected a shard's --json file: {type(exc).__name__}: {exc}")
-    for p, doc in docs:
-        if not isinstance(doc, dict) or not doc.get("shard") or not isinstance(doc.get("plan"), list) \
-                or not isinstance(doc.get("cells"), list):
-            error(f"{p}: not a shard's result (run gmm-harness check with --shard I/N --json FILE)")
-        if doc.get("format") != FORMAT:
-            error(f"{p}: a shard's result written by another version of gmm-harness (format "
-                  f"{doc.get('format', 1)}, not {FORMAT}): run every shard again with this one")
-    first_path, first = docs[0]
-    n = first["shard"][1]
-    seen: dict[int, str] = {}
-    for p, doc in docs:
-        if doc["plan"] != first["plan"] or doc["shard"][1] != n or doc.get("modes") != first.get("modes") \
-                or bool(doc.get("requested")) != bool(first.get("requested")) \
-                or doc.get("tier", "gmm-ci") != first.get("tier", "gmm-ci"):
-            error(f"{p}: a shard of another run than {first_path} (its plan, modes, shard count, --kernel or --tier "
-                  "differ)")
-        i = doc["shard"][0]
-        if i in seen:
-            error(f"{p}: shard {i}/{n} given twice (also {seen[i]})")
-        seen[i] = p
-    by_cell: dict[str, list[dict[str, Any]]] = {}
-    owner: dict[str, str] = {}
-    for p, doc in docs:
-        for c in doc["cells"]:
-            key = plan_key((c["kernel"], c["family"], c["check"]))
-            if owner.setdefault(key, p) != p:
-                error(f"{p}: the cell {key} was also checked by {owner[key]}")
-            by_cell.setdefault(key, []).append(c)
-    plan = list(dict.fromkeys(plan_key(c) for c in first["plan"]))
-    unchecked = [k for k in plan if k not in by_cell]
-    missing = [f"{i}/{n}" for i in range(1, n + 1) if i not in seen]
-    if missing:  # every shard's file is needed, an empty shard's too: the merge says the run is whole
-        lost = f"{_cells(len(unchecked), len(plan))} in no given shard's result" if unchecked \
-            else "every cell of the plan is in the given shards' results, but each shard writes a file, even one " \
-                 "that checked nothing"
-        error(f"missing shard{'s' * (len(missing) > 1)} {', '.join(missing)} (given {len(docs)} of {n}): {lost}")
-    if unchecked:
-        error(f"{_cells(len(unchecked), len(plan))} in no shard's result, e.g. {unchecked[0]}")
-    docs.sort(key=lambda d: d[1]["shard"][0])
-    return {
-        "format": FORMAT,
-        "kernels": _unique(k for _, d in docs for k in d["kernels"]), "requested": bool(first.get("requested")),
-        "modes": first["modes"], "max_examples": first["max_examples"], "seed": first["seed"],
-        "budget": first.get("budget"), "tier": first.get("tier", "gmm-ci"), "rounds_from": first.get("rounds_from"),
-        "golden_dir": first["golden_dir"], "goldens": first.get("goldens", True), "plan": first["plan"],
-        "shards": [d["shard"] for _, d in docs], "cells": [c for k in plan for c in by_cell[k]],
-        "failures": [f for _, d in docs for f in d["failures"]],
-        "coverage": [c for _, d in docs for c in d.get("coverage", [])],
-        "seconds": round(sum(d.get("seconds", 0.0) for _, d in docs), 1),
-        "shard_seconds": [d.get("seconds") for _, d in docs],
-    }
-
-
-def _cells(n: int, total: int) -> str:
-    """``"1 of the plan's 3 cells is"``: a count of cells and its verb."""
-    return f"{n} of the plan's {total} cell{'s' * (total != 1)} {'is' if n == 1 else 'are'}"
-
-
-def _unique(kernels: Any) -> list[dict[str, Any]]:
-    """One entry per kernel (the first shard's); a kernel whose shards ran it on different devices names them
-    all (``cpu, cuda:0``)."""
-    out: dict[str, dict[str, Any]] = {}
-    for k in kernels:
-        first = out.setdefault(k["name"], dict(k))
-        devices = [d for d in str(first.get("device") or "").split(", ") if d]
-        if k.get("device") and k["device"] not in devices:
-            first["device"] = ", ".join([*devices, k["device"]])
-    return list(out.values())

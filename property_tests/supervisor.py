@@ -22,17 +22,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gmm_kernels import Status
 from property_tests.failures import found_line
-from property_tests.request import WorkRequest
+from property_tests.request import WorkerEvent, WorkRequest
 from property_tests.shards import Cell
 from property_tests.table import CellOutcome, Table, failure_line, not_run
 
-__all__ = ["Supervisor", "ended"]
+__all__ = ["Supervisor", "WorkerState", "ended", "take_event"]
 
 
 def ended(code: int) -> str:
@@ -43,6 +43,38 @@ def ended(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with status {code}"
+
+
+def take_event(event: WorkerEvent, table: Table, *, verbose: bool) -> None:
+    """What a run does with a worker's event, in a worker's supervisor and in the main job's own process alike: a
+    failing example found is said now (before it is shrunk); a cell's outcome goes into ``table``, a failure is
+    said as soon as it is found (a round of the budget too), and with ``verbose`` every cell is."""
+    if event.kind == "found":
+        print(found_line(event.kernel, event.where, event.text), file=sys.stderr, flush=True)
+    elif event.kind == "cell" and event.cell is not None and event.outcome is not None:
+        cell, outcome = event.cell, event.outcome
+        table.add(cell, outcome)
+        if outcome.status is Status.FAILED:
+            print(failure_line(cell, outcome), file=sys.stderr, flush=True)
+        if verbose:
+            print(f"  {cell.kernel:<34} {cell.family or '':<9} {cell.column:<17} "
+                  f"{outcome.text[:70]}  [{outcome.seconds:.1f}s]", file=sys.stderr, flush=True)
+
+
+@dataclass
+class WorkerState:
+    """What the supervisor knows of the worker it watches: when it last reported (``since``, monotonic) and when
+    its cell began (``started``), the cells it reported (``done``), the cell it is in, the last problem the kernel
+    was given, the error that ended it (with its traceback) and whether it reported the end of its cells."""
+
+    since: float
+    started: float
+    done: int = 0
+    cell: Cell | None = None
+    problem: str = ""
+    error: str | None = None
+    traceback: str = ""
+    end: bool = False
 
 
 class Supervisor:
@@ -98,8 +130,7 @@ class Supervisor:
         request_path, events_path = self.workdir / "request.json", self.workdir / "events.jsonl"
         request_path.write_text(json.dumps(replace(self.request, cells=tuple(cells)).to_json()))
         events_path.write_text("")
-        state = {"done": 0, "since": time.monotonic(), "started": time.monotonic(), "problem": "", "cell": None,
-                 "error": None, "end": False}
+        state = WorkerState(since=time.monotonic(), started=time.monotonic())
         try:
             proc = subprocess.Popen([*self.COMMAND, str(request_path), str(events_path)],
                                     env={**self.request.environ, **os.environ}, stdin=subprocess.DEVNULL)
@@ -108,14 +139,14 @@ class Supervisor:
         else:
             with events_path.open() as events:
                 why = self._watch(proc, events, state, len(cells))
-        if state["done"] < len(cells):
-            state["cell"] = state["cell"] or cells[state["done"]]  # it died before it began the cell
+        if state.done < len(cells):
+            state.cell = state.cell or cells[state.done]  # it died before it began the cell
             self._lost(state, why or "crashed: its worker ended before it reported the cell")
-        elif why and state["cell"] is not None:  # in an extra round of the time budget
+        elif why and state.cell is not None:  # in an extra round of the time budget
             self._lost(state, why)
-        return state["done"]
+        return state.done
 
-    def _watch(self, proc: subprocess.Popen, events: Any, state: dict[str, Any], n: int) -> str:
+    def _watch(self, proc: subprocess.Popen, events: Any, state: WorkerState, n: int) -> str:
         """Read the worker's events until it ends; how it ended ("" when it was done)."""
         pending = ""  # a line the worker is still writing (a long event arrives in pieces)
         while True:
@@ -128,12 +159,12 @@ class Supervisor:
                 for line in (pending + events.read()).splitlines(keepends=True):  # what it wrote before it exited
                     if line.endswith("\n"):
                         self._event(line, state)
-                if state["end"] and state["done"] >= n:
+                if state.end and state.done >= n:
                     return ""
-                if state["error"] and state["cell"]:
-                    return f"crashed: {state['error']} was raised in the cell and ended its worker"
-                if state["error"]:
-                    return f"crashed: the worker failed before it began the cell: {state['error']}"
+                if state.error and state.cell:
+                    return f"crashed: {state.error} was raised in the cell and ended its worker"
+                if state.error:
+                    return f"crashed: the worker failed before it began the cell: {state.error}"
                 return f"crashed: the process {ended(proc.returncode)}"
             why = self._overdue(state, n)
             if why is not None:
@@ -142,58 +173,46 @@ class Supervisor:
                 return why
             time.sleep(0.02)
 
-    def _overdue(self, state: dict[str, Any], n: int) -> str | None:
+    def _overdue(self, state: WorkerState, n: int) -> str | None:
         """Why the worker is to be killed now (a cell past the timeout, a silent worker), or None."""
         now = time.monotonic()
-        if state["cell"] is not None:
-            return f"timed out after {self.timeout:g} s" if now - state["started"] > self.timeout else None
-        silent = now - state["since"]
-        if state["done"] >= n and (state["end"] or self.request.deadline is None):
+        if state.cell is not None:
+            return f"timed out after {self.timeout:g} s" if now - state.started > self.timeout else None
+        silent = now - state.since
+        if state.done >= n and (state.end or self.request.deadline is None):
             return "" if silent > self.EXIT_GRACE else None  # done: it only has to exit
         limit = max(self.timeout, self.MIN_IDLE)
         if silent <= limit:
             return None
         return (f"timed out: its worker was silent for {limit:g} s "
-                f"{'between cells' if state['done'] else 'before its first cell'}")
+                f"{'between cells' if state.done else 'before its first cell'}")
 
-    def _event(self, line: str, state: dict[str, Any]) -> None:
+    def _event(self, line: str, state: WorkerState) -> None:
         try:
-            event = json.loads(line)
-            kind = event["event"]
-            state["since"] = time.monotonic()
-            if kind == "start":
-                state.update(cell=Cell(event["kernel"], event["family"], event["column"]), problem="",
-                             started=state["since"])
-            elif kind == "problem":
-                state["problem"] = event["text"]
-            elif kind == "error":
-                state.update(error=event["text"], traceback=event.get("traceback", ""))
-            elif kind == "end":
-                state["end"] = True
-            elif kind == "found":  # a failing example, before it is shrunk: said now
-                print(found_line(event["kernel"], event["where"], event["text"]), file=sys.stderr, flush=True)
-            elif kind == "cell":
-                self._cell(event, state)
-        except (ValueError, TypeError, KeyError):
+            event = WorkerEvent.from_json(json.loads(line))
+        except (ValueError, TypeError, KeyError, AttributeError):
             return  # not one of the worker's events (a kernel wrote into its file): nothing to record
+        state.since = time.monotonic()
+        if event.kind == "start":
+            state.cell, state.problem, state.started = event.cell, "", state.since
+        elif event.kind == "problem":
+            state.problem = event.text
+        elif event.kind == "error":
+            state.error, state.traceback = event.text, event.traceback
+        elif event.kind == "end":
+            state.end = True
+        elif event.kind == "cell":
+            # an extra round of the time budget revises a cell already counted
+            state.done, state.cell, state.started = state.done + (not event.extra), None, state.since
+        take_event(event, self.table, verbose=self.verbose)
 
-    def _cell(self, event: dict[str, Any], state: dict[str, Any]) -> None:
-        cell, outcome = Cell(event["kernel"], event["family"], event["column"]), CellOutcome.from_json(event["result"])
-        self.table.add(cell, outcome)
-        # an extra round of the time budget revises a cell already counted
-        state.update(done=state["done"] + (not event.get("extra")), cell=None, started=state["since"])
-        if outcome.status is Status.FAILED:  # as soon as it is found, in every run (a round of the budget too)
-            print(failure_line(cell, outcome), file=sys.stderr, flush=True)
-        if self.verbose:
-            print(f"  {cell.kernel:<34} {cell.family or '':<9} {cell.column:<17} "
-                  f"{outcome.text[:70]}  [{outcome.seconds:.1f}s]", file=sys.stderr, flush=True)
-
-    def _lost(self, state: dict[str, Any], what: str) -> None:
-        cell = state["cell"]
+    def _lost(self, state: WorkerState, what: str) -> None:
+        cell = state.cell
+        assert cell is not None  # a lost cell is the one the worker was in, or the next
         before = self.table.get(cell)  # a round of the time budget: the seconds of the rounds before it count
-        seconds = (before.seconds if before is not None else 0.0) + time.monotonic() - state["started"]
-        last = f"; the last problem it was given: {state['problem']}" if state["problem"] else ""
-        trace = f"\n{state['traceback'].rstrip()}" if state.get("traceback") else ""
+        seconds = (before.seconds if before is not None else 0.0) + time.monotonic() - state.started
+        last = f"; the last problem it was given: {state.problem}" if state.problem else ""
+        trace = f"\n{state.traceback.rstrip()}" if state.traceback else ""
         report = f"== {cell.kernel} / {cell.family} / {cell.column}\nthe kernel {what}{last}{trace}"
         outcome = CellOutcome(Status.FAILED, f"{what}{last}", seconds=seconds, details=(report,))
         self.table.add(cell, outcome)

@@ -11,24 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from gmm_kernels import KernelAdapter, Status
 from golden import GoldenStore, check_goldens
 from golden.cli import default_directory
-from golden.judge import reasons_text, scope_reasons
+from golden.judge import scope_reasons
 from golden.staleness import contents
 from property_tests.checking import check_mode
 from property_tests.failures import CheckRun
 from property_tests.modes import ALL_MODES, MODES, run_rank
+from property_tests.outcomes import CellOutcome, FailedRound, GoldenTally
+from property_tests.request import WorkRequest
 from property_tests.shards import Cell
-from property_tests.tiers import DEFAULT, ROUND_SEED_STEP
+from property_tests.tiers import DEFAULT
 
-__all__ = ["GOLDENS", "ROUTED_INTERPRETED_EXAMPLES", "Cell", "CellOutcome", "FailedRound", "GoldenTally", "Table",
-           "cells_of", "check_cells", "examples_in_default_run", "failure_line", "not_run", "render", "run_cell",
-           "run_order", "spend_budget"]
+__all__ = ["CELL_OUTCOMES", "GOLDENS", "ROUTED_INTERPRETED_EXAMPLES", "Cell", "CellOutcome", "FailedRound",
+           "GoldenTally", "Table", "cells_of", "examples_in_default_run", "failure_line", "not_run", "render",
+           "run_cell", "run_order"]
 
 GOLDENS = "goldens"
 _WIDTH = 110
@@ -84,128 +86,6 @@ def not_run(cell: Cell) -> CellOutcome:
     return CellOutcome(Status.UNSUPPORTED, f"not run: --fail-fast stopped at the kernel's first failure ({where})")
 
 
-class FailedRound(NamedTuple):
-    """A round of the time budget that failed a passed cell: its number (the profile's run is round 1), its seed
-    and the examples that passed before it."""
-
-    round: int
-    seed: int
-    passed: int
-
-
-@dataclass(frozen=True)
-class GoldenTally:
-    """What the goldens cell found: its golden cases, how many passed, failed or met a known bug, and the reasons
-    of the cases out of the kernel's scope with their counts (most frequent first)."""
-
-    cases: int
-    passed: int = 0
-    failed: int = 0
-    known_bugs: int = 0
-    out_of_scope: tuple[tuple[str, int], ...] = ()
-
-    def text(self, status: Status, note: str, *, reasons: bool = True) -> str:
-        """The cell's text: every count says how many cases were out of scope; ``reasons``: each reason with its
-        count (the note and the JSON), else the count alone (the table)."""
-        n = sum(count for _, count in self.out_of_scope)
-        why = reasons_text(self.out_of_scope)
-        scope = f"{n} out of scope" + (f": {why}" if reasons else "")
-        if status is Status.PASSED:
-            return (f"pass ({self.passed}/{self.cases}" + (f"; {self.known_bugs} known bug" if self.known_bugs else "")
-                    + (f"; {scope})" if n else ")"))
-        if status is Status.UNSUPPORTED:
-            return f"n/a: all {self.cases} golden cases out of scope: {why}"
-        count = self.failed if status is Status.FAILED else self.known_bugs
-        return (f"{status.value}: {count}/{self.cases} cases" + (f" ({n} out of scope)" if n else "") + f"; {note}"
-                + (f"; out of scope: {why}" if n else ""))
-
-    def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "out_of_scope": [list(r) for r in self.out_of_scope]}
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> GoldenTally:
-        return cls(**{**doc, "out_of_scope": tuple((str(r), int(n)) for r, n in doc.get("out_of_scope", ()))})
-
-
-@dataclass(frozen=True)
-class CellOutcome:
-    """One computed cell, as data: its verdict and what the table, the JSON output, the merge of shards and the
-    exit status read. Its text (:attr:`text`) is computed from these fields, never read back.
-
-    ``note`` is the reason (n/a), the cause (FAIL) or the upstream bug (known bug); ``examples`` the examples
-    checked (over every round of the time budget), ``cells`` the covering design's cells run and in all,
-    ``pairs`` the design's pairs of relations reached and in all, ``rounds`` the rounds run (1: the profile's run
-    alone), ``extendable`` whether the time budget may add rounds
-    of examples (a passed cell of a mode that draws them), ``failed_round`` the budget's round that failed it;
-    ``goldens`` the goldens cell's tally (None for a mode's cell); ``details`` the full failure reports and
-    ``coverage`` what the examples reached (``Result.coverage_report``)."""
-
-    status: Status
-    note: str = ""
-    examples: int = 0
-    seconds: float = 0.0
-    details: tuple[str, ...] = ()
-    coverage: str = ""
-    cells: tuple[int, int] = (0, 0)
-    rounds: int = 1
-    extendable: bool = False
-    failed_round: FailedRound | None = None
-    goldens: GoldenTally | None = None
-    pairs: tuple[int, int] = (0, 0)
-
-    @property
-    def text(self) -> str:
-        """The cell's text: ``pass (n)``, ``FAIL: cause``, ``n/a: reason``, ``known bug: ...`` (the note of a
-        table cell, the JSON's ``text``)."""
-        if self.goldens is not None:
-            text = self.goldens.text(self.status, self.note)
-        elif self.status is not Status.PASSED:
-            text = f"{self.status.value}: {self.note}"
-        elif self.rounds > 1:
-            text = f"pass ({self.examples}; {self.rounds} rounds)"
-        else:
-            partial = f"; {self.cells[0]}/{self.cells[1]} cells" if self.cells[0] < self.cells[1] else ""
-            text = f"pass ({self.examples}{partial})"
-            if partial and self.note:  # the cells left out, and why (the scale mode's)
-                text += f": {self.note}"
-        if self.failed_round is not None:
-            r = self.failed_round
-            text += f" (round {r.round}, seed {r.seed}, after {r.passed} examples passed)"
-        return text
-
-    def shown(self) -> tuple[str, bool]:
-        """How the cell shows in the table, and whether it gets a note: a FAIL, n/a or known-bug cell as its
-        status and a note; a goldens pass with cases out of scope with the count only (its reasons: the note)."""
-        if self.status is not Status.PASSED:
-            return self.status.value, True
-        if self.goldens is not None and self.goldens.out_of_scope:
-            return self.goldens.text(self.status, self.note, reasons=False), True
-        if self.note and self.cells[0] < self.cells[1] and self.rounds == 1:  # cells left out: the note says which
-            return self.text.split(": ", 1)[0], True
-        return self.text, False
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict of the fields (:meth:`from_json` reads it back); ``status`` is the status's value."""
-        return {"status": self.status.value, "note": self.note, "examples": self.examples, "seconds": self.seconds,
-                "details": list(self.details), "coverage": self.coverage, "cells": list(self.cells),
-                "rounds": self.rounds, "extendable": self.extendable,
-                "failed_round": None if self.failed_round is None else list(self.failed_round),
-                "goldens": None if self.goldens is None else self.goldens.to_json(), "pairs": list(self.pairs)}
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> CellOutcome:
-        """The outcome of :meth:`to_json`'s dict (other keys ignored; a missing field takes its default);
-        ``ValueError``, ``KeyError`` or ``TypeError`` for anything else."""
-        failed, goldens = doc.get("failed_round"), doc.get("goldens")
-        return cls(Status(doc["status"]), note=str(doc.get("note", "")), examples=int(doc.get("examples", 0)),
-                   seconds=float(doc.get("seconds", 0.0)), details=tuple(doc.get("details", ())),
-                   coverage=str(doc.get("coverage", "")), cells=tuple(doc.get("cells", (0, 0))),
-                   rounds=int(doc.get("rounds", 1)), extendable=bool(doc.get("extendable", False)),
-                   failed_round=None if failed is None else FailedRound(*failed),
-                   goldens=None if goldens is None else GoldenTally.from_json(goldens),
-                   pairs=tuple(doc.get("pairs", (0, 0))))
-
-
 def _golden_cell(kernel: KernelAdapter, directory: str | None, require_own: bool) -> CellOutcome:
     """The goldens cell: every count says how many cases were out of the kernel's scope, and the text (the
     note, the JSON) lists each reason with its count."""
@@ -229,23 +109,24 @@ def _golden_cell(kernel: KernelAdapter, directory: str | None, require_own: bool
     return CellOutcome(Status.PASSED, goldens=tally)
 
 
-def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_examples: int | None,
-             seed: int | None = None, golden_dir: str | None = None, require_own: bool = False,
-             example_db: str | None = None, run: CheckRun | None = None, tier: str = DEFAULT) -> CellOutcome:
-    """One cell: ``golden_dir`` (default: this project's goldens) and ``require_own`` (a missing golden of the
-    kernel's own version fails) for the goldens; ``example_db`` (a spec of ``property_tests.example_db``) saves
-    failing examples and replays them first; ``run`` (``property_tests.failures.CheckRun``) is the run the cell
-    is part of, which reports an exception the kernel raises once; ``tier`` (``property_tests.tiers``) what a mode
-    runs (gmm-ci's seeded runs keep the settings in force, as before tiers)."""
+def run_cell(kernel: KernelAdapter, cell: Cell, request: WorkRequest, *, seed: int | None = None,
+             run: CheckRun | None = None) -> CellOutcome:
+    """One cell of ``kernel`` under ``request``'s options (its examples, tier, example database; for the goldens its
+    directory, default this project's, and whether a missing golden of the kernel's own version fails); ``seed``
+    the examples' (a round of the time budget); ``run`` (``property_tests.failures.CheckRun``) the run the cell is
+    part of, which reports an exception the kernel raises once."""
+    family, column = cell.family, cell.column
     t0 = time.perf_counter()
     why = kernel.available()
     if why:
         return CellOutcome(Status.UNSUPPORTED, why)
     if column == GOLDENS:
-        return dataclasses.replace(_golden_cell(kernel, golden_dir, require_own), seconds=time.perf_counter() - t0)
-    ci = tier == DEFAULT
-    result = check_mode(kernel, column, family=family, max_examples=max_examples, seed=seed, example_db=example_db,
-                        run=run, profile=DEFAULT if ci and seed is None else None, tier=None if ci else tier)
+        return dataclasses.replace(_golden_cell(kernel, request.golden_dir, request.require_own),
+                                   seconds=time.perf_counter() - t0)
+    ci = request.tier == DEFAULT  # gmm-ci's seeded runs keep the settings in force
+    result = check_mode(kernel, column, family=family, max_examples=request.max_examples, seed=seed,
+                        example_db=request.example_db, run=run, profile=DEFAULT if ci and seed is None else None,
+                        tier=None if ci else request.tier)
     failed = result.status is Status.FAILED
     details = (f"== {kernel.name} / {family} / {column}\n{result.full_report()}",) if failed else ()
     covered = result.coverage_report()
@@ -259,60 +140,32 @@ def run_cell(kernel: KernelAdapter, family: str | None, column: str, *, max_exam
 
 
 
-def spend_budget(done: dict[Cell, CellOutcome], deadline: float, run: Callable[[Cell, int], CellOutcome],
-                 started: Callable[[Cell], None], seed: int | None = None
-                 ) -> Iterator[tuple[Cell, CellOutcome]]:
-    """Spend what is left until ``deadline`` (``time.time()``) on more examples: round after round, each
-    extendable cell of ``done`` runs again under the next round's seed (``run(cell, seed)``, after
-    ``started(cell)``), until the time is up or it fails (round r under ``seed + (r - 1) * ROUND_SEED_STEP``, the
-    first seed the run's, or the date's: ``tiers.first_round_seed``). Yields each cell's new outcome: passed with every
-    round's examples and the rounds run, or the round's failure naming its round and seed. The first round (the
-    profile's) already ran: it alone reaches every pair of relations; the rounds only add examples."""
-    totals = {cell: o.examples for cell, o in done.items() if o.extendable}
-    seconds = {cell: o.seconds for cell, o in done.items()}
-    r = 1
-    while totals and time.time() < deadline:
-        for cell in list(totals):
-            if time.time() >= deadline:
-                break
-            round_seed = (seed or 0) + r * ROUND_SEED_STEP
-            started(cell)
-            o = run(cell, round_seed)
-            seconds[cell] += o.seconds
-            if o.extendable:
-                totals[cell] += o.examples
-                yield cell, dataclasses.replace(o, examples=totals[cell], rounds=r + 1, seconds=seconds[cell],
-                                                coverage="", details=())
-                continue
-            passed = totals.pop(cell)
-            if o.status is Status.FAILED:
-                yield cell, dataclasses.replace(o, failed_round=FailedRound(r + 1, round_seed, passed),
-                                                seconds=seconds[cell], coverage="")
-        r += 1
+class _CellOutcomes:
+    """A table cell's outcomes under the run policy (``property_tests.engine``): a round adds its examples to a
+    passed cell, or fails it naming the round; a round that is neither leaves the cell as it was."""
+
+    def failed(self, outcome: CellOutcome) -> bool:
+        return outcome.status is Status.FAILED
+
+    def extendable(self, outcome: CellOutcome) -> bool:
+        return outcome.extendable
+
+    def add_round(self, before: CellOutcome, new: CellOutcome, r: int, seed: int) -> CellOutcome | None:
+        seconds = before.seconds + new.seconds
+        if new.extendable:
+            return dataclasses.replace(new, examples=before.examples + new.examples, rounds=r, seconds=seconds,
+                                       coverage="", details=())
+        if new.status is Status.FAILED:
+            return dataclasses.replace(new, failed_round=FailedRound(r, seed, before.examples), seconds=seconds,
+                                       coverage="")
+        return None
+
+    def not_run(self, unit: Cell, failure: Cell) -> CellOutcome:
+        return not_run(failure)
 
 
-def check_cells(cells: Iterable[Cell], run: Callable[[Cell, int | None], CellOutcome],
-                started: Callable[[Cell, bool], None], *, deadline: float | None = None, seed: int | None = None,
-                fail_fast: bool = False, rounds_from: int | None = None) -> Iterator[tuple[Cell, CellOutcome, bool]]:
-    """Each cell once (``run(cell, seed)``, after ``started(cell, False)``), then, until ``deadline``, the time
-    budget's rounds (:func:`spend_budget`, after ``started(cell, True)``); yields ``(cell, outcome, extra)``, extra
-    for a round's revision of a cell already yielded. One kernel's cells: the budget is the kernel's. With
-    ``fail_fast``, the cells after the first failed one are not run (each yielded as :func:`not_run`) and no
-    round of the budget follows. The rounds start from ``rounds_from`` (default: ``seed``)."""
-    done, failed = {}, None
-    for cell in cells:
-        if failed is not None:
-            yield cell, not_run(failed), False
-            continue
-        started(cell, False)
-        done[cell] = run(cell, seed)
-        yield cell, done[cell], False
-        if fail_fast and done[cell].status is Status.FAILED:
-            failed = cell
-    if deadline is not None and failed is None:
-        first = rounds_from if rounds_from is not None else seed
-        for cell, o in spend_budget(done, deadline, run, lambda c: started(c, True), seed=first):
-            yield cell, o, True
+#: the run policy's view of table cells (``engine.run_checks(cells, run, CELL_OUTCOMES, ...)``)
+CELL_OUTCOMES = _CellOutcomes()
 
 
 @dataclass

@@ -10,13 +10,13 @@ take one by name:
   :data:`property_tests.cell_order.RELATION_WEIGHTS` order (the relations whose cells caught the most of the
   project's broken kernels first), the ``scale`` cells as always (one fixed problem each), derandomized; a
   routed kernel (one cell, no design yet) gets :data:`QUICK_ROUTED_EXAMPLES` routings a mode;
-- ``gmm-ci`` (the default, as before tiers): the profile's 50 examples spread over the cells, at least two a
+- ``gmm-ci`` (the default): the profile's 50 examples spread over the cells, at least two a
   cell, derandomized;
 - ``gmm-nightly``: ``gmm-ci``'s run (the same verdict first), then a time budget of rounds of new examples
   seeded by the date (new ones every day), the ``large`` mode (n/a with the reason where memory does not
   allow), and an example database (``$GMM_HARNESS_EXAMPLE_DB``, else :func:`default_example_db`);
 - ``gmm-dev`` and ``gmm-thorough``: ``gmm-ci``'s plan under their own random profiles (15 and 400 examples
-  spread over the cells, at least two a cell), as before tiers.
+  spread over the cells, at least two a cell).
 
 Every tier is a Hypothesis profile of its name too (``--hypothesis-profile``, ``property_tests.profiles``),
 which a run using the plugin loads for your own ``@given`` tests. This module also decides what a cell runs:
@@ -36,6 +36,7 @@ from hypothesis.database import ExampleDatabase
 
 from gmm_ref.names import did_you_mean
 from property_tests import example_db as example_dbs
+from property_tests.profiles import DEFAULT as DEFAULT_PROFILE
 from property_tests.profiles import profile as profile_settings
 
 __all__ = ["DEFAULT", "QUICK_ROUTED_EXAMPLES", "ROUND_SEED_STEP", "SAME_EVERY_RUN", "TIERS", "Tier", "budgets",
@@ -102,7 +103,7 @@ TIERS: dict[str, Tier] = {t.name: t for t in (
     Tier("gmm-dev", "a quick local loop of random examples (gmm-ci's plan under the gmm-dev profile)", "gmm-dev"),
     Tier("gmm-thorough", "400 random examples a mode (gmm-ci's plan under the gmm-thorough profile)", "gmm-thorough"),
 )}
-DEFAULT = "gmm-ci"
+DEFAULT = DEFAULT_PROFILE  # the default tier: the one that runs the default profile, of the same name
 #: the tiers whose first run is gmm-ci's examples (its profile, its spread over the cells), the same every run:
 #: there a mode in which a kernel declares a known upstream bug must still catch it (``Table.known_bugs_not_caught``)
 SAME_EVERY_RUN = tuple(t.name for t in TIERS.values()

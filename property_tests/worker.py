@@ -3,13 +3,10 @@ hangs or crashes the process cannot take the run with it.
 
 ``python -m property_tests.worker REQUEST EVENTS`` reads a JSON request (a
 ``property_tests.request.WorkRequest``: the kernel specs, the cells to compute,
-the options) and appends one JSON line per event to EVENTS: ``start`` (a cell
-begins), ``problem`` (the problem a kernel is about to be called on), ``cell``
-(a cell's result: a ``property_tests.table.CellOutcome`` as JSON), ``error``
-(an exception that ended the worker: one its setup raised, or one a cell let
-through, such as the ``SystemExit`` of a kernel that calls ``sys.exit``) and
-``end`` (every cell was reported). The main job reads them as they come, and
-restarts a worker after the cell a kernel crashed or hung in.
+the options) and appends one JSON line per ``property_tests.request.WorkerEvent``
+to EVENTS. The main job reads them as they come, and restarts a worker after the
+cell a kernel crashed or hung in. :func:`compute` is the work itself, the same
+whether a worker does it or the main job in its own process (``--in-process``).
 
 Its reports go to EVENTS alone, never to its stdout or stderr (a kernel may
 close them), and it ends with ``os._exit`` once EVENTS is written: threads a
@@ -23,13 +20,16 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from property_tests.request import WorkRequest
+from property_tests.request import WorkerEvent, WorkRequest
 
-__all__ = ["describe_exception", "main"]
+if TYPE_CHECKING:
+    from gmm_kernels import KernelAdapter
+
+__all__ = ["compute", "describe_exception", "main"]
 
 _exit = os._exit  # the worker's own, whatever a kernel does to os._exit
 
@@ -43,43 +43,59 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:500]}" if text else type(exc).__name__
 
 
-def _work(request: WorkRequest, emit: Callable[..., None]) -> None:
+def compute(request: WorkRequest, kernels: Mapping[str, KernelAdapter], emit: Callable[[WorkerEvent], None], *,
+            contain_exits: bool = False) -> None:
+    """Compute ``request``'s cells of ``kernels`` (by name) under the run policy (``engine.run_checks``: the cells
+    in the order given, fail-fast, the kernel's time budget), reporting each step to ``emit``. With
+    ``contain_exits`` (the main job's own process) a ``SystemExit`` a cell lets through is that cell's failure;
+    in a worker it ends the worker, whose supervisor names it."""
+    from gmm_kernels import Status
+    from gmm_kernels.base import observe_calls
+    from property_tests.engine import run_checks
+    from property_tests.failures import CheckRun
+    from property_tests.table import CELL_OUTCOMES, Cell, CellOutcome, run_cell
+
+    # an exception a kernel raises is reported in its first cell; a failing example is said as soon as it is found,
+    # before it is shrunk
+    checks = CheckRun(lambda kernel, where, line: emit(WorkerEvent("found", kernel=kernel, where=where, text=line)))
+
+    def run(cell: Cell, seed: int | None) -> CellOutcome:
+        try:
+            return run_cell(kernels[cell.kernel], cell, request, seed=seed, run=checks)
+        except (SystemExit, GeneratorExit) as exc:
+            if not contain_exits:
+                raise
+            what = f"{type(exc).__name__}({', '.join(map(repr, exc.args))}) was raised in the cell"
+            report = f"== {' / '.join(map(str, cell))}\nthe kernel {what}"
+            return CellOutcome(Status.FAILED, what, details=(report,))
+
+    forget = observe_calls(lambda adapter, problem: emit(WorkerEvent("problem", kernel=adapter.name,
+                                                                     text=problem.describe())))
+    try:  # the deadline is the kernel's time budget: rounds of more examples for its passed cells
+        for cell, o, extra in run_checks(request.cells, run, CELL_OUTCOMES, seed=request.seed,
+                                         fail_fast=request.fail_fast, deadline=request.deadline,
+                                         rounds_from=request.rounds_from,
+                                         started=lambda c, extra: emit(WorkerEvent("start", cell=c, extra=extra))):
+            emit(WorkerEvent("cell", cell=cell, outcome=o, extra=extra))
+    finally:
+        forget()
+
+
+def _work(request: WorkRequest, emit: Callable[[WorkerEvent], None]) -> None:
+    """The worker process's set-up (its environment before anything imports jax, the Triton interpreter, the
+    profiles, the device), then :func:`compute`."""
     for name, value in request.environ.items():
         os.environ.setdefault(name, value)  # before anything imports jax
     from gmm_kernels import triton_interpreter
 
     triton_interpreter.use_if_no_gpu()  # before a kernel's module is imported (its @triton.jit reads it)
     from gmm_kernels import device
-    from gmm_kernels.base import observe_calls
-    from property_tests.failures import CheckRun
     from property_tests.profiles import register_profiles
     from property_tests.request import resolve_request
-    from property_tests.table import Cell, CellOutcome, check_cells, run_cell
 
     register_profiles()
     device.select(request.device, option="the request's device")
-    kernels = {k.name: k for k in resolve_request(request)}
-    # the worker's cells: an exception a kernel raises is reported in its first cell; a failing example is told to
-    # the supervisor as soon as it is found, before it is shrunk
-    checks = CheckRun(lambda kernel, where, line: emit(event="found", kernel=kernel, where=where, text=line))
-
-    def run(cell: Cell, seed: int | None) -> CellOutcome:
-        return run_cell(kernels[cell.kernel], cell.family, cell.column, max_examples=request.max_examples,
-                        seed=seed, golden_dir=request.golden_dir, require_own=request.require_own,
-                        example_db=request.example_db, run=checks, tier=request.tier)
-
-    def started(cell: Cell, extra: bool) -> None:
-        emit(event="start", kernel=cell.kernel, family=cell.family, column=cell.column, extra=extra)
-
-    forget = observe_calls(lambda adapter, problem: emit(event="problem", kernel=adapter.name,
-                                                         text=problem.describe()))
-    try:  # the deadline is the kernel's time budget: rounds of more examples for its passed cells
-        for cell, o, extra in check_cells(request.cells, run, started, deadline=request.deadline, seed=request.seed,
-                                          fail_fast=request.fail_fast, rounds_from=request.rounds_from):
-            emit(event="cell", kernel=cell.kernel, family=cell.family, column=cell.column, result=o.to_json(),
-                 extra=extra)
-    finally:
-        forget()
+    compute(request, {k.name: k for k in resolve_request(request)}, emit)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,16 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     event naming what ended it)."""
     request_path, events_path = (argv if argv is not None else sys.argv[1:])[:2]
     with open(events_path, "a", buffering=1) as events:
-        def emit(**event: Any) -> None:
-            events.write(json.dumps(event) + "\n")
+        def emit(event: WorkerEvent) -> None:
+            events.write(json.dumps(event.to_json()) + "\n")
             events.flush()
 
         try:
             _work(WorkRequest.from_json(json.loads(Path(request_path).read_text())), emit)
         except BaseException as exc:  # noqa: BLE001 - whatever ends the worker is reported, SystemExit too
-            emit(event="error", text=describe_exception(exc), traceback=traceback.format_exc()[-3000:])
+            emit(WorkerEvent("error", text=describe_exception(exc), traceback=traceback.format_exc()[-3000:]))
             return 1
-        emit(event="end")
+        emit(WorkerEvent("end"))
     return 0
 
 

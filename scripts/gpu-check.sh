@@ -39,8 +39,8 @@ if [ "${GMM_GPU_TESTS:-1}" != 0 ]; then
     if ! "$PY" -c 'import importlib.metadata as m, sys; sys.exit(not any(e.name == "gmm_harness" for e in m.entry_points(group="pytest11")))'; then
         export PYTEST_PLUGINS=property_tests.plugin
     fi
-    "$PY" -m pytest -q -p no:cacheprovider property_tests/tests/test_device.py \
-        property_tests/tests/test_cuda_graph.py property_tests/tests/test_graph_mode.py
+    "$PY" -m pytest -q -p no:cacheprovider tests/gmm_kernels/test_device.py \
+        tests/gmm_kernels/test_cuda_graph.py tests/property_tests/test_graph_mode.py
     tests=$?
     [ "$status" = 0 ] && status=$tests
 fi

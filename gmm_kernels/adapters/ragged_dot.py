@@ -374,7 +374,7 @@ class QwixRaggedDotQt(KernelAdapter):
     once (``channelwise_axes=[2]`` of ``[G, K, N]``: the group axis is reduced), so one expert's large weights
     coarsen every other expert's codes. Declared per expert instead (blocks restarting at every group, as the
     harness's model has them), the same kernel fails as soon as the experts' magnitudes differ: see
-    ``property_tests/tests/test_quantizers.py``."""
+    ``tests/gmm_ref/test_quantizers.py``."""
 
     name = "qwix.ragged_dot_qt"
     convention = "ragged_dot"

@@ -8,7 +8,7 @@ the tokens' dtype. Its numerics (:meth:`TorchMoEExperts.numerics_for`): the prod
 (``_grouped_mm``'s output), the weight multiplied in float32, the slots summed in float32, one rounding.
 transformers' own forward differs in the sum only: it casts each weighted slot to the hidden states' dtype and
 ``index_add_`` s into ``zeros_like(hidden_states)``, summing in that dtype (``RoutedNumerics(weight=float32,
-combine=<the tokens' dtype>)``; ``property_tests/tests/test_torch_moe.py`` checks it so declared).
+combine=<the tokens' dtype>)``; ``tests/gmm_kernels/test_torch_moe.py`` checks it so declared).
 
 ``torch._grouped_mm``'s CPU path (torch >= 2.13) takes K with rows of a multiple of 16 bytes (8 bfloat16 / float16,
 4 float32 elements), no K = 0 or N = 0: other extents are refused, and the checked extents avoid them.

@@ -1,0 +1,222 @@
+"""Reports that say what failed: the printed reproducer reproduces, each cell shows its mismatch line,
+a gradient failure names its gradient, the same exception is reported once, a failure matching a
+known upstream bug of a primitive the kernel calls says so, and check_kernel raises Mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gmm_ref
+from gmm_kernels import Status, resolve_kernel
+from gmm_kernels.known_issues import XLA_CPU_NAN_LEAK, xla_nan_leak_issues
+from gmm_kernels.repro import kernel_reproducer, locate
+from property_tests import failures
+from property_tests.checking import check_kernel, check_mode
+from tests.corpus import broken_kernels as bk
+
+pytest.importorskip("jax")
+
+SCRIPT = re.compile(r"```python\n(.*?)\n```", re.S)
+
+
+def _script(exc: BaseException) -> str:
+    notes = "\n".join(getattr(exc, "__notes__", []))
+    found = SCRIPT.findall(notes)
+    assert len(found) == 1, notes
+    return found[0]
+
+
+def _run(script: str, tmp_path) -> subprocess.CompletedProcess:
+    path = tmp_path / "repro.py"
+    path.write_text(script)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+
+
+def _report(text: str) -> str:
+    """The mismatch report: from its first line to the notes."""
+    body = text[text.index("kernel "):]
+    return body.split("\nReproduce with:")[0].strip()
+
+
+@pytest.mark.parametrize(("fn", "modes", "wrt"), [
+    (bk.ragged_dot_boundary_off_by_one, ["exact"], None),
+    (bk.ragged_dot_weight_grad_misrouted, ["grad"], "rhs"),
+], ids=["forward", "gradient"])
+def test_the_printed_script_raises_the_same_mismatch(fn, modes, wrt, tmp_path):
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        check_kernel(fn, convention="ragged_dot", modes=modes)
+    script = _script(info.value)
+    assert f"resolve_kernel('tests.corpus.broken_kernels:{fn.__name__}'" in script
+    assert "numerics = gmm_ref.Numerics(" in script
+    if wrt:
+        assert "kernel.vjp(problem, cotangent)" in script and f"d/d{wrt}" in script
+    done = _run(script, tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "gmm_ref.compare.Mismatch: " in done.stderr
+    assert _report(done.stderr) == _report(str(info.value)), done.stderr[-3000:]
+
+
+def test_a_large_problem_travels_in_an_npz_beside_the_script(tmp_path, monkeypatch):
+    monkeypatch.setenv("GMM_REPRO_DIR", str(tmp_path / "data"))
+    rng = np.random.default_rng(0)
+    p = gmm_ref.Problem("ragged_m", rng.standard_normal((64, 32)).astype(np.float32),
+                        rng.standard_normal((3, 32, 16)).astype(np.float32), np.array([20, 0, 30]),
+                        convention="ragged_dot")
+    adapter = resolve_kernel(bk.ragged_dot_boundary_off_by_one, convention="ragged_dot")
+    numerics = adapter.numerics_for(p)
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        gmm_ref.assert_matches_reference(adapter.run(p), p, numerics=numerics, kernel=adapter.name)
+    script = kernel_reproducer(adapter, p, numerics=numerics)
+    assert len(script.splitlines()) < 15 and "gmm_ref.load_problem(DATA)" in script
+    (data,) = (tmp_path / "data").iterdir()
+    assert data.suffix == ".npz" and str(data) in script
+    done = _run(script, tmp_path)
+    assert _report(done.stderr) == _report(str(info.value)), done.stderr[-3000:]
+
+
+def test_a_kernel_that_raises_is_reproduced_raising(tmp_path):
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        check_kernel(bk.ragged_dot_always_raises, convention="ragged_dot", modes=["normal"])
+    assert info.value.kind == "raised" and isinstance(info.value.__cause__, TypeError)
+    assert "TypeError: always_raises: unsupported argument combination" in str(info.value)
+    done = _run(_script(info.value), tmp_path)
+    assert "TypeError: always_raises: unsupported argument combination" in done.stderr
+
+
+def test_a_kernel_defined_in_a_function_gets_a_placeholder():
+    def local(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+        return bk.ragged_dot_boundary_off_by_one(lhs, rhs, group_sizes, precision, preferred_element_type)
+
+    adapter = resolve_kernel(local, convention="ragged_dot")
+    assert locate(adapter) is None
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        check_kernel(local, convention="ragged_dot", modes=["exact"])
+    assert "resolve_kernel(YOUR_KERNEL, convention='ragged_dot')" in _script(info.value)
+    assert locate(resolve_kernel("megablox.gmm")) == "megablox.gmm"
+
+
+def test_each_cell_shows_its_mismatch_line():
+    adapter = resolve_kernel(bk.ragged_dot_one_row_short, convention="ragged_dot")
+    result = check_mode(adapter, "normal", profile="gmm-ci")
+    assert result.status is Status.FAILED and result.detail.startswith("shape/dtype mismatch: ACTUAL ("), result
+    result = check_mode(adapter, "grad", profile="gmm-ci")
+    assert "shape/dtype mismatch" in result.detail, result.detail
+
+
+def test_a_gradient_failure_names_the_gradient():
+    adapter = resolve_kernel(bk.ragged_dot_weight_grad_misrouted, convention="ragged_dot")
+    result = check_mode(adapter, "grad", profile="gmm-ci")
+    assert result.status is Status.FAILED and result.detail.startswith("d/drhs: group "), result.detail
+
+
+def _counting(fn):
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(1)
+        return fn(*args, **kwargs)
+
+    return kernel, calls
+
+
+def test_the_same_exception_is_reported_once_and_the_run_moves_on():
+    # "not shrunk again" is counted in kernel calls, not seconds: a mode that only repeats a reported
+    # exception calls the kernel once per example it names, with no shrinking calls on top
+    alone, alone_calls = _counting(bk.ragged_dot_always_raises)
+    check_kernel(alone, convention="ragged_dot", raise_on_failure=False, modes=["exact"])
+    kernel, calls = _counting(bk.ragged_dot_always_raises)
+    report = check_kernel(kernel, convention="ragged_dot", raise_on_failure=False,
+                          modes=["exact", "normal", "wide", "all_empty"])
+    first, *rest = report
+    assert first.detail.startswith("TypeError: always_raises: unsupported argument combination [on ragged_m ")
+    assert "group_sizes=[" in first.detail  # the problem that provoked it
+    examples = 0
+    for r in rest:
+        found = re.match(r"raised again in (\d+) of \1 examples, as in exact", r.detail)
+        assert r.status is Status.FAILED and found, r
+        examples += int(found.group(1))
+    assert len(alone_calls) > 1  # the first report was shrunk (the derandomized exact mode calls alike)
+    assert len(calls) - len(alone_calls) == examples  # the other modes: one call per example, none shrinking
+    assert "always_raises: unsupported" in rest[0].detail
+
+
+def test_what_a_run_remembers_is_the_run_s_not_the_kernel_s():
+    adapter = resolve_kernel(bk.ragged_dot_always_raises, convention="ragged_dot")
+    before = dict(vars(adapter))
+    run = failures.CheckRun()
+    first = check_mode(adapter, "exact", profile="gmm-ci", run=run)
+    assert first.detail.startswith("TypeError: always_raises"), first.detail
+    assert vars(adapter) == before  # the kernel carries nothing from one run into the next
+    again = check_mode(adapter, "all_empty", profile="gmm-ci", run=run)
+    assert again.detail.startswith("raised again in ") and "as in exact" in again.detail, again.detail
+    alone = check_mode(adapter, "all_empty", profile="gmm-ci")  # a run of its own: reported in full
+    assert alone.detail.startswith("TypeError: always_raises"), alone.detail
+    other = resolve_kernel(bk.ragged_dot_always_raises, convention="ragged_dot", name="another kernel")
+    assert check_mode(other, "all_empty", profile="gmm-ci", run=run).detail.startswith("TypeError: always_raises")
+
+
+def test_the_report_s_notes_are_the_harness_s_own_whatever_hypothesis_adds():
+    class P:
+        def __repr__(self) -> str:
+            return "Problem(ragged_m group_sizes=[1])"
+
+    exc = gmm_ref.Mismatch("kernel k vs gmm_ref\nWrong groups:\n  group 0 (rows [0, 1), size 1): 1 wrong")
+    exc.add_note("the checked code's note")
+    failures.left_property(exc, P())  # the exception leaves the property; what comes next is not the kernel's
+    exc.add_note("Falsifying example in any wording Hypothesis chooses")
+    exc.add_note("You can reproduce this test case by adding @reproduce_failure(...)")
+    failures.note(exc, "the harness's note")
+    assert failures.finish(exc, None, "exact") == []
+    assert exc.__notes__ == ["the checked code's note", "Failing example: Problem(ragged_m group_sizes=[1])",
+                             "the harness's note"]
+
+
+def test_distinct_failures_are_one_failure_and_a_count():
+    a = gmm_ref.Mismatch("kernel k vs gmm_ref\nWrong groups:\n  group 2 (rows [4, 6), size 2): 3 wrong")
+    b = IndexError("index 9 is out of bounds")
+    exc, n = failures.primary(ExceptionGroup("two", [b, a]))
+    assert exc is a and n == 2
+    assert failures.one_line(exc) == "group 2 (rows [4, 6), size 2): 3 wrong"
+    assert "IndexError: index 9 is out of bounds" in exc.__notes__[-1]
+
+
+def test_xla_cpus_bf16_transposed_dot_shows_exactly_on_the_versions_it_is_known_on():
+    """jaxlib 0.12's bfloat16 accumulation of a transposed ragged_dot_general on CPU (the d/dlhs jax.vjp makes of
+    a transposed lhs): its reproducer shows it on the versions the known issue names and not outside them, so
+    an upstream fix (or the bug on a newer jax) fails here, to move the versions; jax.ragged_dot_general's grad
+    mode is a known bug exactly where it shows."""
+    jax = pytest.importorskip("jax")
+    if jax.default_backend() != "cpu":
+        pytest.skip(f"jax runs on {jax.default_backend()}: the bug was seen on its CPU backend")
+    from importlib import metadata
+
+    from packaging.specifiers import SpecifierSet
+
+    from gmm_kernels import get
+    from gmm_kernels.known_issues import XLA_CPU_BF16_TRANSPOSED, xla_cpu_bf16_transposed_dot
+
+    known = metadata.version("jax") in SpecifierSet(XLA_CPU_BF16_TRANSPOSED.versions["jax"])
+    assert xla_cpu_bf16_transposed_dot() == known, (metadata.version("jax"), XLA_CPU_BF16_TRANSPOSED.versions)
+    issue = get("jax.ragged_dot_general").known_issue("grad")
+    assert (issue is not None and issue.startswith(XLA_CPU_BF16_TRANSPOSED.text)) == known, issue
+
+
+@pytest.mark.skipif(not any(k.applies() for k in xla_nan_leak_issues()),
+                    reason=f"XLA's ragged_dot NaN leak is known only for jax on CPU at {XLA_CPU_NAN_LEAK.versions}")
+def test_a_failure_matching_a_known_upstream_bug_of_a_called_primitive_cites_it():
+    cited = check_mode(resolve_kernel(bk.ragged_dot_via_lax, convention="ragged_dot"), "poisoned", profile="gmm-ci")
+    assert cited.status is Status.FAILED
+    assert "matches a known upstream bug of ragged_dot_general" in cited.detail
+    assert XLA_CPU_NAN_LEAK.text in "\n".join(cited.error.__notes__)
+    own = check_mode(resolve_kernel(bk.ragged_dot_nan_leak_masking, convention="ragged_dot"), "poisoned",
+                     profile="gmm-ci")
+    assert own.status is Status.FAILED and "upstream" not in own.detail  # a NumPy kernel calls no jax primitive
