@@ -29,7 +29,7 @@ from gmm_ref.problem import SERVING_FAMILIES
 from property_tests import large
 from property_tests import strategies as gst
 from property_tests.declared import problem_options, routing_options
-from property_tests.strategies.problems import Covering
+from property_tests.strategies.problems import Covering, covering
 
 __all__ = ["ALL_MODES", "MODES", "OPT_IN_MODES", "RUN_ORDER", "Mode", "Unsupported", "mode_arguments", "mode_covering",
            "mode_routings", "mode_strategy", "run_rank"]
@@ -266,7 +266,7 @@ def mode_strategy(adapter: KernelAdapter, mode: Mode | str, family: str | None =
 def mode_covering(adapter: KernelAdapter, mode: Mode | str, family: str | None = None) -> Covering:
     """The covering design of ``mode`` for ``adapter``: cells that reach every pair of relations the
     kernel's convention and declared scope can express (``property_tests.strategies.design``)."""
-    return gst.covering(**mode_arguments(adapter, mode, family))
+    return covering(**mode_arguments(adapter, mode, family))
 
 
 def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None = None) -> dict[str, Any]:

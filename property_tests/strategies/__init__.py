@@ -24,10 +24,11 @@ existing experts' gradient where asked).
 
 from property_tests.strategies.cotangents import routed_backwards
 from property_tests.strategies.extents import extents, tilings
-from property_tests.strategies.problems import covering, problems, replays
+from property_tests.strategies.problems import problems
 from property_tests.strategies.routing import routings, topk_ids, topk_weights
 from property_tests.strategies.sizes import group_sizes, shardings
 from property_tests.strategies.values import VALUE_KINDS
 
-__all__ = ["VALUE_KINDS", "covering", "extents", "group_sizes", "problems", "replays", "routed_backwards", "routings",
-           "shardings", "tilings", "topk_ids", "topk_weights"]
+# what users call; the checks' own helpers (covering, replays) stay in property_tests.strategies.problems
+__all__ = ["VALUE_KINDS", "extents", "group_sizes", "problems", "routed_backwards", "routings", "shardings", "tilings",
+           "topk_ids", "topk_weights"]

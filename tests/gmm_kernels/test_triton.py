@@ -27,7 +27,7 @@ if not triton_interpreter.use_if_no_gpu():
                 allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNELS = Path(__file__).with_name("triton_gmm.py")
+KERNELS = Path(__file__).resolve().parents[1] / "corpus" / "triton_gmm.py"
 SPEC = "tests.corpus.triton_gmm:"
 EXAMPLES = 5  # each call costs 50-250 ms in the interpreter
 

@@ -134,9 +134,9 @@ def test_import_path_needs_a_convention(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_installed_package_collects_without_this_repository(tmp_path):
-    # users run `pytest --pyargs property_tests --gmm-kernel=...` against an installed (not editable) package:
-    # no docs/, no repository beside it; collecting its tests must not need them
+def test_the_installed_package_ships_no_tests_and_collects_its_kernel_checks(tmp_path):
+    # users run `pytest --pyargs property_tests --gmm-kernel=...` against an installed (not editable) package: no
+    # docs/, no repository beside it; it holds the kernel checks and none of this repository's suite
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
@@ -149,12 +149,16 @@ def test_the_installed_package_collects_without_this_repository(tmp_path):
     built = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *isolation, "--target",
                             str(target), str(root)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    shipped = sorted(p.relative_to(target).as_posix() for p in target.rglob("test_*.py"))
+    assert not shipped and not (target / "tests").exists(), shipped  # the suite is not the product
     env = {**os.environ, "PYTHONPATH": str(target)}
     proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "property_tests", "--collect-only", "-q",
-                           "-p", "no:cacheprovider", "-p", "no:randomly"], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env=env)
+                           "-p", "no:cacheprovider", "-p", "no:randomly", "--gmm-kernel=jax.ragged_dot"],
+                          capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and " error" not in out and "tests collected" in out, out[-3000:]
+    collected = [line for line in out.splitlines() if "::" in line]
+    assert collected and all("kernel_checks.py::" in line for line in collected), collected
     where = subprocess.run([sys.executable, "-c", "import property_tests; print(property_tests.__file__)"],
                            capture_output=True, text=True, env=env, cwd=cwd).stdout
     assert str(target) in where  # the installed copy was the one collected
