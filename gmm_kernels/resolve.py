@@ -26,7 +26,7 @@ from gmm_kernels.user import RoutedFunctionAdapter, routed_scope, wrap
 from gmm_ref import Numerics, RoutedNumerics, as_tiling, conventions
 from gmm_ref.names import did_you_mean
 
-__all__ = ["RUN_STATE", "configure", "load_object", "resolve_kernel", "resolve_kernels"]
+__all__ = ["RUN_STATE", "configure", "declared_scope_refusal", "load_object", "resolve_kernel", "resolve_kernels"]
 
 #: the adapter fields a run sets after construction, only through :func:`configure`
 RUN_STATE = ("origin", "tiling", "scope", "version")
@@ -50,6 +50,17 @@ def load_object(spec: str, *, option: str = "--kernel") -> Any:
     return obj
 
 
+def declared_scope_refusal(adapter: KernelAdapter, option: str) -> str | None:
+    """Why ``adapter`` takes no declared scope or numerics (``option`` names what declared one: ``scope``,
+    ``--dtypes``, ...), the message beginning with it: a built-in routed MoE adapter states its own; None for any
+    other kernel."""
+    if not adapter.routed or isinstance(adapter, RoutedFunctionAdapter):
+        return None
+    return (f"{option}: {adapter.name} is a routed MoE kernel whose adapter says what it takes and its numerics; a "
+            "declared scope or numerics is a routed function's (gmm_kernels.wrap), or subclass the adapter "
+            "(docs/routed.md)")
+
+
 def configure(adapter: KernelAdapter, *, origin: str | None = None, tiling: Any = None, scope: Scope | None = None,
               version: str | None = None, numerics: Numerics | RoutedNumerics | None = None,
               option: str = "--kernel") -> KernelAdapter:
@@ -66,10 +77,9 @@ def configure(adapter: KernelAdapter, *, origin: str | None = None, tiling: Any 
         raise ValueError(f"{option.replace('kernel', 'tiling')}: {adapter.name} is a routed MoE kernel: its launch "
                          "config is its convention's (docs/routed.md), not a tiling")
     if adapter.routed and (scope is not None or numerics is not None):
-        if not isinstance(adapter, RoutedFunctionAdapter):
-            raise ValueError(f"{'scope' if scope is not None else 'numerics'}: {adapter.name} is a routed MoE kernel "
-                             "whose adapter says what it takes and its numerics; a declared scope or numerics is a "
-                             "routed function's (gmm_kernels.wrap), or subclass the adapter (docs/routed.md)")
+        why = declared_scope_refusal(adapter, "scope" if scope is not None else "numerics")
+        if why:
+            raise ValueError(why)
         if scope is not None:
             changes["scope"] = routed_scope(scope, adapter.convention_facts)
         if numerics is not None:

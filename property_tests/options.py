@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gmm_kernels import KernelAdapter, Scope, configure
-from gmm_kernels.user import RoutedFunctionAdapter
+from gmm_kernels.resolve import declared_scope_refusal
 from gmm_ref import FAMILIES, MXQuantizer, RoutedNumerics
 from gmm_ref.names import did_you_mean
 from gmm_ref.numerics import parse_numerics
@@ -163,10 +163,9 @@ def apply_scope(adapter: KernelAdapter, fields: Mapping[str, Any], prefix: str =
     if not fields:
         return adapter
     if adapter.routed:
-        first = _option(next(iter(fields)))
-        if not isinstance(adapter, RoutedFunctionAdapter):
-            raise ValueError(f"{prefix}{first}: {adapter.name} is a routed MoE kernel whose adapter says what it takes "
-                             "and its numerics; a declared scope is a routed function's (docs/routed.md)")
+        why = declared_scope_refusal(adapter, prefix + _option(next(iter(fields))))
+        if why:
+            raise ValueError(why)
         scoped = [f for f in fields if f not in ("dtypes", "out_dtypes", "numerics")]
         if scoped:
             raise ValueError(f"{prefix}{_option(scoped[0])}: {adapter.name} is a routed MoE kernel: it "

@@ -218,3 +218,18 @@ def test_scope_round_trips_through_json():
     scope = Scope(families=["ragged_m"], dtypes=["bfloat16"], multiples={"k": 32}, tail=False,
                   numerics=gmm_ref.Numerics(None, "float32", True))
     assert Scope.from_json(scope.to_json()) == scope
+
+
+def test_a_built_in_routed_kernel_refuses_a_declared_scope_with_one_message_on_every_path():
+    # configure (check_kernel, wrap) and the options of the CLI and the plugin ask one function, so the user reads
+    # the same reason whichever front-end they used, led by what they gave
+    from property_tests.options import apply_scope
+
+    kernel = get("vllm.fused_moe")
+    with pytest.raises(ValueError, match=r"^scope: ") as by_configure:
+        configure(kernel, scope=Scope(dtypes=["bfloat16"]))
+    with pytest.raises(ValueError, match=r"^--gmm-dtypes: ") as by_option:
+        apply_scope(kernel, {"dtypes": ("bfloat16",)}, prefix="--gmm-")
+    given, why = str(by_configure.value).split(": ", 1)
+    assert given == "scope" and str(by_option.value) == f"--gmm-dtypes: {why}"
+    assert "vllm.fused_moe is a routed MoE kernel whose adapter says what it takes" in why

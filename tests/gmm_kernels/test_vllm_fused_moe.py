@@ -447,7 +447,7 @@ def test_coverage_says_a_routed_convention_has_no_covering_design_yet(capsys):
 
 @pytest.mark.parametrize(("argv", "words"), [
     (["--dtypes", "bfloat16"], "--dtypes: vllm.fused_moe is a routed MoE kernel whose adapter says what it takes "
-                               "and its numerics; a declared scope is a routed function's"),
+                               "and its numerics; a declared scope or numerics is a routed function's"),
     (["--tiling", "16,32,32"], "--tiling: vllm.fused_moe is a routed MoE kernel: its launch config is its "
                                "convention's"),
     (["--numerics", "weight=float32"], "--numerics: vllm.fused_moe is a routed MoE kernel whose adapter says what "
