@@ -14,7 +14,7 @@ takes a problem (:meth:`~gmm_kernels.base.KernelAdapter.supports`).
 
 from __future__ import annotations
 
-from gmm_kernels.base import KernelAdapter
+from gmm_kernels.base import KernelAdapter, KernelExit
 from gmm_kernels.registry import get, names, registry
 from gmm_kernels.resolve import configure, load_object, resolve_kernel, resolve_kernels
 from gmm_kernels.results import Report, Result, Status
@@ -24,6 +24,7 @@ from gmm_kernels.user import FunctionAdapter, wrap
 __all__ = [
     "FunctionAdapter",
     "KernelAdapter",
+    "KernelExit",
     "KnownIssue",
     "Limits",
     "Report",

@@ -38,11 +38,16 @@ from gmm_ref import Numerics, Problem, Reference, conventions, reference
 from gmm_ref.dtypes import as_numpy
 from gmm_ref.numerics import default_numerics
 
-__all__ = ["KernelAdapter", "VariantAdapter", "dtype_name", "import_failure", "missing_module", "observe_calls",
-           "on_accelerator", "torch_operators"]
+__all__ = ["KernelAdapter", "KernelExit", "VariantAdapter", "dtype_name", "import_failure", "missing_module",
+           "observe_calls", "on_accelerator", "torch_operators"]
 
 
 _observers: list[Callable[[Any, Problem], None]] = []
+
+
+class KernelExit(RuntimeError):
+    """A kernel raised ``SystemExit`` (it called ``sys.exit``): a failure of the problem it was given, shrunk and
+    reported like any error, never the end of the run or of the process checking it."""
 #: the package of the built-in adapters, whose compiled executables ``gmm_kernels.executables`` may keep
 _BUILTIN_ADAPTERS = "gmm_kernels.adapters."
 
@@ -333,11 +338,19 @@ class KernelAdapter:
         """Run the kernel on its convention's arguments (NumPy); return its output."""
         raise NotImplementedError
 
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`call`, as every caller of the kernel makes it: a ``SystemExit`` the kernel raises becomes a
+        :class:`KernelExit`, a failure of this call."""
+        try:
+            return self.call(*args, **kwargs)
+        except SystemExit as exc:
+            raise KernelExit(f"the kernel raised SystemExit({exc.code!r}) (sys.exit)") from exc
+
     def run(self, problem: Problem) -> np.ndarray:
         """Run the kernel on copies of ``problem``'s arguments in this adapter's convention; the output
         as NumPy. ``gmm_ref.Mismatch`` if the kernel wrote to an input."""
         with self.arguments(problem) as (args, kwargs):
-            out = self.call(*args, **kwargs)
+            out = self.invoke(*args, **kwargs)
             if self.convention_facts.framework == "torch":
                 device.synchronize()  # on CUDA: the kernel's queued work done (and its errors raised) before judging
             if out is None and self.convention_facts.out_argument is not None:  # it wrote its output buffer in place
@@ -568,7 +581,7 @@ class RoutedKernelAdapter(KernelAdapter):
             for observer in tuple(_observers):  # the main job's worker: the last routing given, if it crashes
                 observer(self, routing)
             with convert.written_back():
-                out = self.call(*given[0], **given[1])
+                out = self.invoke(*given[0], **given[1])
                 if conv.framework == "torch":
                     device.synchronize()
                 if out is None and conv.out_argument is not None:  # a host array: the device's copied back on exit

@@ -143,7 +143,7 @@ def check_replays(adapter: Any, problems: tuple[Problem, ...], capture: Capture 
     static_args, static_kw = convert.to_framework("torch", *hosts[0])
 
     def call() -> Any:
-        out = adapter.call(*static_args, **static_kw)
+        out = adapter.invoke(*static_args, **static_kw)
         return facts.out_value(static_args, static_kw) if out is None and facts.out_argument is not None else out
 
     replay, out = capture(call)

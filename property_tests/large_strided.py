@@ -270,7 +270,7 @@ def check(adapter: KernelAdapter, problem: gmm_ref.Problem, cell: StridedCell) -
         base, view, margins = _strided(np.asarray(_argument(conv, *pristine, cell.operand)), axis, cell.stride)
         args, kwargs = _replace(conv, args, kwargs, cell.operand, view)
         with convert.written_back():
-            out = adapter.call(*args, **kwargs)
+            out = adapter.invoke(*args, **kwargs)
             device.synchronize()
     call.check()
     held = as_numpy(view.cpu(), name=f"{cell.operand} of {adapter.name}")

@@ -14,7 +14,6 @@ loads) and nothing of the command line.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
     from gmm_kernels import KernelAdapter
     from property_tests.outcomes import CellOutcome
 
-__all__ = ["EVENT_KINDS", "KernelExit", "WorkRequest", "WorkerEvent", "resolve_request"]
+__all__ = ["EVENT_KINDS", "WorkRequest", "WorkerEvent", "resolve_request"]
 
 
 @dataclass(frozen=True)
@@ -135,29 +134,8 @@ class WorkerEvent:
                    outcome=None if outcome is None else CellOutcome.from_json(outcome))
 
 
-class KernelExit(RuntimeError):
-    """A kernel raised ``SystemExit`` (it called ``sys.exit``): a failure of the problem it was given, shrunk and
-    reported like any error, never the end of the run or of its worker."""
-
-
-def _guard_exit(adapter: KernelAdapter) -> KernelAdapter:
-    """A copy of ``adapter`` whose kernel call turns a ``SystemExit`` into a :class:`KernelExit`."""
-    call = adapter.call
-
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return call(*args, **kwargs)
-        except SystemExit as exc:
-            raise KernelExit(f"the kernel raised SystemExit({exc.code!r}) (sys.exit)") from exc
-
-    guarding = copy.copy(adapter)
-    guarding.call = guarded  # type: ignore[method-assign]
-    return guarding
-
-
 def resolve_request(request: WorkRequest) -> list[KernelAdapter]:
-    """The kernels of a request (in the main job and in the worker): resolved, scoped, versioned, and a
-    ``sys.exit`` in a kernel turned into a :class:`KernelExit` failure."""
+    """The kernels of a request (in the main job and in the worker): resolved, scoped and versioned."""
     # imported here: the worker reads its request, and sets its environment from it, before these load
     from gmm_kernels import configure, resolve_kernels
     from property_tests.checking import check_known_issue_modes
@@ -169,5 +147,5 @@ def resolve_request(request: WorkRequest) -> list[KernelAdapter]:
         k = configure(apply_scope(resolved, fields), version=request.kernel_version or None)
         if request.kernels:
             check_known_issue_modes(k, option="--kernel")
-        kernels.append(_guard_exit(k))
+        kernels.append(k)
     return kernels

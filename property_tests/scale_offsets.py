@@ -117,7 +117,7 @@ def check(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Any = None) ->
             else:
                 kwargs = {**kwargs, conv.out_argument: c}
             with convert.written_back():
-                adapter.call(*args, **kwargs)
+                adapter.invoke(*args, **kwargs)
                 device.synchronize()
         call.check()
         inputs.modified(adapter.name, conv, pristine, (args, kwargs))

@@ -222,3 +222,16 @@ def test_a_failure_matching_a_known_upstream_bug_of_a_called_primitive_cites_it(
     own = check_mode(resolve_kernel(bk.ragged_dot_nan_leak_masking, convention="ragged_dot"), "poisoned",
                      profile="gmm-ci")
     assert own.status is Status.FAILED and "upstream" not in own.detail  # a NumPy kernel calls no jax primitive
+
+
+def test_a_kernel_calling_sys_exit_is_a_failure_of_its_example_in_check_kernel_too():
+    # every caller of a kernel goes through KernelAdapter.invoke: a sys.exit in the kernel ends neither a
+    # check_kernel (nor a pytest run of the plugin's checks) nor the main job's worker; it is the example's failure
+    import sys
+
+    def exits(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+        sys.exit(0)
+
+    (result,) = check_kernel(exits, convention="ragged_dot", modes=["exact"], raise_on_failure=False)
+    assert result.status is Status.FAILED, result
+    assert result.detail.startswith("KernelExit: the kernel raised SystemExit(0) (sys.exit) [on ragged_m "), result
