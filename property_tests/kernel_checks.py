@@ -2,7 +2,7 @@
 
 The plugin collects this module itself whenever a run asks for the harness's checks (``--pyargs
 property_tests --gmm-kernel ...``), so checking one kernel never collects the harness's own tests. This
-repository's suite imports the goldens check alone (``tests/test_goldens.py``): every built-in kernel in every
+repository's suite imports the goldens check alone (``tests/golden/test_goldens.py``): every built-in kernel in every
 mode is the main job's table (``gmm-harness check``, which CI runs on both legs), not repeated by the suite. The
 modes (the ``gmm_mode`` parameter, the plugin's: the default modes and the ``--gmm-tier``'s opt-in ones) run in
 ``property_tests.modes.RUN_ORDER`` (the modes most likely to fail first): under pytest's ``-x`` a broken

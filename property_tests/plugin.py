@@ -305,7 +305,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
     # the harness's kernel checks, collected when the run walks the harness's package with --gmm-kernel; not named
-    # test_*.py, so that this repository's suite (whose tests/test_goldens.py imports the goldens check) and a
+    # test_*.py, so that this repository's suite (whose tests/golden/test_goldens.py imports the goldens check) and a
     # run without --gmm-kernel do not collect them twice
     if not parent.config.getoption("--gmm-kernel") or file_path.name != _CHECKS.name:
         return None
