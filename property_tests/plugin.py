@@ -179,10 +179,11 @@ def tier(config: pytest.Config) -> Any:
 
 def tier_modes(config: pytest.Config) -> list[str]:
     """The modes the kernel checks run, in ``RUN_ORDER``: the default ones and the tier's opt-in ones."""
-    from property_tests.modes import MODES, run_rank
+    from property_tests.engine import mode_order
+    from property_tests.modes import MODES
 
     chosen = tier(config)
-    return sorted([*MODES, *(chosen.opt_in if chosen is not None else ())], key=run_rank)
+    return mode_order([*MODES, *(chosen.opt_in if chosen is not None else ())])
 
 
 def _check_options(config: pytest.Config) -> None:
