@@ -10,11 +10,11 @@ run pays for compiling each shape bucket, the second finds them compiled
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from gmm_kernels.runtimes.process import prepare_process
+
+prepare_process()
 
 
 def main() -> None:
@@ -26,8 +26,8 @@ def main() -> None:
     from hypothesis import settings
 
     from gmm_kernels import Status, resolve_kernels
-    from property_tests.checking import check_mode
-    from property_tests.profiles import register_profiles
+    from property_tests.checks.check import check_mode
+    from property_tests.checks.profiles import register_profiles
 
     register_profiles()
     settings.load_profile("gmm-ci")

@@ -7,7 +7,7 @@ of that plus ``.values`` (the rounding to float32), the dense float64
 time ratio reference/dense <= 2 wanted at G=1024), and the tracemalloc peak
 of ``reference`` + ``.values`` against inputs + output (<= 2 wanted).
 
-``--scale``: the same figures for the cells of the ``scale`` mode (property_tests/scale.py: G = 129 to
+``--scale``: the same figures for the cells of the ``scale`` mode (property_tests/checks/scale.py: G = 129 to
 1,025 and 65,600 rows in one group, K = N = 24, as the main job builds them for jax.ragged_dot), plus the time
 and tracemalloc peak of building each cell's problem (group sizes and the operands, nothing per row).
 
@@ -89,7 +89,7 @@ def _peak(f):
 
 def scale_cells(repeat: int) -> None:
     import gmm_kernels
-    from property_tests import scale
+    from property_tests.checks import scale
 
     adapter = gmm_kernels.get("jax.ragged_dot")
     mib = 2.0**20

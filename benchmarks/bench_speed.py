@@ -29,17 +29,21 @@ ROOT = Path(__file__).resolve().parents[1]
 # in a fresh process: the examples/s of one kernel and mode, first in a cold process, then again in it
 EXAMPLES = '''
 import os, sys, time
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 try:
-    from property_tests import compile_cache
-    compile_cache.enable(sys.argv[4])
-except ImportError:
-    pass  # a revision before the persistent cache
+    from gmm_kernels.runtimes.process import prepare_process
+    prepare_process(cache=True, cache_dir=sys.argv[4])
+except ImportError:  # a revision measured for comparison that has no prepare_process
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    try:
+        from property_tests import compile_cache
+        compile_cache.enable(sys.argv[4])
+    except ImportError:
+        pass
 from hypothesis import settings
 from gmm_kernels import Status, resolve_kernel
-from property_tests.checking import check_mode
-from property_tests.profiles import register_profiles
+from property_tests.checks.check import check_mode
+from property_tests.checks.profiles import register_profiles
 register_profiles()
 settings.load_profile("gmm-ci")
 kernel, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -83,7 +87,7 @@ def bench_main(trees: list[tuple[str, Path]], args: argparse.Namespace) -> None:
         for jobs in ([["--jobs", "1"], []] if label == "this tree" else [[]]):
             cache = tempfile.mkdtemp(prefix="gmm-cache-")
             for run in ("cold", "warm"):
-                seconds, out = _timed([sys.executable, "-m", "property_tests.main", "check", *jobs], tree, cache)
+                seconds, out = _timed([sys.executable, "-m", "property_tests.cli.main", "check", *jobs], tree, cache)
                 summary = next((ln for ln in out.splitlines() if " passed, " in ln), "?")
                 print(f"{label:<24} {run + ' ' + ' '.join(jobs):<26} {seconds:>8.1f}  {summary.split('(')[0]}",
                       flush=True)
@@ -121,16 +125,16 @@ def bench_shards(trees: list[tuple[str, Path]], args: argparse.Namespace) -> Non
     kernels = [a for k in (args.kernel_filter or []) for a in ("--kernel", k)]
     out_dir = Path(tempfile.mkdtemp(prefix="gmm-shards-"))
     print(f"{'run':<26} {'seconds':>8}  result")
-    one, one_out = _timed([sys.executable, "-m", "property_tests.main", "check", *kernels], ROOT,
+    one, one_out = _timed([sys.executable, "-m", "property_tests.cli.main", "check", *kernels], ROOT,
                           tempfile.mkdtemp(prefix="gmm-cache-"))
     print(f"{'one run (cold)':<26} {one:>8.1f}  {_summary(one_out)}", flush=True)
     times = []
     for i in range(1, n + 1):
-        t, out = _timed([sys.executable, "-m", "property_tests.main", "check", *kernels, "--shard", f"{i}/{n}",
+        t, out = _timed([sys.executable, "-m", "property_tests.cli.main", "check", *kernels, "--shard", f"{i}/{n}",
                          "--json", str(out_dir / f"shard{i}.json")], ROOT, tempfile.mkdtemp(prefix="gmm-cache-"))
         times.append(t)
         print(f"{f'shard {i}/{n} (cold)':<26} {t:>8.1f}  {_summary(out)}", flush=True)
-    _, merged = _timed([sys.executable, "-m", "property_tests.main", "merge",
+    _, merged = _timed([sys.executable, "-m", "property_tests.cli.main", "merge",
                         *[str(out_dir / f"shard{i}.json") for i in range(1, n + 1)]], ROOT, tempfile.mkdtemp())
     print(f"{'merged':<26} {'':>8}  {_summary(merged)}; the unsharded table: "
           f"{'same' if _table_of(merged) == _table_of(one_out) else 'DIFFERENT'}")

@@ -25,7 +25,7 @@ from property_tests import strategies as gst
 
 def _ci_profile() -> settings:
     try:
-        from property_tests.profiles import register_profiles
+        from property_tests.checks.profiles import register_profiles
     except ImportError:  # an older harness: the same profile, registered here
         settings.register_profile("gmm-ci", derandomize=True, deadline=None, print_blob=True, max_examples=25)
     else:

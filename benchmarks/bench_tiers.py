@@ -68,10 +68,10 @@ KERNELS = {"jax.numpy (walk-through)": "walkthrough_kernels.gmm:ragged_dot", "in
 # in a fresh process: check_kernel on one kernel under one tier
 API = '''
 import json, os, sys
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from gmm_kernels.runtimes.process import prepare_process
+prepare_process()
 sys.path.insert(0, os.getcwd())
-from property_tests.checking import check_kernel
+from property_tests.checks.check import check_kernel
 kernel, tier, budget = sys.argv[1], sys.argv[2], float(sys.argv[3])
 modes = sys.argv[4].split(",") if sys.argv[4] else None
 report = check_kernel(kernel, tier=tier, budget=budget if tier == "gmm-nightly" else None, modes=modes)
@@ -82,21 +82,20 @@ print(json.dumps({"summary": report.summary(), "reached": f"{run} of {cells} cel
 # in a fresh process: each broken kernel under one tier, a JSON line each
 CORPUS = '''
 import json, os, sys, time
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-from gmm_kernels import triton_interpreter
-triton_interpreter.use_if_no_gpu()
+from gmm_kernels.runtimes.process import prepare_process
+prepare_process()
 import logging
 import gmm_ref
-from property_tests.checking import check_kernel
-from property_tests.failures import LOGGER
+from property_tests.checks.check import check_kernel
+from property_tests.checks.failures import LOGGER
 said = []
 class _Said(logging.Handler):
     def emit(self, record):
         said.append(time.perf_counter())
 LOGGER.addHandler(_Said())
 LOGGER.propagate = False
-from property_tests.modes import MODES, run_rank
+from property_tests.checks.engine import run_rank
+from property_tests.checks.modes import MODES
 from tests.corpus.broken_kernels import BROKEN, BROKEN_GRADIENTS
 tier, wanted = sys.argv[1], set(sys.argv[2].split(",")) if sys.argv[2] else None
 order = sorted(MODES, key=run_rank)
@@ -160,7 +159,7 @@ def bench_kernels(args: argparse.Namespace) -> None:
                     extra += ["--modes", ",".join(_default_modes())]
             cache = tempfile.mkdtemp(prefix="gmm-cache-")
             for run in ("cold", "warm"):
-                cmd = [sys.executable, "-m", "property_tests.main", "check", "--kernel", kernel, "--tier", tier,
+                cmd = [sys.executable, "-m", "property_tests.cli.main", "check", "--kernel", kernel, "--tier", tier,
                        "--jobs", "1", *extra]
                 wall, cpu, proc = _run(cmd, work, _env(cache))
                 result = _line(proc.stdout, " passed, ").split("(")[0].strip() + f" (exit {proc.returncode})"
@@ -195,7 +194,7 @@ def bench_main(args: argparse.Namespace) -> None:
     for tier in args.tiers:
         cache = tempfile.mkdtemp(prefix="gmm-cache-")
         for run in ("cold", "warm"):
-            cmd = [sys.executable, "-m", "property_tests.main", "check", "--tier", tier]
+            cmd = [sys.executable, "-m", "property_tests.cli.main", "check", "--tier", tier]
             wall, cpu, proc = _run(cmd, ROOT, _env(cache))
             result = _line(proc.stdout, " passed, ").split("(")[0].strip() + f" (exit {proc.returncode})"
             reached = _line(proc.stdout, " reached ").replace(f"tier {tier} reached ", "").split(" (docs")[0]
@@ -215,7 +214,7 @@ def _work() -> Path:
 
 def _default_modes() -> list[str]:
     sys.path.insert(0, str(ROOT))
-    from property_tests.modes import MODES
+    from property_tests.checks.modes import MODES
 
     return list(MODES)
 

@@ -1,5 +1,5 @@
-"""The order a ``gmm-quick`` run checks a mode's cells in (``property_tests.cell_order.RELATION_WEIGHTS``), measured
-on the project's broken-kernel corpus (a script, not a test; about 15 minutes on 2 cores).
+"""The order a ``gmm-quick`` run checks a mode's cells in (``property_tests.checks.cell_order.RELATION_WEIGHTS``),
+measured on the project's broken-kernel corpus (a script, not a test; about 15 minutes on 2 cores).
 
     python benchmarks/cell_order.py [--conventions ragged_dot,...] [--jsonl FILE] [--from FILE]
 
@@ -9,7 +9,7 @@ every mode that draws examples, on the one example ``gmm-quick`` gives every cel
 cannot run here is left out and named. A cell's *catches* are the broken kernels of its convention it caught.
 A relation's weight is its lift: over the cells holding it, the mean of (the cell's catches less the mean of
 its (convention, mode, family)'s cells), averaged over those designs alike. Printed: the weights (the table to
-paste into ``property_tests/cell_order.py``) and, per (kernel, mode) that fails somewhere, how many cells run
+paste into ``property_tests/checks/cell_order.py``) and, per (kernel, mode) that fails somewhere, how many cells run
 before the first failing one in the design's order and in the weighted order. ``--jsonl`` appends every
 cell's verdict as it is found; ``--from`` reads such a file instead of running the kernels.
 """
@@ -50,11 +50,11 @@ def cell_verdicts(adapter, mode) -> list[dict]:
     from hypothesis import seed as hypothesis_seed
     from hypothesis.errors import InvalidArgument
 
-    from gmm_kernels import cuda_graph
-    from property_tests.checking import check_example
-    from property_tests.modes import mode_covering
+    from gmm_kernels.sandbox import cuda_graph
+    from property_tests.checks.check import check_example
+    from property_tests.checks.modes import mode_covering
+    from property_tests.checks.tiers import cell_settings
     from property_tests.strategies.problems import replays
-    from property_tests.tiers import cell_settings
 
     cov = mode_covering(adapter, mode)
     rows = []
@@ -82,7 +82,7 @@ def cell_verdicts(adapter, mode) -> list[dict]:
 def measure(conventions: set[str] | None, jsonl: str | None) -> list[dict]:
     import gmm_ref
     from gmm_kernels import resolve_kernel
-    from property_tests.modes import MODES, Unsupported
+    from property_tests.checks.modes import MODES, Unsupported
     from tests.corpus.broken_kernels import BROKEN, BROKEN_GRADIENTS
 
     corpus = [(c, fn) for group in (BROKEN, BROKEN_GRADIENTS) for c, fns in group.items() for fn in fns

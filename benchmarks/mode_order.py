@@ -1,4 +1,4 @@
-"""The order a run checks a kernel's modes in (``property_tests.modes.RUN_ORDER``), measured on the project's
+"""The order a run checks a kernel's modes in (``property_tests.checks.engine.RUN_ORDER``), measured on the project's
 broken-kernel corpus (a script, not a test; about 45 minutes on 2 cores).
 
     python benchmarks/mode_order.py [--conventions ragged_dot,torch.grouped_mm,...] [--jsonl FILE]
@@ -43,8 +43,8 @@ def main() -> int:
     args = parser.parse_args()
     import gmm_ref
     from gmm_kernels import Status
-    from property_tests.checking import check_kernel
-    from property_tests.modes import MODES
+    from property_tests.checks.check import check_kernel
+    from property_tests.checks.modes import MODES
     from tests.corpus.broken_kernels import BROKEN, BROKEN_GRADIENTS
 
     wanted = None if args.conventions is None else set(args.conventions.split(","))

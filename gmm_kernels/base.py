@@ -31,8 +31,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gmm_kernels import autodiff, convert, device, guards, inputs
 from gmm_kernels.known_issues import xla_nan_leak_issues
+from gmm_kernels.sandbox import autodiff, convert, device, guards, inputs
 from gmm_kernels.scope import KnownIssue, Limits, Scope
 from gmm_ref import Numerics, Problem, Reference, conventions, reference
 from gmm_ref.dtypes import as_numpy
@@ -48,7 +48,7 @@ _observers: list[Callable[[Any, Problem], None]] = []
 class KernelExit(RuntimeError):
     """A kernel raised ``SystemExit`` (it called ``sys.exit``): a failure of the problem it was given, shrunk and
     reported like any error, never the end of the run or of the process checking it."""
-#: the package of the built-in adapters, whose compiled executables ``gmm_kernels.executables`` may keep
+#: the package of the built-in adapters, whose compiled executables ``gmm_kernels.runtimes.executables`` may keep
 _BUILTIN_ADAPTERS = "gmm_kernels.adapters."
 
 
@@ -215,7 +215,7 @@ class KernelAdapter:
     def large_refusal(self) -> str | None:
         """Why the ``large`` mode's full-size cell (an operand past 2**31 elements) cannot run this kernel here, or
         None. Kernels that run interpreted on this machine say so (:meth:`_runs_interpreted`); the mode's strided
-        cells (``property_tests.large_strided``: a few blocks) run them all the same."""
+        cells (``property_tests.checks.large_strided``: a few blocks) run them all the same."""
         return None
 
     def _runs_interpreted(self, how: str = "Pallas interpret mode", takes: str = "hours") -> str:
@@ -226,7 +226,7 @@ class KernelAdapter:
     def interpreted(self) -> str | None:
         """How this kernel runs interpreted on this machine (``"Pallas interpret mode"``), or None where it runs
         natively: the kernels whose :meth:`large_refusal` is :meth:`_runs_interpreted`'s. The ``scale`` mode
-        gives them fewer cells (``property_tests.scale``): each grid step of theirs costs milliseconds."""
+        gives them fewer cells (``property_tests.checks.scale``): each grid step of theirs costs milliseconds."""
         why = self.large_refusal()
         return why.how if isinstance(why, _Interpreted) else None
 
@@ -359,12 +359,12 @@ class KernelAdapter:
 
     @contextlib.contextmanager
     def arguments(self, problem: Problem) -> Iterator[tuple[tuple, dict]]:
-        """Fresh copies of ``problem``'s arguments for one call, each inside a guarded base (``gmm_kernels.guards``);
-        on leaving, ``gmm_ref.Mismatch`` if the kernel wrote past a buffer into its guard region
-        (``gmm_kernels.guards``) or changed any of its inputs (``gmm_kernels.inputs``). Where they were given to the
-        kernel as device tensors (``gmm_kernels.convert.device_copy``: a view's whole guarded base travels), what
-        those hold after the call is copied back into the host copies first (``convert.written_back``), and both
-        checks look there."""
+        """Fresh copies of ``problem``'s arguments for one call, each inside a guarded base
+        (``gmm_kernels.sandbox.guards``); on leaving, ``gmm_ref.Mismatch`` if the kernel wrote past a buffer into its
+        guard region (``gmm_kernels.sandbox.guards``) or changed any of its inputs (``gmm_kernels.sandbox.inputs``).
+        Where they were given to the kernel as device tensors (``gmm_kernels.sandbox.convert.device_copy``: a view's
+        whole guarded base travels), what those hold after the call is copied back into the host copies first
+        (``convert.written_back``), and both checks look there."""
         pristine = self.convention_facts.arguments(self._own(problem))
         with guards.call(self.name) as call:
             given = inputs.fresh(*pristine, convention=self.convention_facts, guard=call)
@@ -376,7 +376,7 @@ class KernelAdapter:
         inputs.modified(self.name, self.convention_facts, pristine, given)
 
     def guarded_reads(self, problem: Problem, out: Any, bad: np.ndarray | None) -> list[str]:
-        """What a failing call read outside its operands, told by their guard regions (``gmm_kernels.guards``);
+        """What a failing call read outside its operands, told by their guard regions (``gmm_kernels.sandbox.guards``);
         ``out`` the call's output, ``bad`` the mask of its wrong elements. Empty where nothing is told.
 
         The call is rerun with one operand's margins made neutral (zeros) at a time (then all the float ones at
@@ -521,10 +521,10 @@ class RoutedKernelAdapter(KernelAdapter):
     convention's ``output``: per slot ``[T, top_k, N]`` or combined ``[T, N]``, held to
     :func:`gmm_ref.routed_reference` within the bound of its :meth:`numerics_for` (a
     :class:`gmm_ref.RoutedNumerics`); a backward kernel (its convention's ``backward``) runs on a
-    :class:`gmm_ref.RoutedBackward` and returns a gradient, held to :func:`gmm_ref.routed_gradients`. Its row in
+    :class:`gmm_ref.RoutedBackward` and returns a gradient, held to :func:`gmm_ref.routed.gradients`. Its row in
     the main job is its convention's ``family`` (``routed``)."""
 
-    #: a routed kernel (``property_tests.checking`` draws routings for it, not grouped problems)
+    #: a routed kernel (``property_tests.checks.check`` draws routings for it, not grouped problems)
     routed: ClassVar[bool] = True
 
     @property
@@ -547,7 +547,7 @@ class RoutedKernelAdapter(KernelAdapter):
 
     def large_refusal(self) -> str | None:
         """A Triton kernel off CUDA runs in Triton's interpreter (:meth:`interpreted`: few examples a mode in the
-        default run, ``property_tests.table.examples_in_default_run``; or it is unavailable, the interpreter off),
+        default run, ``property_tests.cli.table.examples_in_default_run``; or it is unavailable, the interpreter off),
         whether or not ``available()`` has set ``TRITON_INTERPRET`` yet."""
         if "triton" in self.requires and not device.on_cuda():
             return self._runs_interpreted("Triton's interpreter", takes="days")
@@ -567,7 +567,8 @@ class RoutedKernelAdapter(KernelAdapter):
     def reference_for(self, routing: Any) -> Any:  # type: ignore[override]
         """The routed reference of ``routing``; for a backward kernel its gradients (``routing`` a
         :class:`gmm_ref.RoutedBackward`)."""
-        from gmm_ref import routed_gradients, routed_reference
+        from gmm_ref import routed_reference
+        from gmm_ref.routed import gradients as routed_gradients
 
         return routed_gradients(routing) if self.convention_facts.backward else routed_reference(routing)
 

@@ -91,8 +91,8 @@ def torch_cpu_ragged_k_leak() -> tuple[str, ...]:
 
 def _torch_cpu_ragged_k_leaks() -> bool:
     """:data:`TORCH_CPU_RAGGED_K_LEAK`'s condition: torch's CPU path runs (the selected device is the CPU,
-    ``gmm_kernels.device``) and the probe sees the leak on this machine."""
-    from gmm_kernels import device
+    ``gmm_kernels.sandbox.device``) and the probe sees the leak on this machine."""
+    from gmm_kernels.sandbox import device
 
     return device.cpu_only() and bool(torch_cpu_ragged_k_leak())
 

@@ -18,9 +18,9 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gmm_kernels import triton_interpreter
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.registry import registry
+from gmm_kernels.runtimes import triton_interpreter
 from gmm_kernels.scope import Scope
 from gmm_kernels.user import RoutedFunctionAdapter, routed_scope, wrap
 from gmm_ref import Numerics, RoutedNumerics, as_tiling, conventions

@@ -1,7 +1,7 @@
 """What checking a kernel found: one :class:`Result` per (kernel, check), gathered in a :class:`Report`.
 
 A *check* is a property mode (``exact``, ``normal``, ... see
-``property_tests.modes``) run on one family, or one golden case. The same
+``property_tests.checks.modes``) run on one family, or one golden case. The same
 result type serves ``check_kernel``, the pytest plugin, the main job's table
 and the goldens.
 """
@@ -117,7 +117,7 @@ class Report:
 
     kernel: str
     results: tuple[Result, ...]
-    #: the tier the checks ran (``property_tests.tiers``), "" where none was named
+    #: the tier the checks ran (``property_tests.checks.tiers``), "" where none was named
     tier: str = ""
 
     def __iter__(self) -> Iterator[Result]:

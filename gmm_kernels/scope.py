@@ -7,13 +7,13 @@ known to carry (:class:`KnownIssue`, with the package versions they are known
 on). The same declaration comes from Python (``Scope(...)``, or the
 :func:`declare` decorator on a kernel function), from the main job's options
 (``--families --dtypes --multiple k=32 --no-tail --numerics ...``) and from the
-plugin's (``--gmm-families`` ...), which ``property_tests.options`` turns into
+plugin's (``--gmm-families`` ...), which ``property_tests.cli.options`` turns into
 these fields. A declaration that leaves nothing to check is a ``ValueError``.
 
 :class:`Limits` holds what a kernel takes as facts (its dtype pairs, families,
 multiples, group counts, the features it refuses): the adapter's own, narrowed
 by its scope. How the harness draws problems within them is the harness's
-(``property_tests.declared``); nothing here knows its strategies' keywords.
+(``property_tests.checks.declared``); nothing here knows its strategies' keywords.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from gmm_ref import FAMILIES, Numerics, Problem
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import has_tail
 from gmm_ref.dtypes import as_dtype
-from gmm_ref.quantizers import quantizer_from_json, quantizer_to_json
+from gmm_ref.scaled.quantizers import quantizer_from_json, quantizer_to_json
 
 __all__ = ["FEATURES", "KnownIssue", "Limits", "Scope", "declare"]
 
@@ -280,7 +280,7 @@ class Limits:
     An adapter states its own in ``KernelAdapter._limits()`` (a Mosaic kernel's multiples of 8 and 2 to 4 groups,
     torch's no K = 0 or N = 0, ejkernel XLA's no sharding); ``KernelAdapter.limits()`` narrows them by the
     kernel's dtype declarations and :class:`Scope`. Whatever the kernel's ``_refusal`` declines for every problem
-    of a kind belongs here too: the harness draws only problems within these (``property_tests.declared``)."""
+    of a kind belongs here too: the harness draws only problems within these (``property_tests.checks.declared``)."""
 
     #: the (input, output) dtype pairs the kernel takes (None: all its convention's)
     dtypes: tuple[tuple[Any, Any], ...] | None = None

@@ -14,9 +14,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from gmm_kernels import inputs
 from gmm_kernels.base import KernelAdapter, RoutedKernelAdapter
-from gmm_kernels.convert import jax_primitives, jax_x64, to_framework, uses_64bit
+from gmm_kernels.sandbox import inputs
+from gmm_kernels.sandbox.convert import jax_primitives, jax_x64, to_framework, uses_64bit
 from gmm_kernels.scope import Scope
 from gmm_ref import Numerics, Problem, RoutedNumerics, conventions
 from gmm_ref.conventions.base import RoutedConvention

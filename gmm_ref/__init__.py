@@ -10,7 +10,7 @@ convention front-end with a kernel's own arguments (:func:`ragged_dot`,
 :func:`arguments` turns a problem
 into its convention's arguments. Scaled (quantized) grouped GEMM: a :class:`Problem` with
 ``lhs_quant``/``lhs_scales`` (a :class:`Quantization` and its scales), the exact
-:func:`scaled_reference` and the MX quantizer :func:`to_mx` (``gmm_ref.scaled``). Routed MoE
+:func:`scaled_reference` and the MX quantizer :func:`to_mx` (``gmm_ref.scaled.model``). Routed MoE
 (tokens gathered per expert by ``topk_ids``): :class:`Routing`, its exact :func:`routed_reference`, its gradients
 (:class:`RoutedBackward`: a routing with its cotangent; :func:`routed_gradients`), and the
 metadata fused-MoE kernels take (:func:`moe_align_block_size`, :func:`unsloth_routing_indices` and their
@@ -27,7 +27,6 @@ from gmm_ref.compare import (
     assert_matches_reference,
     check,
 )
-from gmm_ref.compare_routed import assert_routed_matches
 from gmm_ref.conventions import arguments, problem_from_arguments
 from gmm_ref.conventions.deep_gemm import deep_gemm_m_grouped_contiguous, deep_gemm_m_grouped_masked
 from gmm_ref.conventions.megablox import gmm, tgmm
@@ -43,18 +42,19 @@ from gmm_ref.exact import Reference, reference
 from gmm_ref.gradients import Gradients, gradients
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import FAMILIES, Problem, as_tiling
-from gmm_ref.quantize import quantize_problem
-from gmm_ref.quantizers import AmaxQuantizer
 from gmm_ref.repro import load_array, load_problem, reproducer, save_problem
-from gmm_ref.routed_gradients import RoutedBackward, RoutedGradients, routed_gradients
-from gmm_ref.routing import RoutedNumerics, RoutedReference, Routing, routed_reference
-from gmm_ref.routing_metadata import (
+from gmm_ref.routed.compare import assert_routed_matches
+from gmm_ref.routed.gradients import RoutedBackward, RoutedGradients, routed_gradients
+from gmm_ref.routed.metadata import (
     moe_align_block_size,
     unsloth_routing_indices,
     validate_moe_align_block_size,
     validate_unsloth_routing,
 )
-from gmm_ref.scaled import MXQuantizer, Quantization, scaled_reference, to_mx
+from gmm_ref.routed.routing import RoutedNumerics, RoutedReference, Routing, routed_reference
+from gmm_ref.scaled.model import MXQuantizer, Quantization, scaled_reference, to_mx
+from gmm_ref.scaled.quantize import quantize_problem
+from gmm_ref.scaled.quantizers import AmaxQuantizer
 
 __all__ = [
     "FAMILIES",

@@ -79,7 +79,7 @@ _FORMATS: dict[np.dtype, FloatFormat] = {
     np.dtype(ml_dtypes.float8_e5m2): _fmt("float8_e5m2", ml_dtypes.float8_e5m2),
 }
 
-#: formats only quantized codes use (gmm_ref.scaled): round_to reaches them, problems do not take them
+#: formats only quantized codes use (gmm_ref.scaled.model): round_to reaches them, problems do not take them
 _CODE_FORMATS: dict[np.dtype, FloatFormat] = {
     np.dtype(ml_dtypes.float4_e2m1fn): _fmt("float4_e2m1fn", ml_dtypes.float4_e2m1fn, has_inf=False),
 }

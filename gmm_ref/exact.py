@@ -21,7 +21,7 @@ from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
 from gmm_ref.numerics import Numerics, default_numerics, error_bound
 from gmm_ref.problem import Problem
-from gmm_ref.scaled import rounded_product
+from gmm_ref.scaled.model import rounded_product
 
 __all__ = ["Reference", "reference"]
 

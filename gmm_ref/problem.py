@@ -38,7 +38,7 @@ one after the other, ``packed=True``).
 
 A *scaled* (quantized) operand holds codes (``float8_e4m3fn``, ``float8_e5m2``,
 ``float4_e2m1fn``, ``int8``, ``int4``) and, in ``lhs_scales`` / ``rhs_scales``,
-one scale per block of its :class:`~gmm_ref.scaled.Quantization`
+one scale per block of its :class:`~gmm_ref.scaled.model.Quantization`
 (``lhs_quant`` / ``rhs_quant``). Its value is ``scale * code``. The scales of
 each local group are a ``Quantization.scale_shape(rows, K_g)`` block, in the
 operand's ``[rows, K]`` orientation (rows: M for lhs, N for rhs), and the
@@ -67,7 +67,7 @@ from gmm_ref.checks import (
     set_field,
     shard_of,
 )
-from gmm_ref.scaled import ELEMENT_DTYPES, Quantization
+from gmm_ref.scaled.model import ELEMENT_DTYPES, Quantization
 
 __all__ = ["FAMILIES", "RAGGED_FAMILIES", "SERVING_FAMILIES", "STORAGES", "Problem", "aligned_starts", "as_tiling"]
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from gmm_ref.numerics import Numerics
 from gmm_ref.problem import Problem
-from gmm_ref.scaled import Quantization
+from gmm_ref.scaled.model import Quantization
 
 __all__ = ["MAX_INLINE", "fenced", "load_array", "load_problem", "numerics_source", "problem_source",
            "repro_directory", "reproducer", "save_problem"]

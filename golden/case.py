@@ -23,7 +23,7 @@ import gmm_ref
 from gmm_ref import conventions, families
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks
-from gmm_ref.scaled import round_scales
+from gmm_ref.scaled.model import round_scales
 from golden import routed
 from golden.generator import raw_bits, values
 
@@ -80,8 +80,8 @@ class Case:
     expert_map: Any = None
     mul_routed_weight: bool = False
     #: a routed case only (left out of the JSON spec when at their defaults): ``"peaked"`` for a peaked router's
-    #: weights (``gmm_ref.routing.peaked_weights``; None: the generator's), and the tokens that list their slot 0's
-    #: expert in every slot (a convention whose callers never repeat an expert refuses them)
+    #: weights (``gmm_ref.routed.routing.peaked_weights``; None: the generator's), and the tokens that list their slot
+    #: 0's expert in every slot (a convention whose callers never repeat an expert refuses them)
     router: str | None = None
     repeat_tokens: tuple[int, ...] = ()
 

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import gmm_ref
-from gmm_kernels import configure, device, load_object, resolve_kernel, triton_interpreter
-from gmm_ref.routing import parse_declared_numerics
+from gmm_kernels import configure, load_object, resolve_kernel
+from gmm_kernels.runtimes.process import prepare_process
+from gmm_kernels.sandbox import device
+from gmm_ref.routed.routing import parse_declared_numerics
 from golden.case import Case, GoldenError, select
 from golden.cases import CASES
 from golden.judge import check_goldens, out_of_scope, reasons_text, scope_reasons
@@ -82,7 +84,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                         help="version recorded for the kernel (goldens match bit for bit only on the same one)")
         sp.add_argument("--device", default=None, metavar="auto|cpu|cuda|cuda:N",
                         help="the device a torch-convention kernel runs on (default: auto, CUDA where torch sees a "
-                             "GPU, else cpu; gmm_kernels.device)")
+                             "GPU, else cpu; gmm_kernels.sandbox.device)")
 
     sp = sub.add_parser("regenerate", help="recompute goldens (reference, or --kernel)")
     common(sp)
@@ -184,7 +186,7 @@ def main(argv: Sequence[str] | None = None, *, corpus: Sequence[Case] | None = N
             device.select(args.device, option="--device")
         # Triton's interpreter where no GPU is seen, before any kernel library imports triton (ejkernel does): its
         # own @triton.jit helpers are made for the GPU otherwise, and every interpreted kernel fails
-        triton_interpreter.use_if_no_gpu()
+        prepare_process(host=False)
         if args.corpus:
             cor = load_corpus(args.corpus)
         elif corpus is not None:

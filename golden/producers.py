@@ -53,8 +53,8 @@ def _device(framework: str) -> str:
             importlib.import_module(framework)
         if framework == "jax":
             return sys.modules["jax"].devices()[0].device_kind
-        if framework == "torch":  # the selected device (gmm_kernels.device: --device), where torch kernels run
-            from gmm_kernels import device
+        if framework == "torch":  # the selected device (gmm_kernels.sandbox.device: --device), where torch kernels run
+            from gmm_kernels.sandbox import device
 
             if not device.on_cuda():
                 return "cpu"

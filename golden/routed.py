@@ -7,7 +7,7 @@ slots per token, ``expert_map`` (global -> local, -1 for another rank's expert) 
 the convention's first expert layout, ``topk_weights [T, top_k]`` float32, and ``topk_ids``: token ``t`` routes to
 the ``top_k`` experts of smallest ``raw_bits(seed, "topk_ids")[t * E : (t + 1) * E]`` (distinct experts, as
 vLLM's routers give), except that each token of ``repeat_tokens`` lists its slot 0's expert in every slot.
-``router="peaked"`` makes the weights a peaked router's (``gmm_ref.routing.peaked_weights`` of the generated
+``router="peaked"`` makes the weights a peaked router's (``gmm_ref.routed.routing.peaked_weights`` of the generated
 weights, the signs ``+-1`` from bit 0 of ``raw_bits(seed, "router_signs")`` (1: negative), the tails 1.5 or 1.75
 from bit 0 of ``raw_bits(seed, "router_tails")`` (1: 1.75)). ``poison`` puts NaN in every token row, expert and
 weight no local slot reads.
@@ -31,9 +31,9 @@ import numpy as np
 import gmm_ref
 from gmm_ref import conventions, families
 from gmm_ref import dtypes as _dt
-from gmm_ref.compare_routed import combined_feeds, output_target, output_wrong, routed_element
-from gmm_ref.routed_gradients import GRADIENT_OUTPUTS
-from gmm_ref.routing import peaked_weights
+from gmm_ref.routed.compare import combined_feeds, output_target, output_wrong, routed_element
+from gmm_ref.routed.gradients import GRADIENT_OUTPUTS
+from gmm_ref.routed.routing import peaked_weights
 from golden.generator import raw_bits, values
 
 __all__ = ["ROUTERS", "RoutedGoldenReference", "build_routing", "check", "check_of", "describe_bad", "inputs",
@@ -245,7 +245,7 @@ def reference(r: gmm_ref.Routing, output: str = "slots") -> RoutedGoldenReferenc
         if not isinstance(r, gmm_ref.RoutedBackward):
             raise TypeError(f"r: output={output!r} is a gradient: expected a gmm_ref.RoutedBackward, got "
                             f"{type(r).__name__}")
-        return RoutedGoldenReference(gmm_ref.routed_gradients(r), output)
+        return RoutedGoldenReference(gmm_ref.routed.gradients(r), output)
     return RoutedGoldenReference(gmm_ref.routed_reference(r), output)
 
 

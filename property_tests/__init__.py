@@ -13,7 +13,7 @@ __all__ = ["check_kernel", "check_mode", "strategies"]
 def __getattr__(name: str) -> Any:
     # loaded on first use, so that the pytest plugin (a module of this package) imports no check machinery
     if name in ("check_kernel", "check_mode"):
-        from property_tests import checking
+        from property_tests.checks import check as checking
 
         return getattr(checking, name)
     raise AttributeError(f"module 'property_tests' has no attribute {name!r}")

@@ -5,9 +5,9 @@ property_tests --gmm-kernel ...``), so checking one kernel never collects the ha
 repository's suite imports the goldens check alone (``tests/golden/test_goldens.py``): every built-in kernel in every
 mode is the main job's table (``gmm-harness check``, which CI runs on both legs), not repeated by the suite. The
 modes (the ``gmm_mode`` parameter, the plugin's: the default modes and the ``--gmm-tier``'s opt-in ones) run in
-``property_tests.modes.RUN_ORDER`` (the modes most likely to fail first): under pytest's ``-x`` a broken
+``property_tests.checks.engine.RUN_ORDER`` (the modes most likely to fail first): under pytest's ``-x`` a broken
 kernel's run stops at its first failing mode. Under ``--gmm-tier`` each mode runs the tier's plan
-(``property_tests.tiers``), and a tier's time budget gives each passed mode its share of rounds of new examples
+(``property_tests.checks.tiers``), and a tier's time budget gives each passed mode its share of rounds of new examples
 (a test is one mode: the share comes after the mode's first run, where the main job's budget counts from the
 start of the kernel's run).
 A mode in which an adapter declares a known upstream bug (``known_issues``) is a strict xfail: the harness must
@@ -26,12 +26,12 @@ import pytest
 from gmm_kernels import Status
 from golden.judge import check_goldens
 from golden.store import MANIFEST
-from property_tests.checking import ModeResults, check_mode
-from property_tests.engine import spend_rounds
-from property_tests.failures import raise_failure
+from property_tests.checks.check import ModeResults, check_mode
+from property_tests.checks.engine import spend_rounds
+from property_tests.checks.failures import raise_failure
+from property_tests.checks.tiers import first_round_seed
+from property_tests.cli.table import examples_in_default_run
 from property_tests.plugin import tier, tier_modes
-from property_tests.table import examples_in_default_run
-from property_tests.tiers import first_round_seed
 
 __all__ = ["CAUSE", "CHECK", "GOLDEN_DATA", "test_kernel_matches_goldens", "test_kernel_matches_reference"]
 

@@ -7,11 +7,11 @@ its pytest configuration (this repository does). Then:
 
 - the ``gmm-ci`` Hypothesis profile is loaded (derandomized, no deadline)
   unless ``--hypothesis-profile`` names another (or ``--gmm-tier`` a tier: its profile); ``gmm-quick``,
-  ``gmm-nightly``, ``gmm-dev`` and ``gmm-thorough`` are there to pick (``property_tests.profiles``);
-- ``--gmm-tier NAME`` (``property_tests.tiers``: ``gmm-quick`` for pull requests, ``gmm-ci``, ``gmm-nightly``, ...)
-  is what the kernel checks run: examples a cell, the order of the cells, the modes (``gmm-nightly`` adds the
-  ``large`` mode), a time budget of new examples after a passed mode (its share of the tier's) and the example
-  database; without it they run under the profile in force. The report header names the tier;
+  ``gmm-nightly``, ``gmm-dev`` and ``gmm-thorough`` are there to pick (``property_tests.checks.profiles``);
+- ``--gmm-tier NAME`` (``property_tests.checks.tiers``: ``gmm-quick`` for pull requests, ``gmm-ci``,
+  ``gmm-nightly``, ...) is what the kernel checks run: examples a cell, the order of the cells, the modes
+  (``gmm-nightly`` adds the ``large`` mode), a time budget of new examples after a passed mode (its share of the tier's)
+  and the example database; without it they run under the profile in force. The report header names the tier;
 - ``--gmm-kernel`` (repeatable: a built-in adapter name or ``pkg.module:fn``),
   ``--gmm-convention`` and ``--gmm-tiling`` select the kernels the kernel
   checks run on. The harness's kernel checks, ``property_tests.kernel_checks``, are
@@ -23,13 +23,13 @@ its pytest configuration (this repository does). Then:
   failing item with the same message);
 - a kernel check's failure is printed to stderr as soon as it is reported
   (``gmm-harness: FAIL KERNEL / MODE: cause``); the checks run the modes most likely
-  to fail first (``property_tests.modes.RUN_ORDER``), so pytest's ``-x`` stops a
+  to fail first (``property_tests.checks.engine.RUN_ORDER``), so pytest's ``-x`` stops a
   broken kernel's run at its first failing mode;
 - ``--gmm-families``, ``--gmm-dtypes``, ``--gmm-out-dtypes``, ``--gmm-multiple``,
   ``--gmm-no-tail``, ``--gmm-numerics`` and ``--gmm-quantizes`` declare the kernels' scope
-  (``property_tests.options``; the same as the main job's options without the prefix);
+  (``property_tests.cli.options``; the same as the main job's options without the prefix);
 - the ``gmm_kernel`` fixture parametrizes a test over the selected kernels; the ``gmm_check_run`` fixture is the
-  session's ``property_tests.failures.CheckRun`` (``check_mode(..., run=gmm_check_run)``: an exception a kernel
+  session's ``property_tests.checks.failures.CheckRun`` (``check_mode(..., run=gmm_check_run)``: an exception a kernel
   raises is reported in the first check that finds it, the later ones say so in one line);
 - ``pytest_report_header`` lists the kernels under test; with ``--gmm-kernel``, each one's device and why it
   is skipped if it is (without it, every built-in kernel by name only: probing them all imports every kernel
@@ -37,10 +37,10 @@ its pytest configuration (this repository does). Then:
 - JAX's persistent compilation cache is on (``--gmm-compile-cache=DIR|off``,
   default the one the main job and ``check_kernel`` use, ``~/.cache/gmm-harness/jax``),
   so xdist workers, later runs and the other front ends compile each shape once
-  (``property_tests.compile_cache``); a directory that cannot be written is a usage error;
+  (``gmm_kernels.runtimes.compile_cache``); a directory that cannot be written is a usage error;
 - ``--gmm-example-db=DIR|redis://HOST:PORT`` (default ``$GMM_HARNESS_EXAMPLE_DB``, else
   off) saves the kernel checks' failing examples and replays them first in
-  every run that shares it, on any machine (``property_tests.example_db``).
+  every run that shares it, on any machine (``property_tests.checks.example_db``).
 
 ``--gmm-*`` options are checked whenever they are given: a bad one is one usage error.
 """
@@ -55,9 +55,9 @@ from typing import Any
 
 import pytest
 
-from property_tests.options import SCOPE_OPTIONS, add_device_option, add_scope_options
-from property_tests.profiles import DEFAULT, register_profiles
-from property_tests.tiers import TIERS
+from property_tests.checks.profiles import DEFAULT, register_profiles
+from property_tests.checks.tiers import TIERS
+from property_tests.cli.options import SCOPE_OPTIONS, add_device_option, add_scope_options
 
 __all__: list[str] = []
 
@@ -99,7 +99,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--gmm-compile-cache", default=None, metavar="DIR|off",
         help="JAX persistent compilation cache shared by the xdist workers and later runs "
              "(default: the main job's and check_kernel's, $XDG_CACHE_HOME/gmm-harness/jax or "
-             "~/.cache/gmm-harness/jax; property_tests.compile_cache)",
+             "~/.cache/gmm-harness/jax; gmm_kernels.runtimes.compile_cache)",
     )
     group.addoption(
         "--gmm-example-db", default=None, metavar="DIR|redis://HOST:PORT|off",
@@ -130,8 +130,8 @@ def _tiling(config: pytest.Config) -> tuple[int, int, int] | None:
 def selected_kernels(config: pytest.Config) -> list[Any]:
     """The adapters this run checks (cached on the config)."""
     from gmm_kernels import resolve_kernels
-    from property_tests.checking import check_known_issue_modes
-    from property_tests.options import apply_scope, scope_fields
+    from property_tests.checks.check import check_known_issue_modes
+    from property_tests.cli.options import apply_scope, scope_fields
 
     cached = config.stash.get(_KERNELS, None)
     if cached is not None:
@@ -155,9 +155,9 @@ def _scope_values(config: pytest.Config) -> dict[str, Any]:
 
 
 def _device(config: pytest.Config) -> str:
-    """The device of ``--gmm-device`` (default auto), selected for this process (``gmm_kernels.device``); a usage
-    error naming the option for a bad value or a CUDA device torch does not see."""
-    from gmm_kernels import device
+    """The device of ``--gmm-device`` (default auto), selected for this process (``gmm_kernels.sandbox.device``); a
+    usage error naming the option for a bad value or a CUDA device torch does not see."""
+    from gmm_kernels.sandbox import device
 
     try:
         return device.select(config.getoption("--gmm-device") or "auto", option="--gmm-device")
@@ -166,9 +166,9 @@ def _device(config: pytest.Config) -> str:
 
 
 def tier(config: pytest.Config) -> Any:
-    """The ``property_tests.tiers.Tier`` of ``--gmm-tier`` (None when not given); a usage error naming the option
+    """The ``property_tests.checks.tiers.Tier`` of ``--gmm-tier`` (None when not given); a usage error naming the option
     (with a did-you-mean) for an unknown one."""
-    from property_tests.tiers import tier_of
+    from property_tests.checks.tiers import tier_of
 
     name = config.getoption("--gmm-tier")
     try:
@@ -179,8 +179,8 @@ def tier(config: pytest.Config) -> Any:
 
 def tier_modes(config: pytest.Config) -> list[str]:
     """The modes the kernel checks run, in ``RUN_ORDER``: the default ones and the tier's opt-in ones."""
-    from property_tests.engine import mode_order
-    from property_tests.modes import MODES
+    from property_tests.checks.engine import mode_order
+    from property_tests.checks.modes import MODES
 
     chosen = tier(config)
     return mode_order([*MODES, *(chosen.opt_in if chosen is not None else ())])
@@ -213,11 +213,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kernel: checks a real kernel against the reference")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     _check_options(config)
-    from property_tests import example_db
+    from property_tests.checks import example_db
 
     spec = config.getoption("--gmm-example-db")
     if in_use(config):  # a tier's own database (gmm-nightly's) where none is given
-        from property_tests.tiers import example_db_spec
+        from property_tests.checks.tiers import example_db_spec
 
         spec = example_db_spec(spec, tier(config))
     try:
@@ -229,27 +229,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_EXAMPLE_DB] = example_db.describe(os.environ.get(example_db.ENV))
     if not in_use(config):
         return
-    from gmm_kernels import triton_interpreter
+    from gmm_kernels.runtimes.process import prepare_process
 
-    triton_interpreter.use_if_no_gpu()  # before collection imports a test module that imports a Triton kernel
+    try:  # the interpreter before collection imports a Triton kernel; the cache the main job and check_kernel use
+        config.stash[_COMPILE_CACHE] = prepare_process(host=False, cache=True, option_name="--gmm-compile-cache",
+                                                       cache_dir=config.getoption("--gmm-compile-cache"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     if config.getoption("hypothesis_profile", None) is None:
         from hypothesis import settings
 
         chosen = tier(config)  # the tier's profile (of its name) for your own tests; else gmm-ci
         settings.load_profile(DEFAULT if chosen is None else chosen.name)  # deterministic unless asked otherwise
-    from property_tests import compile_cache
-
-    try:  # the cache the main job and check_kernel use, unless told otherwise
-        config.stash[_COMPILE_CACHE] = compile_cache.enable(
-            config.getoption("--gmm-compile-cache"), option_name="--gmm-compile-cache")
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     if not in_use(config):
         return []
-    from gmm_kernels import device
+    from gmm_kernels.sandbox import device
 
     lines = []
     kernels = selected_kernels(config)
@@ -279,10 +276,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.fixture(scope="session")
 def gmm_check_run(request: pytest.FixtureRequest) -> Any:
-    """The session's ``property_tests.failures.CheckRun``, shared by the checks of its kernels. A failing example
+    """The session's ``property_tests.checks.failures.CheckRun``, shared by the checks of its kernels. A failing example
     is said on stderr as soon as it is found, before it is shrunk (``gmm-harness: FOUND ...``); under xdist a
     worker's stderr is not shown, so there it is a log record (in the test's report)."""
-    from property_tests.failures import CheckRun, found_line
+    from property_tests.checks.failures import CheckRun, found_line
 
     capman = request.config.pluginmanager.getplugin("capturemanager")
     if hasattr(request.config, "workerinput") or capman is None:
@@ -355,7 +352,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def pytest_collection_finish(session: pytest.Session) -> None:
     if not in_use(session.config):
         return
-    from gmm_kernels import triton_interpreter
+    from gmm_kernels.runtimes import triton_interpreter
 
     try:  # your own tests' Triton kernels (imported at collection) run in the fixed interpreter too
         triton_interpreter.fix()

@@ -30,7 +30,7 @@ try:
 except Exception:  # noqa: BLE001
     pass
 PYEOF
-"$PY" -m property_tests.main check --device auto "$@"
+"$PY" -m property_tests.cli.main check --device auto "$@"
 status=$?
 if [ "${GMM_GPU_TESTS:-1}" != 0 ]; then
     echo "== the tests that need a GPU"

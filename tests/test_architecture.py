@@ -23,11 +23,11 @@ PACKAGE_ORDER = {name: i for i, name in enumerate(PACKAGES)}
 GMM_REF_LAYERS = (
     ("gmm_ref.dtypes", "gmm_ref.checks", "gmm_ref.problem"),
     ("gmm_ref.layouts", "gmm_ref.numerics", "gmm_ref.exact", "gmm_ref.gradients", "gmm_ref.repro",
-     "gmm_ref.routing", "gmm_ref.routing_metadata"),
-    ("gmm_ref.routed_gradients",),
+     "gmm_ref.routed.routing", "gmm_ref.routed.metadata"),
+    ("gmm_ref.routed.gradients",),
     ("gmm_ref.conventions",),
     ("gmm_ref.compare",),
-    ("gmm_ref.compare_routed",),
+    ("gmm_ref.routed.compare",),
     ("gmm_ref",),
 )
 MAX_FUNCTION_LINES = 60
@@ -206,7 +206,7 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import gmm_ref, gmm_kernels, golden
 from property_tests import strategies as gst
-from property_tests.checking import check_kernel
+from property_tests.checks.check import check_kernel
 from hypothesis import given, settings
 
 @settings(max_examples=5, database=None)
@@ -308,12 +308,12 @@ def test_no_module_reads_a_cells_status_from_its_text():
 
 
 def test_the_worker_does_not_import_the_command_line():
-    reached, todo = set(), ["property_tests.worker"]
+    reached, todo = set(), ["property_tests.cli.worker"]
     while todo:
         for dep in GRAPH[todo.pop()] - reached:
             reached.add(dep)
             todo.append(dep)
-    assert "property_tests.main" not in reached, "property_tests.worker imports property_tests.main"
+    assert "property_tests.cli.main" not in reached, "property_tests.cli.worker imports property_tests.cli.main"
 
 
 def test_the_status_text_scan_catches_what_it_is_for(tmp_path):
@@ -332,7 +332,7 @@ PRIVATE_MODULES = ("_pytest", "hypothesis.internal")
 #: the one allowed use, where no public API exists: Hypothesis mixes the literals of loaded modules into its draws
 #: and has no setting against it, so ``pinned_constants`` pins that pool around the harness's own properties
 #: (docs/speed.md, "The same examples in every process"); a release that moves it gets a warning, not an error
-ALLOWED_PRIVATE = {"property_tests/profiles.py": ("imports hypothesis.internal.conjecture",)}
+ALLOWED_PRIVATE = {"property_tests/checks/profiles.py": ("imports hypothesis.internal.conjecture",)}
 #: names of pytest's objects (config, items, ...) whose private attributes (``config._x``) are pytest's or ours to stash
 PYTEST_OBJECTS = frozenset({"config", "session", "item", "node", "metafunc", "parser", "request", "pluginmanager"})
 _ATTRIBUTE_CALLS = frozenset({"getattr", "setattr", "hasattr", "delattr"})
@@ -408,7 +408,7 @@ MODE_HOLDERS = frozenset({"name", "mode", "mode_name", "column", "check"})
 
 
 def _mode_names() -> frozenset[str]:
-    from property_tests.modes import ALL_MODES
+    from property_tests.checks.modes import ALL_MODES
 
     return frozenset(ALL_MODES)
 
@@ -419,11 +419,11 @@ def _mode_name_comparisons(path: Path, names: frozenset[str]) -> list[str]:
 
 
 def test_no_mode_name_is_compared_outside_its_registry():
-    """A mode carries its own options, checks and applicability (property_tests.modes.Mode): code reads them."""
+    """A mode carries its own options, checks and applicability (property_tests.checks.modes.Mode): code reads them."""
     names = _mode_names()
-    found = [hit for name, path in sorted(MODULES.items()) if name != "property_tests.modes"
+    found = [hit for name, path in sorted(MODULES.items()) if name != "property_tests.checks.modes"
              for hit in _mode_name_comparisons(path, names)]
-    assert not found, ("mode names compared outside property_tests/modes.py (give the Mode a field instead):\n"
+    assert not found, ("mode names compared outside property_tests/checks/modes.py (give the Mode a field instead):\n"
                        + "\n".join(found))
 
 
@@ -477,13 +477,13 @@ def _strategy_knowledge(path: Path, strategy_only: frozenset[str]) -> list[str]:
 
 
 def test_gmm_kernels_states_facts_not_strategy_options():
-    """An adapter states what it takes as facts (``gmm_kernels.scope.Limits``); ``property_tests.declared`` turns
+    """An adapter states what it takes as facts (``gmm_kernels.scope.Limits``); ``property_tests.checks.declared`` turns
     them into ``problems()`` keywords. Nothing in gmm_kernels builds those keywords."""
     strategy_only = _strategy_only_keywords()
     found = [hit for name, path in sorted(MODULES.items()) if name.split(".")[0] == "gmm_kernels"
              for hit in _strategy_knowledge(path, strategy_only)]
     assert not found, ("strategy keywords built in gmm_kernels (state a fact in gmm_kernels.scope.Limits and "
-                       "translate it in property_tests/declared.py):\n" + "\n".join(found))
+                       "translate it in property_tests/checks/declared.py):\n" + "\n".join(found))
 
 
 def test_the_strategy_keyword_check_catches_what_it_is_for(tmp_path):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from gmm_kernels import device
 from gmm_kernels.base import KernelAdapter
-from gmm_kernels.convert import to_framework
+from gmm_kernels.sandbox import device
+from gmm_kernels.sandbox.convert import to_framework
 from gmm_ref import Numerics, Problem
 
 #: Hopper's FP8 tensor cores: partial sums of a 128-wide K block kept to about 14 bits (truncating)

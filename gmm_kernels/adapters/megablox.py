@@ -7,7 +7,7 @@ the package ``__init__`` shadows with the custom-VJP function of the same
 name, so it is imported with importlib. One compile per shape and static set
 (about 0.5-1.2 s here). Each call, forward or backward, is one jitted function
 of its arrays (the static arguments baked in), run through
-``gmm_kernels.executables``: a shape compiled by an earlier process is loaded,
+``gmm_kernels.runtimes.executables``: a shape compiled by an earlier process is loaded,
 not traced, lowered or compiled again. The backward pass (:func:`gmm_grads`)
 is jitted as a whole, one executable (run op by op, it compiled 23 programs).
 
@@ -27,10 +27,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gmm_kernels import executables
 from gmm_kernels.base import KernelAdapter, VariantAdapter
-from gmm_kernels.convert import device_array, jax_group_offset, jax_x64, uses_64bit
 from gmm_kernels.known_issues import MEGABLOX_EXISTING_OUT_GRAD
+from gmm_kernels.runtimes import executables
+from gmm_kernels.sandbox.convert import device_array, jax_group_offset, jax_x64, uses_64bit
 from gmm_kernels.scope import KnownIssue, Limits
 from gmm_ref import Problem
 from gmm_ref.conventions.megablox import DEFAULT_TILING
@@ -195,7 +195,7 @@ def _jitted_gmm_grads(ped: Any, tiling: tuple, transpose_rhs: bool) -> Any:
 # - ``ejkernel.grouped_matmul[pallas]``: ``ejkernel.kernels._pallas.tpu.grouped_matmul``
 #   (v1), a megablox ``gmm`` copy, run with ``interpret=True``: same semantics
 #   and constraints as ``megablox.gmm``.
-# Each is called inside one jitted function of its arrays, through ``gmm_kernels.executables`` (as a model
+# Each is called inside one jitted function of its arrays, through ``gmm_kernels.runtimes.executables`` (as a model
 # calls it inside its step; the XLA implementation, not jitted itself, ran op by op before).
 # - ``[pallas_v2]`` / ``[pallas_v3]``: call ``pltpu.get_tpu_info()`` which raises
 #   ``Unsupported TPU device kind: cpu``; v2 also refuses ``existing_out``.

@@ -10,7 +10,7 @@ qwix picks a path from its operands (qwix 0.1.8, ``qwix/_src/core/ragged_dot.py`
 
 Both compute with XLA's ragged_dot, so they inherit its CPU NaN leak in the poisoned mode (a known
 upstream bug, declared). Each distinct shape compiles once; group sizes are traced. The jitted functions go
-through ``gmm_kernels.executables``: a shape compiled by an earlier process is loaded, not traced again.
+through ``gmm_kernels.runtimes.executables``: a shape compiled by an earlier process is loaded, not traced again.
 
 Also here: tokamax's ``ragged_dot`` on QArray operands (:class:`TokamaxQArrayRaggedDot`), the same convention.
 """
@@ -22,10 +22,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gmm_kernels import executables
 from gmm_kernels.adapters._tokamax import absl_flags_parsed
 from gmm_kernels.base import KernelAdapter, VariantAdapter
-from gmm_kernels.convert import device_array
+from gmm_kernels.runtimes import executables
+from gmm_kernels.sandbox.convert import device_array
 from gmm_ref import Numerics, Problem
 
 __all__ = ["QwixRaggedDot", "TokamaxQArrayRaggedDot", "as_qarray", "to_jax"]

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels import executables
 from gmm_kernels.adapters._tokamax import absl_flags_parsed
 from gmm_kernels.base import KernelAdapter, VariantAdapter, import_failure
-from gmm_kernels.convert import jax_x64, lax_dimension_numbers, uses_64bit
 from gmm_kernels.known_issues import xla_bf16_transposed_issues, xla_nan_leak_issues
+from gmm_kernels.runtimes import executables
+from gmm_kernels.sandbox.convert import jax_x64, lax_dimension_numbers, uses_64bit
 from gmm_kernels.scope import KnownIssue, Limits, Scope
 from gmm_ref import AmaxQuantizer, Numerics, Problem
 
@@ -34,7 +34,7 @@ __all__ = ["JaxRaggedDot", "JaxRaggedDotGeneral", "MosaicGpuRaggedDot", "QwixRag
 # inputs in float32). XLA flushes subnormals (FTZ/DAZ on CPU; GPU and TPU do
 # too): a bf16 input of 2**-130 times 2**10 gives 0, not 2**-120.
 #
-# Every jitted function of this module goes through ``gmm_kernels.executables``: a shape compiled by an
+# Every jitted function of this module goes through ``gmm_kernels.runtimes.executables``: a shape compiled by an
 # earlier process is loaded, not traced, lowered or compiled again.
 
 

@@ -1,6 +1,6 @@
 """SGLang's fused MoE (``sglang.fused_moe``, a routed kernel: :class:`SglangFusedMoE`): ``fused_moe_kernel``
 through its launcher ``invoke_fused_moe_kernel``, read from SGLang's wheel (:data:`WHEEL_VERSION`,
-``scripts/setup.sh`` downloads it; ``gmm_kernels.wheels`` finds and loads it as it does vLLM's).
+``scripts/setup.sh`` downloads it; ``gmm_kernels.runtimes.wheels`` finds and loads it as it does vLLM's).
 
 SGLang, like vLLM, pins its own torch and imports far more than this kernel on import. So the adapter runs only
 the three top-level functions of ``sglang/kernels/ops/moe/fused_moe_triton_kernels.py`` the unquantized path
@@ -23,10 +23,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from gmm_kernels import device
 from gmm_kernels.base import RoutedKernelAdapter, RoutedLimits
-from gmm_kernels.convert import to_framework
-from gmm_kernels.wheels import Wheel, load_functions, tl_dtype
+from gmm_kernels.runtimes.wheels import Wheel, load_functions, tl_dtype
+from gmm_kernels.sandbox import device
+from gmm_kernels.sandbox.convert import to_framework
 
 __all__ = ["FUSED_MOE_FUNCTIONS", "FUSED_MOE_MEMBER", "WHEEL", "WHEEL_ENV", "WHEEL_VERSION", "SglangFusedMoE",
            "load_fused_moe"]
@@ -55,7 +55,7 @@ def _not_loaded(name: str) -> Any:
 
 def load_fused_moe(wheel: str) -> types.ModuleType:
     """A module holding :data:`FUSED_MOE_FUNCTIONS` from ``wheel``'s :data:`FUSED_MOE_MEMBER`
-    (``gmm_kernels.wheels.load_functions``; module docstring)."""
+    (``gmm_kernels.runtimes.wheels.load_functions``; module docstring)."""
     import torch
 
     provided: dict[str, Any] = {name: _not_loaded(name) for name in NOT_LOADED}

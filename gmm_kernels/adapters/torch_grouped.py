@@ -31,11 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels import device, guards, triton_interpreter
 from gmm_kernels.adapters._torchao import quiet_torchao_import
 from gmm_kernels.base import KernelAdapter, dtype_name, import_failure
-from gmm_kernels.convert import to_framework
 from gmm_kernels.known_issues import TORCH_CPU_RAGGED_K_LEAK
+from gmm_kernels.runtimes import triton_interpreter
+from gmm_kernels.sandbox import device, guards
+from gmm_kernels.sandbox.convert import to_framework
 from gmm_kernels.scope import KnownIssue, Limits, Scope
 from gmm_ref import MXQuantizer, Numerics, Problem
 
@@ -76,7 +77,7 @@ class TorchGroupedMM(KernelAdapter):
 
     def dtype_refusal(self, lhs: Any, rhs: Any, out: Any) -> str | None:
         """As the base class says; where torch's CPU path runs (the selected device is the CPU,
-        ``gmm_kernels.device.cpu_only``) also an output dtype other than the input's."""
+        ``gmm_kernels.sandbox.device.cpu_only``) also an output dtype other than the input's."""
         reason = super().dtype_refusal(lhs, rhs, out)
         if reason is None and dtype_name(out) != dtype_name(lhs):
             try:
@@ -170,7 +171,7 @@ class TorchaoMXFP8GroupedMM(KernelAdapter):
 # with ``torch._grouped_mm``'s signature and semantics (``offs`` = int32 cumulative group ends), all four forms.
 # Its public ``grouped_mm`` refuses CPU tensors; its kernel functions ``grouped_mm_bf16.kernels.grouped_mm_{2d3d,
 # 2d2d,3d3d,3d2d}(mat_a, mat_b[, offs], out)`` take any tensors and write a preallocated ``out``. Without a GPU the
-# adapter runs those in Triton's interpreter (``gmm_kernels.triton_interpreter``), with the output the public
+# adapter runs those in Triton's interpreter (``gmm_kernels.runtimes.triton_interpreter``), with the output the public
 # function allocates (``api._create_output``) and its dispatch (an empty output or K = 0 never reaches a
 # kernel); with a CUDA GPU it calls the public ``grouped_mm`` on CUDA tensors. 0.1.7 has no autotuner: its launch
 # configs are fixed (3d3d and 2d2d: 64 x 64 x 32 blocks; 3d2d: one program per output column, 128 rows, K blocks
@@ -198,8 +199,8 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-#: found by the large mode's strided cells (property_tests.large_strided), every form: rows, columns, K indices and
-#: groups past 2**31 - 1 elements come back 0 (read at a wrapped offset: the cells' untouched zero pages)
+#: found by the large mode's strided cells (property_tests.checks.large_strided), every form: rows, columns, K indices
+#: and groups past 2**31 - 1 elements come back 0 (read at a wrapped offset: the cells' untouched zero pages)
 GMM_BF16_INT32_OFFSETS = KnownIssue(
     modes=("large",),
     text=("upstream bug, grouped_mm_bf16/kernels.py: every element offset is an int32 product (m[:, None] * "
@@ -295,7 +296,7 @@ def _grouped_mm_bf16_cpu(a: Any, b: Any, offs: Any, out_dtype: Any) -> Any:
 
     if out_dtype is not None and out_dtype != a.dtype:
         raise RuntimeError("Grouped gemm output dtype must match `mat_a` dtype")
-    made = api._create_output(a, b, offs, a.dtype)  # its shape; the buffer is a guarded one (gmm_kernels.guards)
+    made = api._create_output(a, b, offs, a.dtype)  # its shape; the buffer is a guarded one (sandbox.guards)
     out = guards.torch_empty("out", made.shape, made.dtype, made.stride())
     if out.numel() == 0:
         return out

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels import device
 from gmm_kernels.adapters.torch_grouped import TorchGroupedMM
 from gmm_kernels.base import RoutedKernelAdapter, RoutedLimits
-from gmm_kernels.convert import to_framework
+from gmm_kernels.sandbox import device
+from gmm_kernels.sandbox.convert import to_framework
 
 __all__ = ["TorchMoEExperts", "moe_experts"]
 

@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels import device
 from gmm_kernels.base import KernelAdapter, import_failure
-from gmm_kernels.convert import to_framework
+from gmm_kernels.sandbox import device
+from gmm_kernels.sandbox.convert import to_framework
 from gmm_kernels.scope import Limits, Scope
 from gmm_ref import Numerics, Problem
 from gmm_ref.conventions.torch_scaled import MX_BLOCK, MXFP8, ROWWISE
-from gmm_ref.scale_layouts import group_blocks
+from gmm_ref.scaled.layouts import group_blocks
 
 __all__ = ["TorchScaledGroupedMM", "TorchScaledGroupedMMv2", "TorchScaledMMLoop", "TorchaoMXFP8ScaledGroupedMM",
            "unswizzled_2d_3d"]
@@ -189,7 +189,7 @@ class TorchaoMXFP8ScaledGroupedMM(KernelAdapter):
         import torch
 
         from gmm_kernels.adapters._torchao import quiet_torchao_import
-        from gmm_kernels.convert import to_torch
+        from gmm_kernels.sandbox.convert import to_torch
 
         with quiet_torchao_import():
             from torchao.prototype.moe_training.mxfp8_grouped_mm import _emulated_mxfp8_scaled_grouped_mm_2d_3d
@@ -229,7 +229,7 @@ class TorchScaledGroupedMMv2(KernelAdapter):
         import torch.nn.functional as F
         from torch.nn.functional import ScalingType, SwizzleType
 
-        from gmm_kernels.convert import to_torch
+        from gmm_kernels.sandbox.convert import to_torch
 
         def fp4(x: Any, transposed: bool) -> Any:
             t = to_torch(np.ascontiguousarray(np.swapaxes(x, -1, -2)) if transposed else x)  # the selected device

@@ -9,7 +9,7 @@ from typing import Any
 
 from gmm_kernels.adapters._torchao import quiet_torchao_import
 from gmm_kernels.base import KernelAdapter, import_failure
-from gmm_kernels.convert import to_framework
+from gmm_kernels.sandbox.convert import to_framework
 from gmm_ref import Numerics, Problem
 
 __all__ = ["TorchaoNVFP4GroupedMM"]

@@ -1,5 +1,5 @@
 """unsloth's grouped GEMM forward (``unsloth.grouped_gemm``, a routed kernel: :class:`UnslothGroupedGemm`), its
-Triton kernel read from unsloth's wheel by the wheel loader (``gmm_kernels.wheels``).
+Triton kernel read from unsloth's wheel by the wheel loader (``gmm_kernels.runtimes.wheels``).
 
 Importing unsloth pulls in far more than this kernel (its package root patches transformers and needs a GPU), so
 the adapter reads ``_grouped_gemm_forward_kernel`` from ``unsloth/kernels/moe/grouped_gemm/kernels/forward.py`` of
@@ -25,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels import convert, device, guards, triton_interpreter
 from gmm_kernels.base import RoutedKernelAdapter, RoutedLimits
-from gmm_kernels.convert import to_framework
-from gmm_kernels.wheels import Wheel, load_functions
+from gmm_kernels.runtimes import triton_interpreter
+from gmm_kernels.runtimes.wheels import Wheel, load_functions
+from gmm_kernels.sandbox import convert, device, guards
+from gmm_kernels.sandbox.convert import to_framework
 from gmm_ref.dtypes import as_dtype
 
 __all__ = ["BACKWARD_FUNCTIONS", "BACKWARD_MEMBER", "DOWNLOAD", "FORWARD_FUNCTIONS", "FORWARD_MEMBER",

@@ -1,20 +1,20 @@
 """vLLM's batched experts GEMM (``vllm.batched_moe``): ``invoke_moe_batched_triton_kernel``, a Triton kernel; and
 vLLM's fused MoE (``vllm.fused_moe``, a routed kernel: :class:`VllmFusedMoE`), read from the same wheel by the same
-loader (:func:`gmm_kernels.wheels.load_functions`).
+loader (:func:`gmm_kernels.runtimes.wheels.load_functions`).
 
 vLLM cannot be installed beside the tested torch (its wheel pins another torch), and its package root imports
 far more than this kernel needs. So the adapter reads the kernel's source from vLLM's wheel, untouched
-(:data:`WHEEL_VERSION`, ``pip download --no-deps``; :func:`find_wheel` says where it looks, ``gmm_kernels.wheels``
-the loader every wheel's kernels share), and runs only what the GEMM needs (:func:`load_kernel`): from
-``vllm/model_executor/layers/fused_moe/experts/fused_batched_moe.py`` the three ``@triton.jit`` functions
-``moe_mmk``, ``expert_triton_kernel``, ``batched_triton_kernel`` and the launcher
+(:data:`WHEEL_VERSION`, ``pip download --no-deps``; :func:`find_wheel` says where it looks,
+``gmm_kernels.runtimes.wheels`` the loader every wheel's kernels share), and runs only what the GEMM needs
+(:func:`load_kernel`): from ``vllm/model_executor/layers/fused_moe/experts/fused_batched_moe.py`` the three
+``@triton.jit`` functions ``moe_mmk``, ``expert_triton_kernel``, ``batched_triton_kernel`` and the launcher
 ``invoke_moe_batched_triton_kernel``; from ``vllm/model_executor/layers/fused_moe/utils.py`` the launcher's helper
 ``normalize_batched_scales_shape``. They run with Triton's own ``triton`` and ``triton.language`` in place of
 ``vllm.triton_utils``'s, and ``use_tensor_descriptor()`` False (vLLM's TMA path, for Hopper and later, is off: the
 interpreter and any GPU run the pointer path). Each function keeps its file name and line numbers, so a traceback
 points into the wheel's file.
 
-Where torch sees no GPU the kernels run in Triton's interpreter (``gmm_kernels.triton_interpreter``) on CPU
+Where torch sees no GPU the kernels run in Triton's interpreter (``gmm_kernels.runtimes.triton_interpreter``) on CPU
 tensors; on a CUDA GPU with vLLM installed the installed package's function runs, else the wheel's, on CUDA
 tensors. Either way the launch config is the problem's tiling, the convention's ``config`` argument (by default
 ``BLOCK_SIZE_M=16, BLOCK_SIZE_K=128, BLOCK_SIZE_N=32``, ``gmm_ref.conventions.vllm``), so that drawn extents
@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels import device
 from gmm_kernels.base import KernelAdapter, RoutedKernelAdapter, RoutedLimits
-from gmm_kernels.convert import to_framework
+from gmm_kernels.runtimes.wheels import Wheel, WheelLayoutError, load_functions, tl_dtype, wheel_cache_dir
+from gmm_kernels.sandbox import device
+from gmm_kernels.sandbox.convert import to_framework
 from gmm_kernels.scope import Limits
-from gmm_kernels.wheels import Wheel, WheelLayoutError, load_functions, tl_dtype, wheel_cache_dir
 from gmm_ref import Numerics, Problem
 
 __all__ = ["KERNEL_FUNCTIONS", "KERNEL_MEMBER", "UTILS_FUNCTIONS", "UTILS_MEMBER", "WHEEL", "WHEEL_ENV",
@@ -53,7 +53,7 @@ UTILS_FUNCTIONS = ("normalize_batched_scales_shape",)
 FUSED_MOE_MEMBER = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 #: the fused MoE GEMM of ``TritonExperts``: the kernel, its helper for other ranks' experts, and its launcher
 FUSED_MOE_FUNCTIONS = ("write_zeros_to_output", "fused_moe_kernel", "invoke_fused_moe_triton_kernel")
-#: where the wheel is found (:meth:`gmm_kernels.wheels.Wheel.find`)
+#: where the wheel is found (:meth:`gmm_kernels.runtimes.wheels.Wheel.find`)
 WHEEL = Wheel("vllm", "vLLM", WHEEL_VERSION, WHEEL_ENV)
 #: the command that puts the wheel where :func:`find_wheel` looks
 DOWNLOAD = WHEEL.download
@@ -177,7 +177,7 @@ class VllmBatchedMoE(KernelAdapter):
 
 
 def _launcher(modules: tuple[str, ...], name: str, what: str, loaded: Any) -> Any:
-    """vLLM's launcher ``name`` (:meth:`gmm_kernels.wheels.Wheel.launcher`)."""
+    """vLLM's launcher ``name`` (:meth:`gmm_kernels.runtimes.wheels.Wheel.launcher`)."""
     return WHEEL.launcher(modules, name, what, loaded)
 
 

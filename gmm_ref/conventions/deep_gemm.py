@@ -38,7 +38,7 @@ import numpy as np
 from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import Problem, aligned_starts
-from gmm_ref.scaled import Quantization
+from gmm_ref.scaled.model import Quantization
 
 __all__ = ["CONTIGUOUS", "CONTIGUOUS_PSUM", "MASKED", "SM90_RECIPE", "SM100_RECIPE", "FP8Operand",
            "deep_gemm_m_grouped_contiguous", "deep_gemm_m_grouped_masked"]

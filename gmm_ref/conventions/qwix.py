@@ -38,7 +38,7 @@ from gmm_ref import dtypes as _dt
 from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import Problem
-from gmm_ref.scaled import Quantization
+from gmm_ref.scaled.model import Quantization
 
 __all__ = ["QARRAY_QUANTIZATIONS", "QWIX_RAGGED_DOT", "QArrayArgs", "qwix_ragged_dot"]
 

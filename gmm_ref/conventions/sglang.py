@@ -6,7 +6,7 @@ use_int8_w8a16, use_int4_w4a16, per_channel_quant, block_shape=None, ...)`` of
 ``sglang/kernels/ops/moe/fused_moe_triton_kernels.py``, its unquantized path: tokens ``A [T, K]``, the local
 experts ``B [E, N, K]``, the per-slot output ``C`` (``[T, top_k, N]`` or ``[T*top_k, N]``: the kernel addresses
 row ``t*top_k + j`` through ``C.stride(-2)``) written in place. The metadata is SGLang's ``moe_align_block_size``
-(``gmm_ref.routing_metadata.sglang_moe_align_block_size``): the ids are *local* already (-1: another rank's
+(``gmm_ref.routed.metadata.sglang_moe_align_block_size``): the ids are *local* already (-1: another rank's
 expert, whose run comes first and whose blocks the kernel writes as zeros); ``topk_ids`` is read by the launcher
 for its ``numel()`` only (the padding sentinel ``T*top_k``), so it must be the ``[T, top_k]`` ids the metadata
 was built from.
@@ -21,8 +21,8 @@ import numpy as np
 
 from gmm_ref.conventions import base
 from gmm_ref.conventions.vllm import fused_operands, fused_routing, slot_experts
-from gmm_ref.routing import Routing
-from gmm_ref.routing_metadata import sglang_moe_align_block_size
+from gmm_ref.routed.metadata import sglang_moe_align_block_size
+from gmm_ref.routed.routing import Routing
 
 __all__ = ["FUSED_MOE", "FUSED_MOE_CONFIG"]
 

@@ -20,8 +20,8 @@ import numpy as np
 from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import Problem
-from gmm_ref.scale_layouts import group_blocks, join_blocked
-from gmm_ref.scaled import Quantization
+from gmm_ref.scaled.layouts import group_blocks, join_blocked
+from gmm_ref.scaled.model import Quantization
 
 __all__ = ["TE_GROUPED_GEMM", "TE_SCALED_GROUPED_GEMM", "TEScaledTensor", "te_grouped_gemm", "te_scaled_grouped_gemm"]
 

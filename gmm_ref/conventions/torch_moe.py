@@ -28,7 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from gmm_ref.conventions import base
-from gmm_ref.routing import Routing
+from gmm_ref.routed.routing import Routing
 
 __all__ = ["MOE_EXPERTS"]
 

@@ -32,8 +32,8 @@ from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import RAGGED_FAMILIES as FAMILIES
 from gmm_ref.problem import Problem
-from gmm_ref.scale_layouts import blocked_shape, group_blocks, join_blocked, pack_fp4, round_up, unpack_fp4
-from gmm_ref.scaled import Quantization
+from gmm_ref.scaled.layouts import blocked_shape, group_blocks, join_blocked, pack_fp4, round_up, unpack_fp4
+from gmm_ref.scaled.model import Quantization
 
 __all__ = ["MXFP8", "NVFP4_GLOBAL", "ROWWISE", "SCALED_GROUPED_MM", "SCALED_GROUPED_MM_V2", "blocked_2d_3d",
            "group_blocks", "scaled_grouped_mm", "scaled_grouped_mm_v2"]

@@ -26,8 +26,8 @@ import numpy as np
 from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import Problem
-from gmm_ref.scale_layouts import pack_fp4, unpack_fp4
-from gmm_ref.scaled import Quantization
+from gmm_ref.scaled.layouts import pack_fp4, unpack_fp4
+from gmm_ref.scaled.model import Quantization
 
 __all__ = ["NVFP4", "NVFP4_GROUPED_MM", "nvfp4_grouped_mm"]
 

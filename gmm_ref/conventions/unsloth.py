@@ -19,7 +19,7 @@ debug=False)`` of ``unsloth/kernels/moe/grouped_gemm/interface.py``, returning `
 
 The backward kernels have conventions of their own (below: :data:`GROUPED_GEMM_DX`, :data:`GROUPED_GEMM_DW`,
 :data:`GROUPED_GEMM_DW_ACCUMULATE`), whose arguments come from a ``gmm_ref.RoutedBackward`` (a routing with its
-per-slot cotangent) and whose outputs are gradients of the routed gradient model (``gmm_ref.routed_gradients``).
+per-slot cotangent) and whose outputs are gradients of the routed gradient model (``gmm_ref.routed.gradients``).
 
 This convention builds the fused forms only (:data:`FORMS`; with neither permutation ``X`` is already in expert
 order and nothing says which token a row is): a weighted routing takes ``permute_y`` with ``fuse_mul_post`` (the
@@ -37,9 +37,9 @@ import ml_dtypes
 import numpy as np
 
 from gmm_ref.conventions import base
-from gmm_ref.routed_gradients import RoutedBackward
-from gmm_ref.routing import Routing
-from gmm_ref.routing_metadata import unsloth_routing_indices
+from gmm_ref.routed.gradients import RoutedBackward
+from gmm_ref.routed.metadata import unsloth_routing_indices
+from gmm_ref.routed.routing import Routing
 
 __all__ = ["BACKWARD_FORMS", "DW_EXTENTS", "FORMS", "GRADIENT_DTYPES", "GROUPED_GEMM", "GROUPED_GEMM_CONFIG",
            "GROUPED_GEMM_DW", "GROUPED_GEMM_DW_ACCUMULATE", "GROUPED_GEMM_DX", "backward_form_of", "form_of"]

@@ -31,9 +31,9 @@ import numpy as np
 from gmm_ref.conventions import base
 from gmm_ref.conventions.base import Convention
 from gmm_ref.problem import Problem
-from gmm_ref.routing import Routing
-from gmm_ref.routing_metadata import moe_align_block_size
-from gmm_ref.scaled import Quantization
+from gmm_ref.routed.metadata import moe_align_block_size
+from gmm_ref.routed.routing import Routing
+from gmm_ref.scaled.model import Quantization
 
 __all__ = ["BATCHED_MOE", "FUSED_MOE", "FUSED_MOE_CONFIG", "QUANTIZATIONS", "fused_operands", "fused_routing",
            "slot_experts", "vllm_batched_moe"]

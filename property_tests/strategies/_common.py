@@ -1,4 +1,5 @@
-"""Shared helpers of the strategies: argument checks and cached strategy objects."""
+"""Shared helpers of the strategies: argument checks, cached strategy objects, and the one way an extent is drawn
+around tile edges (:class:`Extents`), which the public ``extents()`` and the static signatures both use."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from hypothesis.strategies import SearchStrategy
 
 from gmm_ref import as_tiling
 
-__all__ = ["BOOLEANS", "MAX_EXTENT", "MAX_GROUPS", "SEEDS", "SMALL_TILE", "check_bool", "check_int", "check_tiling",
-           "concrete", "integers", "resolve", "sampled"]
+__all__ = ["BOOLEANS", "MAX_EXTENT", "MAX_GROUPS", "SEEDS", "SMALL_TILE", "Extents", "cached_extents", "check_bool",
+           "check_int", "check_tiling", "concrete", "extent_candidates", "integers", "resolve", "sampled"]
 
 SMALL_TILE = 8  # the tile edges drawn around when no tiling is given
 #: the largest extent a strategy draws around (group sizes are int32 in every kernel API)
@@ -22,6 +23,7 @@ MAX_EXTENT = 2**31 - 1
 MAX_GROUPS = 4096
 BOOLEANS = st.booleans()
 SEEDS = st.integers(0, 2**32 - 1)
+PARTS = st.integers(0, 2)
 
 
 def resolve(draw: Any, value: Any) -> Any:
@@ -80,3 +82,42 @@ def _types(x: Any) -> Any:
 @functools.lru_cache(maxsize=1024)
 def _sampled_typed(elements: tuple, types: Any) -> SearchStrategy:
     return st.sampled_from(elements)
+
+
+def extent_candidates(tile: int, lo: int, hi: int, mult: int) -> list[int]:
+    """Extents around tile edges: below one tile, exact multiples and multiples +-1 (or +-mult)."""
+    cands = {1, 2, mult, 2 * mult, max(1, tile // 2), tile // 2 + 1}
+    for j in (1, 2, 3):
+        for d in (-mult, -1, 0, 1, mult):
+            cands.add(j * tile + d)
+    out = sorted(v for v in cands if lo <= v <= hi and v % mult == 0)
+    if not out:
+        first = -(-lo // mult) * mult
+        if first <= hi:
+            out = [first]
+    return out
+
+
+class Extents:
+    """Draws one extent: a part (below one tile, around tile edges, any multiple of
+    ``mult``), then a value in it. The same choices as ``one_of`` of the three parts,
+    at fewer nested draws; shrinks towards the smallest candidate."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, tile: int, lo: int, hi: int, mult: int) -> None:
+        cands = extent_candidates(tile, lo, hi, mult)
+        below = tuple(v for v in cands if v < tile) or tuple(cands)
+        edges = tuple(v for v in cands if v >= tile - mult) or tuple(cands)
+        self.parts = (sampled(below), sampled(edges), integers(-(-lo // mult), hi // mult), mult)
+
+    def __call__(self, draw: Any) -> int:
+        below, edges, free, mult = self.parts
+        part = draw(PARTS)
+        return draw(below) if part == 0 else draw(edges) if part == 1 else draw(free) * mult
+
+
+@functools.lru_cache(maxsize=1024)
+def cached_extents(tile: int, lo: int, hi: int, mult: int) -> Extents:
+    # built once per argument tuple: building strategies inside a draw is slow
+    return Extents(tile, lo, hi, mult)

@@ -15,8 +15,7 @@ from hypothesis.strategies import SearchStrategy
 
 from gmm_ref import families
 from gmm_ref.conventions import Convention
-from property_tests.strategies._common import BOOLEANS, integers, sampled
-from property_tests.strategies.extents import Extents, cached_extents, extent_candidates
+from property_tests.strategies._common import BOOLEANS, Extents, cached_extents, extent_candidates, integers, sampled
 
 __all__ = ["MAX_ELEMENTS", "Config", "Static", "axis_multiple", "draw_free_static", "fits", "walked_buckets"]
 
@@ -120,7 +119,7 @@ def fits(s: Static) -> bool:
 @functools.lru_cache(maxsize=256)
 def walked_buckets(cfg: Config) -> tuple[Static, ...]:
     """Up to ``max_buckets`` signatures walked from every parameter's list, each with its own phase, simplest
-    first (what ``_plan.buckets`` fills with and shrinks to, and the buckets of ``shapes``)."""
+    first (what ``problems.buckets`` fills with and shrinks to, and the buckets of ``shapes``)."""
     target = cfg.max_buckets
     found: dict[Static, None] = {}
     counts = cfg.group_counts

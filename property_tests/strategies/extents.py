@@ -14,29 +14,12 @@ from property_tests.strategies._common import (
     SMALL_TILE,
     check_int,
     concrete,
-    integers,
+    extent_candidates,
     resolve,
     sampled,
 )
 
-__all__ = ["Extents", "cached_extents", "extent_candidates", "extents", "tilings"]
-
-PARTS = st.integers(0, 2)
-
-
-def extent_candidates(tile: int, lo: int, hi: int, mult: int) -> list[int]:
-    """Extents around tile edges: below one tile, exact multiples and multiples +-1 (or +-mult)."""
-    cands = {1, 2, mult, 2 * mult, max(1, tile // 2), tile // 2 + 1}
-    for j in (1, 2, 3):
-        for d in (-mult, -1, 0, 1, mult):
-            cands.add(j * tile + d)
-    out = sorted(v for v in cands if lo <= v <= hi and v % mult == 0)
-    if not out:
-        first = -(-lo // mult) * mult
-        if first <= hi:
-            out = [first]
-    return out
-
+__all__ = ["extents", "tilings"]
 
 # ------------------------------------------------------------------- tilings
 def tilings(*, min_tile: int = 8, max_tile: int = 512) -> SearchStrategy[tuple[int, int, int]]:
@@ -96,31 +79,6 @@ def extents(
         return draw(_extent_strategy(*checked(*args)))
 
     return _draw()
-
-
-class Extents:
-    """Draws one extent: a part (below one tile, around tile edges, any multiple of
-    ``mult``), then a value in it. The same choices as ``one_of`` of the three parts,
-    at fewer nested draws; shrinks towards the smallest candidate."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self, tile: int, lo: int, hi: int, mult: int) -> None:
-        cands = extent_candidates(tile, lo, hi, mult)
-        below = tuple(v for v in cands if v < tile) or tuple(cands)
-        edges = tuple(v for v in cands if v >= tile - mult) or tuple(cands)
-        self.parts = (sampled(below), sampled(edges), integers(-(-lo // mult), hi // mult), mult)
-
-    def __call__(self, draw: Any) -> int:
-        below, edges, free, mult = self.parts
-        part = draw(PARTS)
-        return draw(below) if part == 0 else draw(edges) if part == 1 else draw(free) * mult
-
-
-@functools.lru_cache(maxsize=1024)
-def cached_extents(tile: int, lo: int, hi: int, mult: int) -> Extents:
-    # built once per argument tuple: building strategies inside a draw is slow
-    return Extents(tile, lo, hi, mult)
 
 
 def _times(mult: int) -> Any:

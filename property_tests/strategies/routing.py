@@ -29,7 +29,7 @@ from hypothesis.strategies import SearchStrategy
 
 import gmm_ref
 from gmm_ref import dtypes as _dt
-from gmm_ref.routing import EXPERT_LAYOUTS, ID_DTYPES, WEIGHT_DTYPES, peaked_weights
+from gmm_ref.routed.routing import EXPERT_LAYOUTS, ID_DTYPES, WEIGHT_DTYPES, peaked_weights
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, check_int, integers, resolve, sampled
 from property_tests.strategies.values import VALUE_KINDS, fill, poison
 
@@ -350,7 +350,7 @@ def weights_of(rng: np.random.Generator, shape: tuple[int, int], dtype: np.dtype
 
 
 def peak(rng: np.random.Generator, weights: np.ndarray, ids: np.ndarray, repeats: bool, out_dtype: Any) -> None:
-    """A peaked router, in place: :func:`gmm_ref.routing.peaked_weights` (slot 0 holds the largest weight, the
+    """A peaked router, in place: :func:`gmm_ref.routed.routing.peaked_weights` (slot 0 holds the largest weight, the
     others a tail of its sign, each between a quarter and a half of a unit in the last place of slot 0's in the
     output dtype) with its signs and tails drawn; with ``repeats``, half the tokens list slot 0's expert in every
     slot. A combine that rounds every add of such a token to the output dtype drops each tail (past the bound from

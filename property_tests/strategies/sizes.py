@@ -17,6 +17,7 @@ from property_tests.strategies._common import (
     MAX_GROUPS,
     SEEDS,
     SMALL_TILE,
+    cached_extents,
     check_bool,
     check_int,
     concrete,
@@ -24,7 +25,6 @@ from property_tests.strategies._common import (
     resolve,
     sampled,
 )
-from property_tests.strategies.extents import cached_extents
 
 __all__ = ["draw_serving_sizes", "draw_sizes", "draw_span_sizes", "group_sizes", "serving_end", "shardings"]
 

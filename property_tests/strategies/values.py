@@ -11,7 +11,7 @@ import numpy as np
 import gmm_ref
 from gmm_ref import dtypes as _dt
 from gmm_ref.layouts import blocks as _blocks
-from gmm_ref.scaled import round_scales
+from gmm_ref.scaled.model import round_scales
 
 __all__ = ["VALUE_KINDS", "few", "fill", "fill_codes", "fill_global_scales", "fill_scales", "poison",
            "unused_elements"]

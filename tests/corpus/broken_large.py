@@ -1,5 +1,5 @@
 """Deliberately broken kernels whose bug shows only at element offsets past 2**31: the large mode's strided cells
-(``property_tests.large_strided``) reject each, naming the group and the row; the default modes pass them
+(``property_tests.checks.large_strided``) reject each, naming the group and the row; the default modes pass them
 (``test_large_strided``). A torch kernel in ``torch._grouped_mm``'s convention (all four forms) that reads its
 operands at element offsets computed in int32."""
 

@@ -1,6 +1,6 @@
 """Deliberately broken kernels whose bug shows only at scale: rows past a grid axis of 65,535 blocks (in the
 call, in one group), groups past an expert scan of 512, groups past a weight table of 128. The ``scale`` mode
-(``property_tests.scale``) rejects each, naming the group and the row; the default modes without it pass them
+(``property_tests.checks.scale``) rejects each, naming the group and the row; the default modes without it pass them
 (``test_scale``). NumPy functions in the ``ragged_dot`` signature, as ``broken_kernels``'s."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Routed MoE kernels in ``vllm.fused_moe``'s convention with the bugs of ``property_tests.scale_routed``'s limits:
-slots past a grid axis of 65,535 blocks never written and an expert scan of 1,024 threads (only the scale mode's
+"""Routed MoE kernels in ``vllm.fused_moe``'s convention with the bugs of ``property_tests.checks.scale_routed``'s
+limits: slots past a grid axis of 65,535 blocks never written and an expert scan of 1,024 threads (only the scale mode's
 cells reach them), an expert scan of 256 or 512 threads and per-expert weight pointers in a table of 128 (the routed
 strategies' 257 and 513 experts reach them too). Each is a thin wrapper around a correct fused MoE (:func:`fused_moe`,
 a torch one taking the convention's arguments; or vLLM's own kernel, ``test_scale_routed``), so that only the bug
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from gmm_ref.routing_metadata import moe_align_block_size
+from gmm_ref.routed.metadata import moe_align_block_size
 
 #: a CUDA grid axis holds at most 65,535 blocks (gridDim.y and gridDim.z)
 GRID_AXIS_LIMIT = 65_535

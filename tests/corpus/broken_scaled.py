@@ -39,9 +39,9 @@ def _mx_grouped(mat_a, mat_b, scale_a, scale_b, offs, out_dtype, *, padded_offse
     group's own rows, as if unpadded), code times scale summed exactly in float64."""
     import torch
 
-    from gmm_kernels.convert import to_torch
+    from gmm_kernels.sandbox.convert import to_torch
     from gmm_ref import as_numpy, round_to
-    from gmm_ref.scale_layouts import blocked_shape, from_blocked
+    from gmm_ref.scaled.layouts import blocked_shape, from_blocked
 
     a, b = as_numpy(mat_a).astype(np.float64), as_numpy(mat_b).astype(np.float64)
     fa, fb = as_numpy(scale_a).reshape(-1).astype(np.float64), as_numpy(scale_b).reshape(-1).astype(np.float64)
@@ -230,7 +230,7 @@ def _mxfp8(mat_a, mat_b, offs, out_dtype, *, mode="rceil", weights_along_n=False
     import torch
 
     import gmm_ref
-    from gmm_kernels.convert import to_torch
+    from gmm_kernels.sandbox.convert import to_torch
 
     a = gmm_ref.as_numpy(mat_a).astype(np.float64)
     b = gmm_ref.as_numpy(mat_b).astype(np.float64)
@@ -289,7 +289,7 @@ def _nvfp4(A_data, A_scale, B_data, B_scale, offs, out_dtype, *, swap_nibbles=Fa
     ``swap_nibbles``), apply each ``block``-wide scale, sum each group exactly in float64."""
     import torch
 
-    from gmm_kernels.convert import to_torch
+    from gmm_kernels.sandbox.convert import to_torch
     from gmm_ref import as_numpy, round_to
 
     def unpack(packed, swap=False):
@@ -333,7 +333,7 @@ def _te_scaled(lhs, rhs, lhs_first_dims, preferred_element_type, *, packed_scale
     that is not advanced past an empty group (TE's V1 grouped GEMM with tensor scaling), so every group after an
     empty one takes an earlier group's scale_inv."""
     from gmm_ref import round_to
-    from gmm_ref.scale_layouts import blocked_shape, from_blocked
+    from gmm_ref.scaled.layouts import blocked_shape, from_blocked
 
     a, b = np.asarray(lhs.data).astype(np.float64), np.asarray(rhs.data).astype(np.float64)
     sizes = np.asarray(lhs_first_dims).astype(np.int64)
@@ -379,9 +379,9 @@ def te_scaled_scale_pointer_stuck_on_empty_groups(lhs, rhs, *, lhs_first_dims=No
 def _nvfp4_v2(mat_a, mat_b, scale_a, scale_b, offs, *, first_global=False):
     """torch's NVFP4 2d-3d, exactly: codes x swizzled e4m3 block scales x each group's global scales
     (``first_global``: group 0's globals for every group, a per-tensor global broadcast over the groups)."""
-    from gmm_kernels.convert import to_torch
+    from gmm_kernels.sandbox.convert import to_torch
     from gmm_ref import as_numpy, round_to
-    from gmm_ref.scale_layouts import group_blocks, unpack_fp4
+    from gmm_ref.scaled.layouts import group_blocks, unpack_fp4
 
     a = unpack_fp4(as_numpy(mat_a)).astype(np.float64)
     b = unpack_fp4(np.swapaxes(as_numpy(mat_b), 1, 2)).astype(np.float64)  # [G, N, K]

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 import gmm_kernels
-from gmm_kernels.guards import torch_empty
+from gmm_kernels.sandbox.guards import torch_empty
 
 __all__ = ["grouped_mm", "grouped_mm_boundary_off_by_one", "grouped_mm_int32_offsets", "grouped_mm_no_k_tail",
            "grouped_mm_reads_past_a", "grouped_mm_writes_past_out"]
@@ -106,7 +106,7 @@ def grouped_mm_reads_past_a(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 def grouped_mm_writes_past_out(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """Wrong: the store drops the group's end from its mask. The rows past a group's end in its last tile are
     written (and rewritten by the next group, or undefined past the last); those past the output's last row land
-    past the end of the buffer it allocated (through ``gmm_kernels.guards.torch_empty``)."""
+    past the end of the buffer it allocated (through ``gmm_kernels.sandbox.guards.torch_empty``)."""
     return _launch(mat_a, mat_b, offs, out_dtype, mask_store_end=False)
 
 

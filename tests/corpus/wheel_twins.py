@@ -39,7 +39,7 @@ def edited_wheel(wheel: str, member: str, function: str, old: str, new: str, pat
 def rejected(kernel, max_examples: int | None = None) -> str:
     """The message of the harness's failure on ``kernel`` (the normal mode, the ``gmm-ci`` profile, at most
     ``max_examples`` routings), which must name the routing it was drawn on."""
-    from property_tests.checking import check_kernel
+    from property_tests.checks.check import check_kernel
 
     with pytest.raises(gmm_ref.Mismatch) as info:
         check_kernel(kernel, modes=["normal"], profile="gmm-ci", max_examples=max_examples)

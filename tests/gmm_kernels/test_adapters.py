@@ -1,6 +1,6 @@
 """Fast unit tests of the kernel adapters (gmm_kernels): availability and support reasons,
 exact bfloat16 conversions, wrapping user functions, and the declarations the suite reads
-(known_issues, max_examples, limits) and the strategy options they give (property_tests.declared).
+(known_issues, max_examples, limits) and the strategy options they give (property_tests.checks.declared).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 import gmm_kernels
 import gmm_ref
 from gmm_kernels.base import KernelAdapter, missing_module
-from gmm_kernels.convert import to_jax, to_torch, torch_dtype, uses_64bit
+from gmm_kernels.sandbox.convert import to_jax, to_torch, torch_dtype, uses_64bit
 from gmm_kernels.scope import FEATURES, Limits
 from gmm_ref import as_numpy as to_numpy
-from property_tests.declared import limits_options, problem_options
-from property_tests.modes import ALL_MODES, MODES
+from property_tests.checks.declared import limits_options, problem_options
+from property_tests.checks.modes import ALL_MODES, MODES
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 ADAPTERS = gmm_kernels.registry()
@@ -271,11 +271,11 @@ def test_strategy_options_draw_problems_the_adapter_takes(adapter):
     draws had K = 0 or N = 0, and no cell of the Mosaic GPU kernel drew a shape it takes)."""
     from hypothesis.errors import InvalidArgument
 
-    from property_tests.modes import Unsupported, mode_covering
+    from property_tests.checks.modes import Unsupported, mode_covering
 
     if adapter.available():
         pytest.skip(adapter.available())
-    if adapter.routed:  # one cell of routings per mode (property_tests.checking._run_routed)
+    if adapter.routed:  # one cell of routings per mode (property_tests.checks.check._run_routed)
         _routings_are_taken(adapter)
         return
     declined, drawn = [], []
@@ -388,7 +388,7 @@ def test_a_variant_adapter_names_itself_by_its_op_and_implementation():
 def _routings_are_taken(adapter):
     """A routed kernel's form of the test above: every mode with a routed form draws routings the kernel takes
     (a repeat of an expert is declined where the convention excludes one, so it is never drawn there)."""
-    from property_tests.modes import mode_routings
+    from property_tests.checks.modes import mode_routings
 
     declined, drawn = [], []
     for mode in MODES.values():

@@ -1,4 +1,4 @@
-"""The graph mode on a CUDA device (``gmm_kernels.cuda_graph``): one capture, replays with other group sizes
+"""The graph mode on a CUDA device (``gmm_kernels.sandbox.cuda_graph``): one capture, replays with other group sizes
 written into its buffers, each judged; stale sizes named; a call that cannot be captured declined with its error.
 
 Here the capture is a stand-in on the CPU (the call run again on the refilled buffers: a faithful graph for a kernel
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import gmm_ref
-from gmm_kernels import Status, cuda_graph, device
+from gmm_kernels import Status
+from gmm_kernels.sandbox import cuda_graph, device
 from gmm_kernels.scope import Scope
-from property_tests.checking import check_kernel, check_mode
+from property_tests.checks.check import check_kernel, check_mode
 
 torch = pytest.importorskip("torch")
 from tests.corpus.broken_kernels import grouped_mm_correct  # noqa: E402 - needs torch

@@ -1,4 +1,4 @@
-"""A device for every torch convention (``gmm_kernels.device``): the option, where tensors are made, the copies
+"""A device for every torch convention (``gmm_kernels.sandbox.device``): the option, where tensors are made, the copies
 written back for the input checks, the refusals chosen by device, and the device in the report.
 
 This machine may have no GPU: what needs one is in ``test_graph_replay_cuda`` (skipped, with its reason, where
@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 import gmm_ref
-from gmm_kernels import convert, device
+from gmm_kernels.sandbox import convert, device
 from gmm_kernels.scope import Scope
-from property_tests.checking import check_kernel
-from property_tests.request import WorkRequest
+from property_tests.checks.check import check_kernel
+from property_tests.cli.request import WorkRequest
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def test_cuda_where_torch_sees_none_and_an_index_past_the_devices_are_errors(mon
 def _cli(tmp_path: Path, *argv: str, kernels: str = "", command: str = "check") -> subprocess.CompletedProcess:
     (tmp_path / "devkernels.py").write_text(kernels)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    return subprocess.run([sys.executable, "-m", "property_tests.main", command, *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "property_tests.cli.main", command, *argv], capture_output=True,
                           text=True, timeout=600, cwd=tmp_path, env=env)
 
 
@@ -118,7 +118,7 @@ def test_the_device_travels_to_the_workers_in_the_request():
 # ------------------------------------------------------------------------------------- tensors on the device
 ON_DEVICE = textwrap.dedent('''
     import torch
-    from gmm_kernels import device
+    from gmm_kernels.sandbox import device
     from tests.corpus.broken_kernels import grouped_mm_correct
 
     def _check(**tensors):
@@ -272,7 +272,7 @@ def test_torch_grouped_mm_needs_213_for_its_cpu_path_and_not_on_cuda(monkeypatch
 
 
 def test_the_shards_merge_keeps_each_kernels_device():
-    from property_tests.document import KernelEntry, _unique
+    from property_tests.cli.document import KernelEntry, _unique
 
     merged = _unique([KernelEntry("k", "c", device="cpu"), KernelEntry("k", "c", device="cuda:0"),
                       KernelEntry("j", "c"), KernelEntry("k", "c", device="cpu")])
@@ -298,13 +298,13 @@ def test_a_torch_golden_is_made_on_the_selected_device(monkeypatch):
 def test_a_worker_selects_the_device_of_its_request(tmp_path):
     """The worker selects the request's device as it is (not its own auto): asked for cuda:0 on a machine without
     one, its setup ends with that error, before any cell."""
-    from property_tests.shards import Cell
+    from property_tests.cli.shards import Cell
 
     request = WorkRequest(kernels=("torch.grouped_mm",), modes=("exact",), device="cuda:0",
                           cells=(Cell("torch.grouped_mm", "ragged_m", "exact"),))
     (tmp_path / "request.json").write_text(json.dumps(request.to_json()))
     events = tmp_path / "events"
-    proc = subprocess.run([sys.executable, "-m", "property_tests.worker", str(tmp_path / "request.json"),
+    proc = subprocess.run([sys.executable, "-m", "property_tests.cli.worker", str(tmp_path / "request.json"),
                            str(events)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     ended = [json.loads(line) for line in events.read_text().splitlines()]
     assert proc.returncode == 1 and ended[-1]["event"] == "error", ended
@@ -321,7 +321,7 @@ def test_the_plugin_header_names_each_kernels_device(tmp_path):
 
 def test_the_table_has_a_device_column_where_the_devices_are_known():
     from gmm_kernels import Status
-    from property_tests.table import CellOutcome, Table, render
+    from property_tests.cli.table import CellOutcome, Table, render
 
     table = Table()
     table.plan([("k", "ragged_m", "exact")])

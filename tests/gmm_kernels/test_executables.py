@@ -1,4 +1,4 @@
-"""The harness's cache of compiled executables (``gmm_kernels.executables``): a later process loads what an
+"""The harness's cache of compiled executables (``gmm_kernels.runtimes.executables``): a later process loads what an
 earlier one compiled and lowers nothing; every part of the key misses when it changes; a corrupt entry is
 compiled again with the same verdict; ``off`` writes nothing; a user's kernel is never served from it; and a
 broken kernel, or one that recompiles for each group-size vector, is caught when its executables come from it."""
@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gmm_kernels import KernelAdapter, executables
-from gmm_kernels.compilation import Recompiled, assert_compiles_once
+from gmm_kernels import KernelAdapter
 from gmm_kernels.resolve import resolve_kernel
 from gmm_kernels.results import Status
-from property_tests.checking import check_mode
+from gmm_kernels.runtimes import executables
+from gmm_kernels.sandbox.compilation import Recompiled, assert_compiles_once
+from property_tests.checks.check import check_mode
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -72,11 +73,12 @@ def _entries(where: Path) -> list[Path]:
 SCRIPT = textwrap.dedent('''
     import os, sys
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from property_tests import compile_cache
+    from gmm_kernels.runtimes import compile_cache
     compile_cache.enable(sys.argv[1])
     import jax.monitoring
-    from gmm_kernels import executables, resolve_kernel
-    from property_tests.checking import check_mode
+    from gmm_kernels import resolve_kernel
+    from gmm_kernels.runtimes import executables
+    from property_tests.checks.check import check_mode
     counts = dict.fromkeys(("compiled", "loaded", "lowered", "compiled_by_jax"), 0)
     names = {executables.COMPILE_EVENT: "compiled", executables.LOAD_EVENT: "loaded",
              "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowered",
@@ -116,9 +118,9 @@ def test_a_second_process_loads_every_executable_and_lowers_nothing(tmp_path):
 JAX_CACHED = textwrap.dedent('''
     import sys
     import jax, jax.monitoring, numpy as np
-    from property_tests import compile_cache
+    from gmm_kernels.runtimes import compile_cache
     compile_cache.enable(sys.argv[1])  # jax's persistent cache and the executables, in one directory
-    from gmm_kernels import executables
+    from gmm_kernels.runtimes import executables
     counts = dict.fromkeys(("loaded", "unusable"), 0)
     names = {executables.LOAD_EVENT: "loaded", executables.UNUSABLE_EVENT: "unusable"}
     def listen(event, *args, **kwargs):
@@ -309,7 +311,7 @@ def test_the_verdict_is_the_same_with_corrupt_entries(cache):
 
 
 def test_prune_bounds_jax_entries_and_executables_together(tmp_path):
-    from property_tests import compile_cache
+    from gmm_kernels.runtimes import compile_cache
 
     exe = tmp_path / executables.SUBDIR
     exe.mkdir()
@@ -339,7 +341,7 @@ def test_off_writes_nothing(tmp_path, monkeypatch):
     assert counts["compiled"] == counts["loaded"] == 0 and counts["lowered"] == 1
     env = {k: v for k, v in os.environ.items() if k not in (executables.ENV, "JAX_COMPILATION_CACHE_DIR",
                                                             "COMPILE_FUNC_DIR")}
-    proc = subprocess.run([sys.executable, "-m", "property_tests.main", "check", "--kernel", "jax.ragged_dot",
+    proc = subprocess.run([sys.executable, "-m", "property_tests.cli.main", "check", "--kernel", "jax.ragged_dot",
                            "--modes", "normal,grad", "--max-examples", "2", "--no-goldens", "--compile-cache", "off"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={**env, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path)})
@@ -379,7 +381,7 @@ def test_a_user_kernel_is_never_served_from_the_cache(cache):
 
 
 class CachedRaggedDot(KernelAdapter):
-    """A built-in-like adapter: ``lax.ragged_dot`` jitted through ``gmm_kernels.executables``, as the built-in
+    """A built-in-like adapter: ``lax.ragged_dot`` jitted through ``gmm_kernels.runtimes.executables``, as the built-in
     adapters run; ``broken`` zeroes group 0's rows (a kernel that skips its first group)."""
 
     convention = "ragged_dot"

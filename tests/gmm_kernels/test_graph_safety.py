@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gmm_ref
-from gmm_kernels.compilation import CompileCounter, Recompiled, assert_compiles_once
+from gmm_kernels.sandbox.compilation import CompileCounter, Recompiled, assert_compiles_once
 from gmm_ref import as_numpy as to_numpy
 
 jax = pytest.importorskip("jax")

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[triton]; the newest-JAX leg has none)")
 pytest.importorskip("grouped_mm_bf16", reason="grouped-mm-bf16 is not installed (gmm-harness[grouped-mm-bf16])")
 
-from gmm_kernels import triton_interpreter
+from gmm_kernels.runtimes import triton_interpreter
 
 if not triton_interpreter.use_if_no_gpu():
     pytest.skip("torch sees a GPU here: this test runs grouped-mm-bf16's kernels on CPU tensors in Triton's "
@@ -40,7 +40,7 @@ def test_3d2d_reads_past_mat_a_for_the_columns_past_the_last_group():
 
 
 def test_the_guard_regions_see_that_read_in_the_columns_the_convention_leaves_undefined():
-    """The adapter's runs give mat_a a NaN guard (gmm_kernels.guards): the columns past offs[-1] come out NaN,
+    """The adapter's runs give mat_a a NaN guard (gmm_kernels.sandbox.guards): the columns past offs[-1] come out NaN,
     read from past mat_a, and pass, being undefined; the defined columns are right. The day upstream masks the
     load, they stop being NaN and this fails: drop the note in docs/conventions.md with the test above."""
     import ml_dtypes

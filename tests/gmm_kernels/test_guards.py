@@ -1,5 +1,5 @@
-"""Guard regions (``gmm_kernels.guards``): a read past an operand or a write past a buffer the harness allocated is
-caught, in Triton's interpreter and on CPU alike, and named by buffer; a correct kernel stays silent.
+"""Guard regions (``gmm_kernels.sandbox.guards``): a read past an operand or a write past a buffer the harness allocated
+is caught, in Triton's interpreter and on CPU alike, and named by buffer; a correct kernel stays silent.
 
 The kernels below are broken on purpose: a Triton kernel (run in Triton's interpreter, as test_triton.py runs its
 kernels) that loads mat_a's K tail unmasked and so reads past mat_a's end, one whose store drops the group's end and
@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 
 import gmm_ref
-from gmm_kernels import Scope, Status, guards, wrap
-from property_tests.checking import check_kernel
-from property_tests.request import WorkRequest
-from property_tests.table import Cell, run_cell
+from gmm_kernels import Scope, Status, wrap
+from gmm_kernels.sandbox import guards
+from property_tests.checks.check import check_kernel
+from property_tests.cli.cells import run_cell
+from property_tests.cli.request import WorkRequest
+from property_tests.cli.table import Cell
 from tests.corpus.broken_serving import batched_correct
 
 torch = pytest.importorskip("torch")
@@ -188,7 +190,7 @@ class TestTriton:
     @pytest.fixture(autouse=True)
     def _interpreter(self):
         pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[triton])")
-        from gmm_kernels import triton_interpreter
+        from gmm_kernels.runtimes import triton_interpreter
 
         if not triton_interpreter.use_if_no_gpu():
             pytest.skip("torch sees a GPU here: these tests run Triton kernels in Triton's interpreter")

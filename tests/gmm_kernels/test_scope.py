@@ -19,8 +19,8 @@ import gmm_ref
 from gmm_kernels import KnownIssue, Scope, Status, configure, declare, get, resolve_kernel
 from gmm_ref.conventions.base import has_tail
 from property_tests import strategies as gst
-from property_tests.checking import check_kernel
-from property_tests.options import apply_scope, parse_multiples, parse_numerics, scope_fields
+from property_tests.checks.check import check_kernel
+from property_tests.cli.options import apply_scope, parse_multiples, parse_numerics, scope_fields
 from tests.corpus.broken_kernels import _ends, _mm32
 
 MODES = ["exact", "normal", "poisoned", "all_empty", "many_groups"]
@@ -170,7 +170,7 @@ def test_parsers_name_their_option():
 
 
 def test_numerics_with_weight_or_combine_are_a_routed_kernels():
-    from gmm_ref.routing import parse_declared_numerics, parse_routed_numerics
+    from gmm_ref.routed.routing import parse_declared_numerics, parse_routed_numerics
 
     assert parse_declared_numerics("accumulate=float32,flush") == gmm_ref.Numerics(None, "float32", True)
     assert parse_declared_numerics("weight=bfloat16") == gmm_ref.RoutedNumerics(weight="bfloat16")
@@ -223,7 +223,7 @@ def test_scope_round_trips_through_json():
 def test_a_built_in_routed_kernel_refuses_a_declared_scope_with_one_message_on_every_path():
     # configure (check_kernel, wrap) and the options of the CLI and the plugin ask one function, so the user reads
     # the same reason whichever front-end they used, led by what they gave
-    from property_tests.options import apply_scope
+    from property_tests.cli.options import apply_scope
 
     kernel = get("vllm.fused_moe")
     with pytest.raises(ValueError, match=r"^scope: ") as by_configure:

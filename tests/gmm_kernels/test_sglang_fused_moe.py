@@ -22,7 +22,7 @@ import gmm_ref
 from gmm_kernels import Status
 from gmm_ref import conventions
 from gmm_ref.conventions.sglang import FUSED_MOE, FUSED_MOE_CONFIG, _FusedMoE
-from gmm_ref.routing_metadata import (
+from gmm_ref.routed.metadata import (
     moe_align_block_size,
     sglang_moe_align_block_size,
     validate_sglang_moe_align_block_size,
@@ -140,10 +140,11 @@ def test_bad_arguments_are_refused_naming_them(change, words):
 pytest.importorskip("torch", reason="SGLang's kernel takes torch tensors (gmm-harness[torch])")
 pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[triton]; the newest-JAX leg has none)")
 
-from gmm_kernels import get, triton_interpreter  # noqa: E402
+from gmm_kernels import get  # noqa: E402
 from gmm_kernels.adapters import sglang as adapter  # noqa: E402
-from gmm_kernels.wheels import WheelLayoutError  # noqa: E402
-from property_tests.checking import check_kernel, check_mode  # noqa: E402
+from gmm_kernels.runtimes import triton_interpreter  # noqa: E402
+from gmm_kernels.runtimes.wheels import WheelLayoutError  # noqa: E402
+from property_tests.checks.check import check_kernel, check_mode  # noqa: E402
 
 WHEEL = adapter.WHEEL.find()
 needs_wheel = pytest.mark.skipif(WHEEL is None, reason=f"no SGLang {adapter.WHEEL_VERSION} wheel here; get it "
@@ -181,7 +182,7 @@ def test_the_wheels_kernel_passes_every_routed_mode_and_the_others_say_why_not(m
     monkeypatch.setenv(adapter.WHEEL_ENV, WHEEL)
     report = check_kernel("sglang.fused_moe", max_examples=12)
     status = {r.check: r.status for r in report}
-    # scale: the routed scale cell an interpreted kernel gets (property_tests.scale_routed), one seeded routing
+    # scale: the routed scale cell an interpreted kernel gets (property_tests.checks.scale_routed), one seeded routing
     assert {m for m, s in status.items() if s is Status.PASSED} == {"exact", "normal", "wide", "poisoned", "scale"}
     assert all(r.detail.startswith("routed: ") for r in report if r.status is Status.UNSUPPORTED)
     assert all(r.examples >= 10 for r in report if r.status is Status.PASSED and r.check != "scale")
@@ -242,7 +243,7 @@ def test_the_wheels_kernel_with_one_line_broken_is_rejected_naming_token_slot_an
 def test_the_wheels_kernel_with_an_int32_flat_index_fails_the_offsets_cell_naming_token_slot_and_expert(
         tmp_path, monkeypatch):
     """SGLang's kernel casts the loaded ``sorted_token_ids`` to int64 as vLLM's does; without the cast
-    ``stride_cm`` times the flat index wraps in the scale mode's offsets cell (property_tests.scale_offsets)."""
+    ``stride_cm`` times the flat index wraps in the scale mode's offsets cell (property_tests.checks.scale_offsets)."""
     monkeypatch.setenv(adapter.WHEEL_ENV, edited_wheel(WHEEL, adapter.FUSED_MOE_MEMBER, "fused_moe_kernel",
                                                        "offs_token = offs_token.to(tl.int64)",
                                                        "offs_token = offs_token", tmp_path / "sglang-int32.whl"))

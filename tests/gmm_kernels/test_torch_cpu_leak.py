@@ -26,7 +26,7 @@ import gmm_kernels
 from gmm_kernels import Status, declare, resolve_kernel
 from gmm_kernels.known_issues import TORCH_CPU_RAGGED_K_LEAK, matching, torch_cpu_ragged_k_leak
 from gmm_kernels.scope import KnownIssue
-from property_tests.checking import check_mode
+from property_tests.checks.check import check_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -138,7 +138,7 @@ _VERDICT = """
 import json, sys
 import gmm_kernels
 from gmm_kernels.known_issues import torch_cpu_ragged_k_leak
-from property_tests.checking import check_mode
+from property_tests.checks.check import check_mode
 adapter = gmm_kernels.get("torch.grouped_mm")
 r = check_mode(adapter, "poisoned", family="ragged_k", profile="gmm-ci")
 print(json.dumps({"status": r.status.name, "detail": r.detail, "probe": list(torch_cpu_ragged_k_leak()),

@@ -9,7 +9,7 @@ import pytest
 import gmm_ref
 from gmm_kernels.adapters.torch_moe import TorchMoEExperts
 from gmm_ref import RoutedNumerics, conventions
-from property_tests.checking import check_kernel
+from property_tests.checks.check import check_kernel
 
 torch = pytest.importorskip("torch", reason="the torch.moe_experts kernel takes torch tensors (gmm-harness[torch])")
 BF16 = gmm_ref.dtypes.as_dtype("bfloat16")
@@ -65,7 +65,7 @@ class Broken(TorchMoEExperts):
         return self.declared or super().numerics_for(routing)
 
     def call(self, hidden_states, weight, topk_ids, topk_weights, expert_map=None):
-        from gmm_kernels.convert import to_framework
+        from gmm_kernels.sandbox.convert import to_framework
 
         (x, w, ids, tw), kw = to_framework("torch", (hidden_states, weight, topk_ids, topk_weights),
                                            {"expert_map": expert_map})
@@ -183,8 +183,8 @@ def test_the_strategies_draw_peaked_routers_that_expose_a_bf16_combine():
     expert at top_k 8 in bfloat16: the routings the bf16 combine fails on."""
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from property_tests import declared
     from property_tests import strategies as gst
+    from property_tests.checks import declared
 
     opts = declared.routing_options(TorchMoEExperts())
     hits = []

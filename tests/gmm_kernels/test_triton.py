@@ -1,6 +1,6 @@
 """Triton kernels run here with no step of the user's: where torch sees no GPU the harness sets
 ``TRITON_INTERPRET=1`` before it imports a kernel's module, and fixes the seven defects of Triton's interpreter
-(``gmm_kernels.triton_interpreter``), each pinned below by a tiny kernel that shows it without the fix.
+(``gmm_kernels.runtimes.triton_interpreter``), each pinned below by a tiny kernel that shows it without the fix.
 
 The kernels are tests/corpus/triton_gmm.py's: a right bfloat16 grouped matmul in ``torch._grouped_mm``'s
 2d x 3d form and two broken copies. Skipped where Triton is not installed (the newest-JAX leg installs no torch).
@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[triton]; the newest-JAX leg has none)")
 
 import gmm_ref
-from gmm_kernels import triton_interpreter
-from property_tests.checking import check_kernel
+from gmm_kernels.runtimes import triton_interpreter
+from property_tests.checks.check import check_kernel
 
 if not triton_interpreter.use_if_no_gpu():
     pytest.skip("torch sees a GPU here: these tests check Triton's interpreter, used where there is none",
@@ -42,7 +42,7 @@ def unfixed():
 
 @pytest.mark.parametrize("defect", list(triton_interpreter.DEFECTS))
 def test_each_interpreter_defect_shows_without_its_fix_and_not_with_it(defect, unfixed):
-    from gmm_kernels.triton_probes import PROBES
+    from gmm_kernels.runtimes.triton_probes import PROBES
 
     assert not PROBES[defect](), f"{defect}: the unpatched interpreter computes what a GPU does; drop its fix?"
     assert defect in triton_interpreter.fix()
@@ -94,7 +94,8 @@ def _user_package(tmp_path: Path) -> dict[str, str]:
 
 def test_the_main_job_checks_a_triton_kernel_with_no_step_of_the_users(tmp_path):
     env = _user_package(tmp_path)  # no TRITON_INTERPRET: the harness sets it
-    done = subprocess.run([sys.executable, "-m", "property_tests.main", "check", "--kernel", "userpkg.gmm:grouped_mm",
+    done = subprocess.run([sys.executable, "-m", "property_tests.cli.main", "check",
+                           "--kernel", "userpkg.gmm:grouped_mm",
                            "--convention", "torch.grouped_mm", "--modes", "exact,normal", "--no-goldens",
                            "--max-examples", str(EXAMPLES)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -124,7 +125,7 @@ def test_the_plugin_runs_your_own_tests_triton_kernels_in_the_fixed_interpreter(
 def test_a_kernel_imported_before_the_interpreter_was_set_is_a_clear_error(tmp_path):
     env = _user_package(tmp_path)
     script = ("import userpkg.gmm\n"  # @triton.jit runs without TRITON_INTERPRET: compiled for a GPU
-              "from property_tests.checking import check_kernel\n"
+              "from property_tests.checks.check import check_kernel\n"
               "check_kernel(userpkg.gmm.grouped_mm, modes=['exact'], max_examples=1)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600, check=False)

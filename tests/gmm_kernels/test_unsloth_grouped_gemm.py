@@ -103,9 +103,10 @@ def test_the_routed_convention_is_looked_up_but_not_listed_with_the_grouped_ones
 pytest.importorskip("torch", reason="unsloth's kernel takes torch tensors (gmm-harness[torch])")
 pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[triton]; the newest-JAX leg has none)")
 
-from gmm_kernels import get, triton_interpreter  # noqa: E402
+from gmm_kernels import get  # noqa: E402
 from gmm_kernels.adapters import unsloth as adapter  # noqa: E402
-from property_tests.checking import check_kernel  # noqa: E402
+from gmm_kernels.runtimes import triton_interpreter  # noqa: E402
+from property_tests.checks.check import check_kernel  # noqa: E402
 from tests.corpus.wheel_twins import edited_wheel, rejected  # noqa: E402
 
 ENV = adapter.WHEEL.env

@@ -18,9 +18,10 @@ import gmm_ref
 from gmm_kernels import Scope, Status, wrap
 from golden import check_goldens, regenerate
 from golden.case import Case
-from property_tests.checking import check_kernel
-from property_tests.request import WorkRequest
-from property_tests.table import Cell, run_cell
+from property_tests.checks.check import check_kernel
+from property_tests.cli.cells import run_cell
+from property_tests.cli.request import WorkRequest
+from property_tests.cli.table import Cell
 
 torch = pytest.importorskip("torch")
 DATA = Path(__file__).resolve().parents[2] / "golden" / "data"

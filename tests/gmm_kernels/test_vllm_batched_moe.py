@@ -17,9 +17,10 @@ pytest.importorskip("torch", reason="vLLM's kernel takes torch tensors (gmm-harn
 pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[triton]; the newest-JAX leg has none)")
 
 import gmm_ref
-from gmm_kernels import Status, get, triton_interpreter
+from gmm_kernels import Status, get
 from gmm_kernels.adapters import vllm as adapter
-from property_tests.checking import check_kernel
+from gmm_kernels.runtimes import triton_interpreter
+from property_tests.checks.check import check_kernel
 
 if not triton_interpreter.use_if_no_gpu():
     pytest.skip("torch sees a GPU here (or TRITON_INTERPRET is off): these tests run vLLM's kernel on CPU tensors "

@@ -23,9 +23,9 @@ import gmm_ref
 from gmm_kernels import Status
 from gmm_ref import conventions
 from gmm_ref.conventions.vllm import FUSED_MOE, FUSED_MOE_CONFIG, _FusedMoE
-from gmm_ref.routing_metadata import moe_align_block_size
+from gmm_ref.routed.metadata import moe_align_block_size
 from property_tests import strategies as gst
-from property_tests.declared import routing_options
+from property_tests.checks.declared import routing_options
 from tests.corpus.wheel_twins import SLOT, edited_wheel, rejected
 
 CONV = conventions.get("vllm.fused_moe")
@@ -104,9 +104,10 @@ def test_the_routed_report_names_token_slot_and_expert():
 pytest.importorskip("torch", reason="vLLM's kernel takes torch tensors (gmm-harness[torch])")
 pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[triton]; the newest-JAX leg has none)")
 
-from gmm_kernels import get, triton_interpreter  # noqa: E402
+from gmm_kernels import get  # noqa: E402
 from gmm_kernels.adapters import vllm as adapter  # noqa: E402
-from property_tests.checking import check_kernel, check_mode  # noqa: E402
+from gmm_kernels.runtimes import triton_interpreter  # noqa: E402
+from property_tests.checks.check import check_kernel, check_mode  # noqa: E402
 
 WHEEL = adapter.find_wheel()
 needs_wheel = pytest.mark.skipif(WHEEL is None, reason=f"no vLLM {adapter.WHEEL_VERSION} wheel here; get it with: "
@@ -244,8 +245,9 @@ def test_the_wheels_kernel_on_wrong_metadata_is_rejected_naming_token_slot_and_e
 @needs_wheel
 @interpreted
 def test_the_routed_row_of_the_main_job():
-    from property_tests.request import WorkRequest
-    from property_tests.table import Cell, cells_of, run_cell
+    from property_tests.cli.cells import run_cell
+    from property_tests.cli.request import WorkRequest
+    from property_tests.cli.table import Cell, cells_of
 
     kernel = get("vllm.fused_moe")
     cells = cells_of(kernel, goldens=False, modes=["normal", "grad"])
@@ -274,8 +276,8 @@ def test_the_default_run_checks_an_interpreted_routed_kernel_on_few_examples(mon
 
     from gmm_kernels import resolve
     from golden.cases import CASES
-    from property_tests import main
-    from property_tests.table import ROUTED_INTERPRETED_EXAMPLES, examples_in_default_run
+    from property_tests.cli import main
+    from property_tests.cli.table import ROUTED_INTERPRETED_EXAMPLES, examples_in_default_run
 
     kernel = get("vllm.fused_moe")
     assert kernel.interpreted() == "Triton's interpreter"
@@ -387,7 +389,7 @@ def test_the_cli_declares_the_dtypes_a_routed_function_takes(capsys):
     """Without ``--dtypes`` its float32 routings and goldens fail (as they must: the kernel says nothing); with it
     they are out of scope, named, and the kernel passes."""
     pytest.importorskip("torch")
-    from property_tests.main import main
+    from property_tests.cli.main import main
 
     argv = ["check", "--in-process", "--kernel", f"{__name__}:fused_moe_without_float32", "--convention",
             "vllm.fused_moe", "--modes", "normal"]
@@ -404,7 +406,7 @@ def test_the_cli_declares_a_routed_functions_numerics(capsys, tmp_path):
     """A correct kernel of other numerics (the weight multiplied into the rounded product) fails the default, which
     allows one rounding, naming the slot; ``--numerics weight=output,...`` declares them and it passes."""
     pytest.importorskip("torch")
-    from property_tests.main import main
+    from property_tests.cli.main import main
 
     argv = ["check", "--in-process", "--kernel", f"{__name__}:torch_fused_moe_weight_after_rounding", "--convention",
             "vllm.fused_moe", "--modes", "normal", "--no-goldens"]
@@ -427,7 +429,7 @@ def test_the_cli_declares_a_routed_functions_numerics(capsys, tmp_path):
 
 def test_the_cli_takes_a_users_kernel_in_the_routed_convention(capsys):
     pytest.importorskip("torch")
-    from property_tests.main import main
+    from property_tests.cli.main import main
 
     code = main(["check", "--in-process", "--kernel", f"{__name__}:torch_fused_moe", "--convention",
                  "vllm.fused_moe", "--modes", "normal,grad", "--max-examples", "5", "--no-goldens"])
@@ -437,7 +439,7 @@ def test_the_cli_takes_a_users_kernel_in_the_routed_convention(capsys):
 
 
 def test_coverage_says_a_routed_convention_has_no_covering_design_yet(capsys):
-    from property_tests.main import main
+    from property_tests.cli.main import main
 
     with pytest.raises(SystemExit) as info:
         main(["coverage", "--convention", "vllm.fused_moe"])
@@ -457,7 +459,7 @@ def test_coverage_says_a_routed_convention_has_no_covering_design_yet(capsys):
     (["--numerics", "combine"], "--numerics: expected combine=accumulator|DTYPE, got 'combine'"),
 ])
 def test_the_cli_refuses_a_scope_or_tiling_for_a_routed_kernel(argv, words, capsys):
-    from property_tests.main import main
+    from property_tests.cli.main import main
 
     with pytest.raises(SystemExit) as info:
         main(["check", "--kernel", "vllm.fused_moe", "--modes", "normal", *argv])

@@ -22,7 +22,7 @@ from hypothesis.errors import InvalidArgument
 import gmm_ref
 from gmm_ref import Numerics, Problem, RaggedDotDimensionNumbers, as_tiling, conventions
 from property_tests import strategies as gst
-from property_tests.checking import check_kernel
+from property_tests.checks.check import check_kernel
 
 F = np.float32
 L2, R3, GS = np.ones((6, 4), F), np.ones((2, 4, 3), F), np.array([2, 4])
@@ -284,7 +284,7 @@ MAIN = [
 
 @pytest.mark.parametrize(("argv", "text"), MAIN, ids=[" ".join(a) for a, _ in MAIN])
 def test_main_job_usage_errors_exit_2(argv, text):
-    from property_tests.main import main
+    from property_tests.cli.main import main
 
     err = io.StringIO()
     with pytest.raises(SystemExit) as info, contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

@@ -201,7 +201,7 @@ def test_a_signature_without_a_jax_gradient_is_declined_at_once_the_next_time():
     import jax
     from jax import lax
 
-    from gmm_kernels import autodiff
+    from gmm_kernels.sandbox import autodiff
     from gmm_ref.conventions import get as get_convention
 
     traced = []

@@ -1,4 +1,4 @@
-"""The routed gradient model (``gmm_ref.routed_gradients``, docs/routed.md "The routed gradient model"): its exact
+"""The routed gradient model (``gmm_ref.routed.gradients``, docs/routed.md "The routed gradient model"): its exact
 values against an independent float64 computation and torch's autograd of the forward, its bounds against kernels
 that round where they declare, NaN where nothing reads, and the reports that name a wrong element's token, slot and
 expert (the experts' gradient: its expert, element and culprit)."""
@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import gmm_ref
-from gmm_ref import RoutedBackward, RoutedNumerics, routed_gradients
+from gmm_ref import RoutedBackward, RoutedNumerics
+from gmm_ref.routed import gradients as routed_gradients
 from property_tests import strategies as gst
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -245,7 +246,7 @@ def test_an_accumulator_seeded_with_the_existing_gradient_is_separated_from_one_
 def test_an_element_of_each_output_is_named_in_its_words():
     """What a determinism failure (a second call's other bits) says where: the token, slot and expert; the
     experts' gradient: its expert and element, in either layout."""
-    from gmm_ref.compare_routed import routed_element
+    from gmm_ref.routed.compare import routed_element
 
     b = _plain(ids=[[0, 1], [2, 0], [0, 0], [1, 2], [0, 1], [2, 2]])
     assert routed_element(b, "slots", (3, 1, 5)) == "token 3, slot 1 (expert 2, local 2), column 5"

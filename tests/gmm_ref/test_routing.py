@@ -1,4 +1,4 @@
-"""The routed MoE model (gmm_ref.routing) and its metadata (gmm_ref.routing_metadata), docs/routed.md.
+"""The routed MoE model (gmm_ref.routed.routing) and its metadata (gmm_ref.routed.metadata), docs/routed.md.
 
 Hand-checked examples use small integers, so every value is exact and written out by hand; the metadata's
 expected arrays are worked out by hand from the semantics in the docs (never copied from a kernel's output);
@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 from gmm_ref.numerics import Numerics
-from gmm_ref.routing import RoutedNumerics, Routing, routed_reference
-from gmm_ref.routing_metadata import (
+from gmm_ref.routed.metadata import (
     max_num_tokens_padded,
     moe_align_block_size,
     unsloth_routing_indices,
     validate_moe_align_block_size,
     validate_unsloth_routing,
 )
+from gmm_ref.routed.routing import RoutedNumerics, Routing, routed_reference
 
 BF16 = ml_dtypes.bfloat16
 I32 = np.int32

@@ -1,4 +1,4 @@
-"""The swizzled scale layout of NVIDIA's block-scaled MMA (``gmm_ref.scale_layouts``) and torch's MXFP8 grouped form.
+"""The swizzled scale layout of NVIDIA's block-scaled MMA (``gmm_ref.scaled.layouts``) and torch's MXFP8 grouped form.
 
 The layout is checked against torch's own recipe, written here with torch's view / permute / reshape (the steps
 of ``to_blocked`` in torch's tests), not with the module's index arithmetic.
@@ -12,7 +12,7 @@ import pytest
 
 import gmm_ref
 from gmm_ref.conventions.torch_scaled import MXFP8
-from gmm_ref.scale_layouts import blocked_shape, from_blocked, to_blocked
+from gmm_ref.scaled.layouts import blocked_shape, from_blocked, to_blocked
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 import gmm_ref
-from gmm_ref import scaled, scaled_grouped_mm, unit_roundoff
-from gmm_ref.scaled import Quantization, round_exact, scaled_reference, to_mx
+from gmm_ref import scaled_grouped_mm, unit_roundoff
+from gmm_ref.scaled import model as scaled
+from gmm_ref.scaled.model import Quantization, round_exact, scaled_reference, to_mx
 
 E4M3, E5M2, E2M1 = (np.dtype(d) for d in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float4_e2m1fn))
 E8M0, BF16 = np.dtype(ml_dtypes.float8_e8m0fnu), np.dtype(ml_dtypes.bfloat16)
@@ -320,7 +321,7 @@ def test_scaled_grouped_mm_four_forms():
     (lambda a, b, s: to_mx(np.ones(4), block_size=0), ValueError, "block_size: expected a positive int"),
     (lambda a, b, s: to_mx(np.ones(4, np.int32)), TypeError, "x: expected a float array"),
     (lambda a, b, s: scaled_reference(a, [s], b, [s], [4], lhs_quant=Quantization(E4M3), rhs_quant=None),
-     TypeError, "rhs_quant: expected a gmm_ref.scaled.Quantization"),
+     TypeError, "rhs_quant: expected a gmm_ref.scaled.model.Quantization"),
     (lambda a, b, s: scaled_reference(a, [s[:, None]], b, [np.ones((2, 1), np.float32)], [4],
                                       lhs_quant=Quantization(E4M3), rhs_quant=Quantization(E4M3)),
      ValueError, "rhs scales: expected shape (3, 1)"),
@@ -409,7 +410,7 @@ def test_to_mx_agrees_with_torchao_bit_for_bit(mode):
     torch = pytest.importorskip("torch", reason="torch is not installed")
     mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor", reason="torchao is not installed")
     config = pytest.importorskip("torchao.prototype.mx_formats.config", reason="torchao is not installed")
-    from gmm_kernels.convert import to_torch
+    from gmm_kernels.sandbox.convert import to_torch
 
     rng = np.random.default_rng(4)
     x = np.ldexp(rng.uniform(1, 2, (64, 128)), rng.integers(-140, 120, (64, 128))) * rng.choice([-1, 1], (64, 128))

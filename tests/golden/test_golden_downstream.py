@@ -272,8 +272,9 @@ def test_the_drift_table_judges_the_old_golden_against_a_stated_bound(repo):
 
 # ------------------------------------------------------------------------------- the main job's goldens cell
 def test_every_goldens_count_says_what_was_out_of_scope(repo):
-    from property_tests.request import WorkRequest
-    from property_tests.table import Cell, render, run_cell
+    from property_tests.cli.cells import run_cell
+    from property_tests.cli.request import WorkRequest
+    from property_tests.cli.table import Cell, render
 
     kernel = resolve_kernel("mk_gold.gmm:f32_only")
     outcome = run_cell(kernel, Cell(kernel.name, None, "goldens"), WorkRequest(golden_dir=GOLDENS))
@@ -291,7 +292,7 @@ def test_every_goldens_count_says_what_was_out_of_scope(repo):
 
 def test_the_main_jobs_json_and_notes_list_the_cases_out_of_scope(repo):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "property_tests.main", "check", "--kernel", "mk_gold.gmm:f32_only",
+    proc = subprocess.run([sys.executable, "-m", "property_tests.cli.main", "check", "--kernel", "mk_gold.gmm:f32_only",
                            "--golden-dir", GOLDENS, "--modes", "exact", "--max-examples", "4", "--json", "out.json",
                            "-v"], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

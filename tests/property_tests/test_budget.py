@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from gmm_kernels import Status, resolve_kernel
-from property_tests.engine import spend_rounds
-from property_tests.request import WorkRequest
-from property_tests.table import CELL_OUTCOMES, Cell, CellOutcome, GoldenTally, run_cell
-from property_tests.tiers import ROUND_SEED_STEP
+from property_tests.checks.engine import spend_rounds
+from property_tests.checks.tiers import ROUND_SEED_STEP
+from property_tests.cli.cells import CELL_OUTCOMES, run_cell
+from property_tests.cli.request import WorkRequest
+from property_tests.cli.table import Cell, CellOutcome, GoldenTally
 from tests.corpus import broken_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +110,7 @@ KERNELS = textwrap.dedent('''
 def _main_job(tmp_path, *argv, env=None):
     (tmp_path / "budgeted.py").write_text(KERNELS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "property_tests.main", "check", "--convention", "ragged_dot",
+    return subprocess.run([sys.executable, "-m", "property_tests.cli.main", "check", "--convention", "ragged_dot",
                            "--no-goldens", "--modes", "exact", *argv], capture_output=True, text=True, timeout=600,
                           cwd=tmp_path, env=env)
 

@@ -10,18 +10,18 @@ import textwrap
 
 import pytest
 
-from property_tests import compile_cache
+from gmm_kernels.runtimes import compile_cache
 
-# a process that checks jax.lax.ragged_dot (a built-in: its executables are kept by gmm_kernels.executables) and a
-# user's kernel (jitted by the user: jax's persistent cache keeps it) on a few problems, and prints jax's cache's
+# a process that checks jax.lax.ragged_dot (a built-in: its executables are kept by gmm_kernels.runtimes.executables)
+# and a user's kernel (jitted by the user: jax's persistent cache keeps it) on a few problems, and prints jax's cache's
 # hit and miss counts, the lowerings to MLIR and the executables loaded from the harness's cache
 PROBE = textwrap.dedent('''
     import os, sys
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from property_tests import compile_cache
+    from gmm_kernels.runtimes import compile_cache
     print(compile_cache.enable(sys.argv[1]))
     import jax.monitoring
-    from gmm_kernels import executables
+    from gmm_kernels.runtimes import executables
     counts = {"hits": 0, "misses": 0, "lowered": 0, "loaded": 0}
     events = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses",
               "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowered", executables.LOAD_EVENT: "loaded"}
@@ -31,7 +31,7 @@ PROBE = textwrap.dedent('''
     jax.monitoring.register_event_listener(listen)
     jax.monitoring.register_event_duration_secs_listener(listen)
     from gmm_kernels import resolve_kernel
-    from property_tests.checking import check_mode
+    from property_tests.checks.check import check_mode
     verdicts = [check_mode(resolve_kernel(spec, convention="ragged_dot"), "normal", max_examples=3).status.value
                 for spec in ("jax.ragged_dot", "tests.gmm_kernels.test_executables:user_ragged_dot")]
     print(*verdicts, *(f"{k.upper()} {v}" for k, v in counts.items()))
@@ -95,7 +95,7 @@ def test_where_the_cache_lives(tmp_path, monkeypatch):
 
 
 def test_the_main_job_refuses_an_empty_directory():
-    proc = subprocess.run([sys.executable, "-m", "property_tests.main", "check", "--compile-cache", ""],
+    proc = subprocess.run([sys.executable, "-m", "property_tests.cli.main", "check", "--compile-cache", ""],
                           capture_output=True, text=True, timeout=120, env=_environ())
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--compile-cache: expected a directory or 'off', got ''" in proc.stderr
@@ -119,7 +119,7 @@ def test_a_directory_that_cannot_be_written_names_the_option_and_the_path(tmp_pa
     bad = tmp_path / "a-file" / "jax"
     script = textwrap.dedent('''
         import sys
-        from property_tests import compile_cache
+        from gmm_kernels.runtimes import compile_cache
         try:
             compile_cache.enable(sys.argv[1] if len(sys.argv) > 1 else None, option_name="--opt")
         except ValueError as exc:

@@ -14,8 +14,8 @@ import pytest
 
 from gmm_kernels import FunctionAdapter, Status
 from gmm_ref import conventions
-from property_tests.checking import check_mode, coverage
-from property_tests.modes import MODES
+from property_tests.checks.check import check_mode, coverage
+from property_tests.checks.modes import MODES
 from property_tests.strategies.design import design
 from tests.corpus.broken_kernels import gmm_correct
 
@@ -57,7 +57,7 @@ def test_the_relations_a_real_bug_hid_behind_are_drawn_in_every_sharded_run():
 
 
 def test_what_a_convention_cannot_express_is_listed_with_the_reason():
-    from property_tests.modes import mode_covering
+    from property_tests.checks.modes import mode_covering
 
     cov = mode_covering(FunctionAdapter(_never, "megablox.gmm"), "normal")
     reasons = dict(cov.designs["ragged_m"].inexpressible)
@@ -70,7 +70,7 @@ def test_what_a_convention_cannot_express_is_listed_with_the_reason():
 
 def test_a_design_is_deterministic_and_its_cells_show_their_levels():
     cov = FunctionAdapter(_never, "ragged_dot")
-    from property_tests.modes import mode_covering
+    from property_tests.checks.modes import mode_covering
 
     a, b = mode_covering(cov, "normal"), mode_covering(cov, "normal")
     assert [c.cell for c in a.cells] == [c.cell for c in b.cells]
@@ -87,13 +87,14 @@ def test_check_mode_records_relations_and_pairs():
 
 
 def test_the_coverage_command_lists_pairs_and_exits_0_when_all_are_reached():
-    done = subprocess.run([sys.executable, "-m", "property_tests.main", "coverage", "--convention", "megablox.tgmm",
+    done = subprocess.run([sys.executable, "-m", "property_tests.cli.main", "coverage", "--convention", "megablox.tgmm",
                            "--modes", "normal,sharded", "-v"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 never reached" in done.stdout and "cannot express" in done.stdout
-    short = subprocess.run([sys.executable, "-m", "property_tests.main", "coverage", "--convention", "megablox.tgmm",
+    short = subprocess.run([sys.executable, "-m", "property_tests.cli.main", "coverage",
+                            "--convention", "megablox.tgmm",
                             "--modes", "normal", "--max-examples", "3"], capture_output=True, text=True, timeout=600)
     assert short.returncode == 1 and "MISSING" in short.stdout, short.stdout + short.stderr
-    bad = subprocess.run([sys.executable, "-m", "property_tests.main", "coverage", "--convention", "bogus"],
+    bad = subprocess.run([sys.executable, "-m", "property_tests.cli.main", "coverage", "--convention", "bogus"],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "--convention" in bad.stderr

@@ -40,9 +40,13 @@ DRAW = textwrap.dedent('''
         sys.path.insert(0, sys.argv[1])
         import gmm_literals  # noqa: F401  (a local module: Hypothesis collects its literals)
     from gmm_kernels import get
-    from property_tests import checking, modes, scale, scale_routed, strategies as gst
-    from property_tests.profiles import pinned_constants, profile
-    from property_tests.strategies._plan import buckets
+    from property_tests import strategies as gst
+    from property_tests.checks import check as checking
+    from property_tests.checks import modes
+    from property_tests.checks import scale
+    from property_tests.checks import scale_routed
+    from property_tests.checks.profiles import pinned_constants, profile
+    from property_tests.strategies.problems import buckets
     from property_tests.strategies.problems import _drawer, _no_draw
 
     def feed(x, h):
@@ -140,7 +144,7 @@ def _draw(tmp_path: Path, hash_seed: str, literals: bool) -> dict[str, str]:
 
 
 def test_a_hypothesis_whose_pool_the_pin_cannot_find_gets_a_warning_once_never_an_error(monkeypatch):
-    from property_tests import profiles
+    from property_tests.checks import profiles
 
     # as a Hypothesis release that moved the function would be (raising=True: this fails first if it moved)
     monkeypatch.delattr("hypothesis.internal.conjecture.providers._get_local_constants")
@@ -189,7 +193,7 @@ def _main_job(where: Path, hash_seed: str, literals: bool, cache: Path) -> tuple
     where.mkdir()
     (where / "kern.py").write_text(KERNEL + (("\n# a kernel module's tables\n" + LITERALS) if literals else ""))
     calls = where / "calls.txt"
-    proc = subprocess.run([sys.executable, "-m", "property_tests.main", "check", "--kernel", "kern:ragged",
+    proc = subprocess.run([sys.executable, "-m", "property_tests.cli.main", "check", "--kernel", "kern:ragged",
                            "--convention", "ragged_dot", "--modes", "exact,scale", "--no-goldens",
                            "--max-examples", "300", "--compile-cache", str(cache), "--json", str(where / "r.json")],
                           capture_output=True, text=True, timeout=600, cwd=where,

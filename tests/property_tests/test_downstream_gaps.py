@@ -73,7 +73,7 @@ CHECK = textwrap.dedent('''
 
     jax.monitoring.register_event_listener(listen)
     from my_kernels.gmm import ragged_dot
-    from property_tests.checking import check_kernel
+    from property_tests.checks.check import check_kernel
 
     report = check_kernel(ragged_dot, modes=["exact"], max_examples=3)
     print("OK", report.ok, "HITS", counts["hits"], "MISSES", counts["misses"])
@@ -179,7 +179,7 @@ def test_the_harness_imports_torchao_quietly_and_leaves_a_users_messages_alone(t
         import logging
 
         import gmm_kernels
-        from property_tests.checking import check_mode
+        from property_tests.checks.check import check_mode
 
         for name in ("torchao.mxfp8_grouped_mm[emulated]", "torchao.nvfp4_grouped_mm[emulated]"):
             adapter = gmm_kernels.get(name)
@@ -202,7 +202,7 @@ def test_the_harness_imports_torchao_quietly_and_leaves_a_users_messages_alone(t
 
 def test_a_convention_that_contradicts_the_declaration_is_a_usage_error_of_the_cli_and_the_plugin(tmp_path):
     _repo(tmp_path)
-    cli = _run(tmp_path, "-m", "property_tests.main", "check", "--kernel", SPEC, "--convention", "megablox.gmm",
+    cli = _run(tmp_path, "-m", "property_tests.cli.main", "check", "--kernel", SPEC, "--convention", "megablox.gmm",
                "--modes", "exact", "--no-goldens")
     assert cli.returncode == 2, cli.stdout + cli.stderr  # was 1: every cell a TypeError
     assert (f"--convention: 'megablox.gmm' contradicts --kernel '{SPEC}', which declares the convention "
@@ -221,7 +221,7 @@ def test_check_kernel_refuses_a_convention_that_contradicts_the_declaration():
     import jax
 
     from gmm_kernels import declare, resolve_kernel
-    from property_tests.checking import check_kernel
+    from property_tests.checks.check import check_kernel
 
     @declare("ragged_dot", dtypes=["float32"])
     def kernel(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
@@ -257,7 +257,7 @@ def test_check_kernel_the_plugin_and_the_cli_share_one_compilation_cache(tmp_pat
     assert "OK True" in second.stdout and "MISSES 0" in second.stdout and "HITS 0" not in second.stdout, second.stdout
     plugin = _pytest(tmp_path, "-v", "tests/test_fixture.py", "--gmm-kernel", SPEC, "-p", "no:xdist")
     assert plugin.returncode == 0 and f"gmm jax compilation cache: {shared}\n" in plugin.stdout, plugin.stdout
-    cli = _run(tmp_path, "-m", "property_tests.main", "check", "--kernel", SPEC, "--modes", "exact", "--no-goldens",
+    cli = _run(tmp_path, "-m", "property_tests.cli.main", "check", "--kernel", SPEC, "--modes", "exact", "--no-goldens",
                "--max-examples", "2", "-v")
     assert cli.returncode == 0 and f"jax compilation cache: {shared}\n" in cli.stdout, cli.stdout + cli.stderr
 
@@ -283,7 +283,7 @@ def test_a_cache_directory_that_cannot_be_written_is_a_usage_error_before_any_ke
     out = plugin.stdout + plugin.stderr
     assert plugin.returncode == 4 and "passed" not in out, out  # was: the cache off, the run went on
     assert f"--gmm-compile-cache: the compilation cache directory {bad} cannot be written" in out, out
-    cli = _run(tmp_path, "-m", "property_tests.main", "check", "--kernel", SPEC, "--compile-cache", str(bad),
+    cli = _run(tmp_path, "-m", "property_tests.cli.main", "check", "--kernel", SPEC, "--compile-cache", str(bad),
                "--modes", "exact", "--no-goldens")
     assert cli.returncode == 2, cli.stdout + cli.stderr
     assert f"--compile-cache: the compilation cache directory {bad} cannot be written" in cli.stderr, cli.stderr

@@ -9,17 +9,18 @@ import sys
 from pathlib import Path
 
 from gmm_kernels import Status
-from property_tests.engine import run_checks
-from property_tests.modes import MODES, RUN_ORDER
-from property_tests.shards import Cell
-from property_tests.table import CELL_OUTCOMES, CellOutcome, Table, render, run_order
+from property_tests.checks.engine import RUN_ORDER, run_checks
+from property_tests.checks.modes import MODES
+from property_tests.cli.cells import CELL_OUTCOMES
+from property_tests.cli.shards import Cell
+from property_tests.cli.table import CellOutcome, Table, render, run_order
 
 BROKEN = "tests.corpus.broken_kernels:ragged_dot_tail_not_zeroed"  # wrong in exact, normal and poisoned
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "property_tests.main", "check", "--no-goldens", *args],
+    return subprocess.run([sys.executable, "-m", "property_tests.cli.main", "check", "--no-goldens", *args],
                           capture_output=True, text=True, timeout=600, cwd=ROOT, env=dict(os.environ), check=False)
 
 
@@ -62,8 +63,8 @@ def test_the_run_policy_stops_at_the_first_failure_under_fail_fast():
 
 
 def test_a_crashed_cell_is_the_first_failure_under_fail_fast(tmp_path, monkeypatch, capsys):
-    from property_tests.request import WorkRequest
-    from property_tests.supervisor import Supervisor
+    from property_tests.cli.request import WorkRequest
+    from property_tests.cli.supervisor import Supervisor
 
     (tmp_path / "exits.py").write_text("import sys\nsys.exit(0)\n")  # a worker that dies before its first cell
     monkeypatch.setattr(Supervisor, "COMMAND", (sys.executable, str(tmp_path / "exits.py")))
@@ -125,8 +126,8 @@ def test_check_kernel_says_a_failing_example_when_it_is_found_once_a_check_befor
     import pytest
 
     import gmm_ref
-    from property_tests.checking import check_kernel
-    from property_tests.failures import CheckRun
+    from property_tests.checks.check import check_kernel
+    from property_tests.checks.failures import CheckRun
     from tests.corpus.broken_kernels import ragged_dot_correct, ragged_dot_tail_not_zeroed
 
     with caplog.at_level(logging.WARNING, logger="gmm_harness"), pytest.raises(gmm_ref.Mismatch) as info:

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 
 from gmm_kernels import Status, resolve_kernel
-from property_tests import failures
-from property_tests.checking import check_mode
-from property_tests.modes import ALL_MODES, MODES, Mode
+from property_tests.checks import failures
+from property_tests.checks.check import check_mode
+from property_tests.checks.modes import ALL_MODES, MODES, Mode
 from property_tests.strategies.problems import covering, replay_refusal, replays
 from tests.corpus import broken_kernels as bk
 

@@ -9,7 +9,7 @@ import pytest
 
 import gmm_ref
 from gmm_kernels import Status
-from property_tests.checking import check_kernel
+from property_tests.checks.check import check_kernel
 from tests.corpus.broken_kernels import BROKEN, BROKEN_GRADIENTS, CORRECT
 
 CASES = [pytest.param(conv, fn, id=f"{fn.__name__}-{conv}") for conv, fns in BROKEN.items() for fn in fns]

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from gmm_kernels import FunctionAdapter, Status, get
-from property_tests import large
-from property_tests.checking import check_kernel, check_mode
+from property_tests.checks import large
+from property_tests.checks.check import check_kernel, check_mode
 from tests.corpus.broken_kernels import ragged_dot_correct, ragged_dot_int32_row_offsets
 
 FULL = os.environ.get("GMM_LARGE") == "1"

@@ -1,6 +1,6 @@
-"""The large mode's strided cells (``property_tests.large_strided``): element offsets past 2**31 on small problems,
-one operand (or the output a kernel writes in place) a view whose rows or groups lie 2**26 or 2**30 elements apart in
-a lazily committed allocation.
+"""The large mode's strided cells (``property_tests.checks.large_strided``): element offsets past 2**31 on small
+problems, one operand (or the output a kernel writes in place) a view whose rows or groups lie 2**26 or 2**30 elements
+apart in a lazily committed allocation.
 
 Each broken kernel here computes offsets in int32 and passes the default modes: the cells reject it naming the group
 and the rows (a torch kernel of all four ``torch._grouped_mm`` forms; a Triton kernel in the interpreter; vLLM's
@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 import gmm_ref
-from gmm_kernels import Status, device, get, resolve_kernel
-from property_tests import large
-from property_tests import large_strided as ls
-from property_tests.checking import check_kernel, check_mode
+from gmm_kernels import Status, get, resolve_kernel
+from gmm_kernels.sandbox import device
+from property_tests.checks import large
+from property_tests.checks import large_strided as ls
+from property_tests.checks.check import check_kernel, check_mode
 from tests.corpus.broken_large import batched_int32_out_offsets, grouped_mm_int32_offsets
 
 pytest.importorskip("torch", reason="the strided cells hand torch kernels strided tensors")
@@ -211,7 +212,7 @@ def test_a_memory_cap_that_is_no_number_is_named(monkeypatch):
 
 
 def test_a_memory_cap_that_is_no_number_is_a_usage_error_of_the_main_job(monkeypatch, capsys):
-    from property_tests.main import main
+    from property_tests.cli.main import main
 
     monkeypatch.setenv(large.MEMORY_ENV, "lots")
     with pytest.raises(SystemExit) as info:
@@ -222,8 +223,8 @@ def test_a_memory_cap_that_is_no_number_is_a_usage_error_of_the_main_job(monkeyp
 # ------------------------------------------------------------------------------- Triton kernels, interpreted
 pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[triton]; the newest-JAX leg has none)")
 
-from gmm_kernels import triton_interpreter  # noqa: E402
 from gmm_kernels.adapters import vllm  # noqa: E402
+from gmm_kernels.runtimes import triton_interpreter  # noqa: E402
 from tests.corpus.wheel_twins import edited_wheel  # noqa: E402
 
 interpreted = pytest.mark.skipif(not triton_interpreter.use_if_no_gpu(),

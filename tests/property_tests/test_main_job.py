@@ -20,7 +20,7 @@ import pytest
 
 import gmm_ref
 from gmm_kernels import Status
-from property_tests.checking import check_kernel
+from property_tests.checks.check import check_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = textwrap.dedent('''
@@ -50,7 +50,7 @@ KERNELS = textwrap.dedent('''
 def _main_job(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
     (tmp_path / "crashy.py").write_text(KERNELS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    return subprocess.run([sys.executable, "-m", "property_tests.main", "check", "--convention", "ragged_dot",
+    return subprocess.run([sys.executable, "-m", "property_tests.cli.main", "check", "--convention", "ragged_dot",
                            "--no-goldens", "--max-examples", "4", *argv], capture_output=True, text=True,
                           timeout=600, cwd=tmp_path, env=env)
 
@@ -96,7 +96,7 @@ def _usage_error(argv: list[str], cwd: Path, monkeypatch, resolves: bool = False
     import contextlib
     import io
 
-    import property_tests.main as main_module
+    import property_tests.cli.main as main_module
 
     if not resolves:  # the error is found before the kernels are resolved (the resolver names the others)
         monkeypatch.setattr(main_module, "resolve_request", lambda request: pytest.fail("a kernel was resolved"))
@@ -139,7 +139,7 @@ def test_an_output_path_that_cannot_be_written_is_a_usage_error_before_anything_
 
 
 def test_a_compile_cache_that_cannot_be_written_stays_a_usage_error(tmp_path, monkeypatch):
-    from property_tests import compile_cache
+    from gmm_kernels.runtimes import compile_cache
 
     def unwritable(option, *args, option_name="option", **kwargs):
         raise ValueError(f"{option_name}: the compilation cache directory {option} cannot be written: read-only")
@@ -177,7 +177,7 @@ def test_a_declared_known_bug_the_run_no_longer_catches_fails_the_main_job(monke
     # a failure naming the bug (fixed upstream, or the harness stopped catching it), not a silent pass
     from gmm_kernels.adapters.ragged_dot import JaxRaggedDot
     from gmm_kernels.scope import KnownIssue
-    from property_tests.main import main
+    from property_tests.cli.main import main
 
     pytest.importorskip("jax")
     issue = KnownIssue(("exact",), "upstream bug: a made-up bug in a correct kernel")
@@ -202,8 +202,8 @@ def test_a_declared_known_bug_the_run_no_longer_catches_fails_the_main_job(monke
 def test_a_declared_known_bug_is_judged_over_every_family_of_its_mode():
     # caught in one family is enough (the bug shows where its family lets it); a mode not run in full (an n/a
     # cell: not checked, --fail-fast) gets no verdict on it; every family passed: each cell fails, naming the bug
-    from property_tests.shards import Cell
-    from property_tests.table import CellOutcome, Table
+    from property_tests.cli.shards import Cell
+    from property_tests.cli.table import CellOutcome, Table
 
     bug = {"k": {"poisoned": "upstream bug: leaks NaN"}}
 

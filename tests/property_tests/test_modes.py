@@ -1,4 +1,4 @@
-"""A mode is one object (``property_tests.modes.Mode``): its strategy options, what it checks and where it
+"""A mode is one object (``property_tests.checks.modes.Mode``): its strategy options, what it checks and where it
 applies travel with it, so that a new mode runs through ``check_mode`` without a change anywhere else."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gmm_kernels import Status, resolve_kernel
-from property_tests.checking import check_mode, coverage
-from property_tests.modes import ALL_MODES, MODES, Mode
+from property_tests.checks.check import check_mode, coverage
+from property_tests.checks.modes import ALL_MODES, MODES, Mode
 from tests.corpus import broken_kernels as bk
 
 pytest.importorskip("jax")
@@ -60,9 +60,9 @@ def test_the_package_names_its_public_checks_and_loads_them_when_named():
     import sys
 
     code = ("import sys, property_tests\n"
-            "print(sorted(m for m in ('property_tests.checking', 'jax', 'torch') if m in sys.modules))\n"
+            "print(sorted(m for m in ('property_tests.checks.check', 'jax', 'torch') if m in sys.modules))\n"
             "from property_tests import check_kernel, check_mode, strategies\n"
-            "from property_tests.checking import check_kernel as k, check_mode as m\n"
+            "from property_tests.checks.check import check_kernel as k, check_mode as m\n"
             "print(check_kernel is k and check_mode is m, strategies.__name__)\n"
             "try:\n    property_tests.no_such_name\nexcept AttributeError as exc:\n    print(exc)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -17,9 +17,9 @@ import gmm_ref
 from gmm_kernels import Status, resolve_kernel
 from gmm_kernels.known_issues import XLA_CPU_NAN_LEAK, xla_nan_leak_issues
 from gmm_kernels.repro import kernel_reproducer, locate
-from property_tests import failures
-from property_tests.checking import check_kernel, check_mode
-from property_tests.engine import mode_order
+from property_tests.checks import failures
+from property_tests.checks.check import check_kernel, check_mode
+from property_tests.checks.engine import mode_order
 from tests.corpus import broken_kernels as bk
 
 pytest.importorskip("jax")

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 import gmm_ref
-from gmm_ref.routing import RoutedNumerics, Routing, routed_reference
-from gmm_ref.routing_metadata import (
+from gmm_ref.routed.metadata import (
     moe_align_block_size,
     unsloth_routing_indices,
     validate_moe_align_block_size,
     validate_unsloth_routing,
 )
+from gmm_ref.routed.routing import RoutedNumerics, Routing, routed_reference
 from property_tests import strategies as gst
 from property_tests.strategies.routing import ID_PATTERNS, _config, routed_buckets
 

@@ -1,4 +1,4 @@
-"""The ``scale`` mode (``property_tests.scale``): group counts and rows past the limits kernels hard-code.
+"""The ``scale`` mode (``property_tests.checks.scale``): group counts and rows past the limits kernels hard-code.
 
 Each kernel of ``BROKEN_AT_SCALE`` carries a bug that shows only there (rows past a grid axis of 65,535 blocks,
 in the call or in one group; an expert scan of 512; a weight table of 128): the scale mode rejects it naming
@@ -12,9 +12,9 @@ import pytest
 
 import gmm_ref
 from gmm_kernels import Status, resolve_kernel
-from property_tests import scale
-from property_tests.checking import check_kernel, check_mode, coverage
-from property_tests.modes import MODES
+from property_tests.checks import scale
+from property_tests.checks.check import check_kernel, check_mode, coverage
+from property_tests.checks.modes import MODES
 from tests.corpus import broken_kernels as bk
 from tests.corpus import broken_scale as bs
 
@@ -152,7 +152,7 @@ def test_cells_cross_the_limits_exactly():
 
 
 def test_the_table_says_which_cells_were_left_out():
-    from property_tests.table import CellOutcome, render
+    from property_tests.cli.table import CellOutcome, render
 
     note = "left out: ragged_m G=129 (k runs interpreted here (x))"
     passed = CellOutcome(Status.PASSED, note, examples=1, cells=(1, 2))

@@ -1,5 +1,5 @@
-"""The ``scale`` mode for routed MoE kernels (``property_tests.scale_routed``): slots past 65,535 in one call and in
-one expert, experts past 256, 512 and 1,024, an expert map.
+"""The ``scale`` mode for routed MoE kernels (``property_tests.checks.scale_routed``): slots past 65,535 in one call and
+in one expert, experts past 256, 512 and 1,024, an expert map.
 
 Each kernel of ``broken_scale_routed`` carries a bug that shows only there (slots past a grid axis of 65,535 blocks,
 an expert scan of 1,024 threads; a weight table of 128, which the routed strategies' 257 and 513 experts reach too):
@@ -20,10 +20,10 @@ import pytest
 import gmm_ref
 from gmm_kernels import Status, resolve_kernel
 from gmm_ref.conventions.vllm import FUSED_MOE, FUSED_MOE_CONFIG, _FusedMoE
-from property_tests import scale_offsets as so
-from property_tests import scale_routed as sr
-from property_tests.checking import check_kernel, check_mode
-from property_tests.modes import MODES
+from property_tests.checks import scale_offsets as so
+from property_tests.checks import scale_routed as sr
+from property_tests.checks.check import check_kernel, check_mode
+from property_tests.checks.modes import MODES
 from tests.corpus import broken_scale_routed as bsr
 
 pytest.importorskip("torch", reason="the fused MoE kernels here take torch tensors")
@@ -100,7 +100,7 @@ def test_cells_cross_the_limits_exactly():
 
 
 def test_the_scale_mode_draws_nothing_to_cover_for_a_routed_kernel():
-    from property_tests.checking import coverage
+    from property_tests.checks.check import coverage
 
     assert coverage(_torch(), "scale").status is Status.UNSUPPORTED
 
@@ -172,8 +172,8 @@ def _past_row_end(kernel):
 
 
 def test_a_store_past_a_row_of_the_strided_output_is_named_by_its_token_slot_and_expert():
-    """The offsets cell's row margins (property_tests.scale_offsets): between C's rows, outside any other guard (in
-    the other cells C is contiguous: the store lands on the next row's column 0, a wrong element there)."""
+    """The offsets cell's row margins (property_tests.checks.scale_offsets): between C's rows, outside any other guard
+    (in the other cells C is contiguous: the store lands on the next row's column 0, a wrong element there)."""
     adapter = _torch(_past_row_end(bsr.fused_moe))
     with pytest.raises(gmm_ref.Mismatch) as info:
         so.check(adapter, sr.scale_routing(adapter, sr.OFFSETS))
@@ -207,8 +207,9 @@ def test_the_default_modes_already_catch_a_table_of_128_and_scans_of_256_and_512
 # ------------------------------------------------------------------------------- vLLM's kernel, interpreted
 pytest.importorskip("triton", reason="Triton is not installed (gmm-harness[triton]; the newest-JAX leg has none)")
 
-from gmm_kernels import get, triton_interpreter  # noqa: E402
+from gmm_kernels import get  # noqa: E402
 from gmm_kernels.adapters import vllm  # noqa: E402
+from gmm_kernels.runtimes import triton_interpreter  # noqa: E402
 
 needs_wheel = pytest.mark.skipif(vllm.find_wheel() is None, reason=f"no vLLM {vllm.WHEEL_VERSION} wheel here; get "
                                                                    f"it with: {vllm.DOWNLOAD}")
@@ -254,7 +255,7 @@ def test_every_routed_row_can_take_a_cell_of_its_own(name, monkeypatch):
         assert isinstance(routing, gmm_ref.RoutedBackward if conv.backward else gmm_ref.Routing), \
             f"{name}: {cell.describe()}: {routing}"
         if conv.backward:  # element 0 of every slot's input gradient is 1, (0, 0) of an expert's its slot count
-            g = gmm_ref.routed_gradients(routing)
+            g = gmm_ref.routed.gradients(routing)
             assert (g.inputs.slots_exact[:, :, 0] == 1).all()
             counts = np.bincount(routing.topk_ids.reshape(-1), minlength=routing.num_local_experts)
             assert np.array_equal(g.experts_exact[:, 0, 0] - (0 if routing.existing is None else

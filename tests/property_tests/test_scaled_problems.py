@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gmm_ref
-from gmm_ref.scaled import Quantization, to_mx
+from gmm_ref.scaled.model import Quantization, to_mx
 from tests.gmm_ref.test_scaled_reference import (
     BF16,
     CASES,
@@ -125,7 +125,7 @@ def test_a_scaled_problem_has_no_gradient_and_no_batch_dims():
 # ------------------------------------------------------------------ kernels that quantize inside (MXFP8)
 def _mx_check(fn, modes=None):
     pytest.importorskip("torch", reason="the MXFP8 test kernels take torch tensors")
-    from property_tests.checking import check_kernel
+    from property_tests.checks.check import check_kernel
 
     return check_kernel(fn, convention="torch.grouped_mm", modes=modes, raise_on_failure=False)
 
@@ -150,7 +150,7 @@ def test_a_wrong_mxfp8_kernel_is_caught_against_its_declared_format(name):
     from tests.corpus import broken_scaled as bs
 
     pytest.importorskip("torch", reason="the MXFP8 test kernels take torch tensors")
-    from property_tests.checking import check_kernel
+    from property_tests.checks.check import check_kernel
 
     with pytest.raises(gmm_ref.Mismatch) as info:
         check_kernel(getattr(bs, name), convention="torch.grouped_mm", modes=["exact", "normal", "wide"])
@@ -182,7 +182,7 @@ def test_quantize_problem_restarts_blocks_at_groups_and_refuses_what_it_cannot_q
 
 
 def test_parse_quantizes_names_the_option():
-    from property_tests.options import parse_quantizes
+    from property_tests.cli.options import parse_quantizes
 
     mx = gmm_ref.MXQuantizer("float8_e4m3fn", 32, "rceil")
     assert parse_quantizes("mx") == (mx, mx)
@@ -204,7 +204,7 @@ def test_the_main_job_s_quantizes_option_declares_the_format(tmp_path):
     pytest.importorskip("torch", reason="the MXFP8 test kernel takes torch tensors")
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    base = [sys.executable, "-m", "property_tests.main", "check", "--kernel",
+    base = [sys.executable, "-m", "property_tests.cli.main", "check", "--kernel",
             "tests.corpus.broken_scaled:mxfp8_correct_undeclared", "--convention", "torch.grouped_mm",
             "--families", "ragged_m", "--dtypes", "bfloat16", "--out-dtypes", "bfloat16", "--multiple", "k=32",
             "--zero-extents", "m", "--modes", "wide", "--no-goldens", "--max-examples", "6"]
@@ -276,7 +276,7 @@ def test_packed_fp4_puts_the_even_element_in_the_low_nibble():
     sign, two exponent bits, one mantissa bit)."""
     import ml_dtypes
 
-    from gmm_ref.scale_layouts import pack_fp4, unpack_fp4
+    from gmm_ref.scaled.layouts import pack_fp4, unpack_fp4
 
     codes = np.array([1.0, 6.0, -0.5, 0.0]).astype(ml_dtypes.float4_e2m1fn)
     assert pack_fp4(codes).tolist() == [0x72, 0x09]

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from gmm_kernels import Status, resolve_kernel
-from property_tests import shards
-from property_tests.checking import check_mode
+from property_tests.checks.check import check_mode
+from property_tests.cli import shards
 from tests.corpus import broken_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ RUN = ["--kernel", GOOD, "--kernel", BAD, "--convention", "ragged_dot", "--modes
 def _cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("GMM_HARNESS_EXAMPLE_DB", None)
-    return subprocess.run([sys.executable, "-m", "property_tests.main", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "property_tests.cli.main", *argv], capture_output=True, text=True,
                           timeout=600, cwd=cwd, env=env)
 
 
@@ -252,7 +252,7 @@ def test_a_failure_saved_by_one_run_is_the_first_failing_example_of_the_next(whe
 def test_each_cell_keeps_its_examples_under_a_key_of_its_own():
     from hypothesis.database import InMemoryExampleDatabase
 
-    from property_tests import example_db
+    from property_tests.checks import example_db
 
     inner = InMemoryExampleDatabase()
     a, b = (example_db.for_cell(inner, f"k conv exact ragged_m cell {i}") for i in (1, 2))
@@ -270,7 +270,7 @@ def test_each_cell_keeps_its_examples_under_a_key_of_its_own():
 
 
 def test_cells_of_one_unit_stay_on_one_shard():
-    from property_tests.main import _shape_unit
+    from property_tests.cli.main import _shape_unit
 
     cells = [("k", "ragged_m", m) for m in ("exact", "normal", "wide", "poisoned", "all_empty", "many_groups",
                                              "grad", "out_dtype")] + [("k", None, "goldens")]
@@ -284,7 +284,7 @@ def test_cells_of_one_unit_stay_on_one_shard():
 
 
 def test_a_database_lost_mid_run_is_reported_once_and_never_a_kernels_failure(redis_server, capsys):
-    from property_tests import example_db
+    from property_tests.checks import example_db
 
     url, server = redis_server
     db = example_db.open_database(url)

@@ -14,11 +14,10 @@ from hypothesis import given, settings
 
 from gmm_ref import conventions
 from property_tests import strategies as gst
-from property_tests.profiles import profile
-from property_tests.strategies._plan import plan
+from property_tests.checks.profiles import profile
 from property_tests.strategies._static import walked_buckets
 from property_tests.strategies.design import observe, pairs_of, static_levels, static_rows
-from property_tests.strategies.problems import _drawer
+from property_tests.strategies.problems import _drawer, plan
 
 
 def _describe(pairs) -> list[str]:

@@ -1,4 +1,4 @@
-"""Tiers (``property_tests.tiers``): gmm-quick runs every cell of every mode once, the cells most likely to fail
+"""Tiers (``property_tests.checks.tiers``): gmm-quick runs every cell of every mode once, the cells most likely to fail
 first, and rejects the corpus's broken kernels as gmm-ci does; gmm-ci is unchanged; gmm-nightly adds a time budget,
 the large mode and an example database; the tier is taken by name (check_kernel, the CLI, the plugin) and shown.
 Counts, not times: the tiers' costs are benchmarks/bench_tiers.py's."""
@@ -18,10 +18,12 @@ import pytest
 
 import gmm_ref
 from gmm_kernels import Status, resolve_kernel
-from property_tests import cell_order, checking, large
-from property_tests.checking import check_kernel, check_mode
-from property_tests.modes import MODES, RUN_ORDER, mode_covering
-from property_tests.tiers import TIERS, budgets, tier_of
+from property_tests.checks import cell_order, large
+from property_tests.checks import check as checking
+from property_tests.checks.check import check_kernel, check_mode
+from property_tests.checks.engine import RUN_ORDER
+from property_tests.checks.modes import MODES, mode_covering
+from property_tests.checks.tiers import TIERS, budgets, tier_of
 from tests.corpus.broken_kernels import (
     gmm_group_offset_ignored,
     grouped_mm_strides_ignored,
@@ -185,7 +187,7 @@ def test_an_unknown_tier_is_an_error_naming_the_option_with_a_suggestion():
 
 def _cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "property_tests.main", "check", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "property_tests.cli.main", "check", *args], capture_output=True,
                           text=True, timeout=600, cwd=tmp_path, env=env, check=False)
 
 

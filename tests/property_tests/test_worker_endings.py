@@ -1,7 +1,7 @@
 """Every way a worker of the main job can end ends in a named verdict, and the run goes on.
 
-The main job computes its cells in worker processes (``property_tests.worker``,
-watched by ``property_tests.supervisor.Supervisor``). A worker that ends before it
+The main job computes its cells in worker processes (``property_tests.cli.worker``,
+watched by ``property_tests.cli.supervisor.Supervisor``). A worker that ends before it
 reported all its cells has crashed, whatever its exit status: an exit with
 status 0 (``os._exit(0)``), a signal, an exception that escapes a cell or the
 worker's own setup, a kernel whose ``sys.exit`` would end it. A worker must
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from property_tests import worker
-from property_tests.modes import RUN_ORDER
-from property_tests.request import WorkerEvent, WorkRequest
-from property_tests.supervisor import Supervisor
-from property_tests.table import Table
+from property_tests.checks.engine import RUN_ORDER
+from property_tests.cli import worker
+from property_tests.cli.request import WorkerEvent, WorkRequest
+from property_tests.cli.supervisor import Supervisor
+from property_tests.cli.table import Table
 
 ROOT = Path(__file__).resolve().parents[2]
 #: seconds a whole main job may take before the test fails (a hang of the old supervisor ends here)
@@ -116,7 +116,7 @@ def _main_job(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
     (cwd / "worker_only_failure.py").write_text(WORKER_ONLY_FAILURE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT)])}
     env.pop("GMM_HARNESS_EXAMPLE_DB", None)
-    return subprocess.run([sys.executable, "-m", "property_tests.main", "check", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "property_tests.cli.main", "check", *argv], capture_output=True,
                           text=True, timeout=JOB_LIMIT, cwd=cwd, env=env)
 
 
@@ -304,7 +304,7 @@ def test_the_worker_reports_an_error_in_its_own_setup(tmp_path):
 
 def test_the_protocols_records_come_back_from_json_equal():
     from gmm_kernels import Status
-    from property_tests.table import Cell, CellOutcome, FailedRound, GoldenTally
+    from property_tests.cli.table import Cell, CellOutcome, FailedRound, GoldenTally
 
     request = WorkRequest(kernels=("mod:fn",), modes=("exact", "grad"), scope={"families": "ragged_m"},
                           environ={"X": "1"}, deadline=12.5, cells=(Cell("mod:fn", "ragged_m", "exact"),

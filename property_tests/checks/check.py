@@ -1,0 +1,583 @@
+"""Check a kernel against the reference: one mode (:func:`check_mode`) or every mode (:func:`check_kernel`).
+
+Each mode is a Hypothesis property (``property_tests.checks.modes``); a failure is
+shrunk and reported as a ``gmm_ref.Mismatch`` carrying the report and a
+reproducer. Both functions return the result model of ``gmm_kernels.results``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from hypothesis import assume, event, given
+from hypothesis import seed as hypothesis_seed
+from hypothesis.database import ExampleDatabase
+from hypothesis.errors import InvalidArgument
+
+import gmm_ref
+from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
+from gmm_kernels.runtimes import compile_cache
+from gmm_kernels.sandbox import cuda_graph
+from gmm_kernels.sandbox import device as devices
+from gmm_ref.routed.compare import routed_element
+from property_tests.checks import cell_order, engine, failures, scale, tiers
+from property_tests.checks import example_db as example_dbs
+from property_tests.checks.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
+from property_tests.checks.profiles import DEFAULT as DEFAULT_PROFILE
+from property_tests.checks.profiles import PROFILES, pinned_constants
+from property_tests.checks.profiles import profile as profile_settings
+from property_tests.checks.tiers import Tier, budgets, cell_settings, chosen, run_setting
+from property_tests.strategies.design import observe, pairs_of
+from property_tests.strategies.problems import Covering, replay_refusal, replays
+
+__all__ = ["ModeResults", "check_example", "check_kernel", "check_mode", "cotangent_for", "coverage"]
+
+
+def cotangent_for(problem: gmm_ref.Problem) -> np.ndarray:
+    """A cotangent for ``problem``'s output: normal values in the output dtype, seeded by the inputs."""
+    seed = zlib.crc32(problem.lhs.tobytes()[:4096] + problem.rhs.tobytes()[:4096])
+    rng = np.random.default_rng(seed)
+    return gmm_ref.round_to(rng.standard_normal(problem.out_shape), problem.out_dtype)
+
+
+def _check_gradients(adapter: KernelAdapter, problem: gmm_ref.Problem) -> None:
+    """Compare ``adapter.vjp`` with gmm_ref's exact gradients (each its own problem and bound)."""
+    __tracebackhide__ = True
+    cot = cotangent_for(problem)
+    try:
+        got = adapter.vjp(problem, cot)  # NotImplementedError: this kernel has no gradient
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        failures.attach(exc, problem=problem, numerics=adapter.numerics_for(problem), wrt="lhs", cotangent=cot)
+        raise
+    want = gmm_ref.gradients(problem, cot)
+    for wrt, value in got.items():
+        if adapter.known_gradient_issue(wrt):  # a declared upstream bug, pinned by its own strict-xfail test
+            continue
+        gp = want[wrt]
+        numerics = adapter.numerics_for(gp)
+        try:
+            gmm_ref.assert_matches_reference(value, gp, numerics=numerics, kernel=f"{adapter.name} d/d{wrt}")
+        except gmm_ref.Mismatch as exc:
+            failures.attach(exc, problem=problem, numerics=numerics, wrt=wrt, cotangent=cot)
+            raise
+
+
+def _check_calls(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...], mode: Mode) -> None:
+    """The forward result of each problem, called in turn on the same adapter (``Mode.replays``: one shape,
+    several group-size vectors); a failure of a later call names the calls before it (its reproducer makes them)."""
+    __tracebackhide__ = True
+    for i, problem in enumerate(problems):
+        _check_forward(adapter, problem, mode, before=tuple(p.group_sizes for p in problems[:i]))
+    if len(problems) > 1 and adapter.convention_facts.framework == "torch" and devices.on_cuda():
+        _check_graph_replays(adapter, problems)
+
+
+def check_example(adapter: KernelAdapter, mode: Mode, problems: tuple[gmm_ref.Problem, ...]) -> None:
+    """Check one example of ``mode`` on ``adapter`` (``problems``: one, or ``Mode.replays`` of one shape): raises
+    what the kernel got wrong; ``NotImplementedError`` for a gradient it does not have, ``NotCapturable`` for a
+    call a CUDA graph cannot capture."""
+    __tracebackhide__ = True
+    if mode.gradient:
+        _check_gradients(adapter, problems[0])
+    else:
+        _check_calls(adapter, problems, mode)
+
+
+def _check_graph_replays(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...]) -> None:
+    """On a CUDA device, the calls again as replays of one captured CUDA graph (``gmm_kernels.sandbox.cuda_graph``);
+    ``cuda_graph.NotCapturable`` where the call cannot be captured (the property declines the problem)."""
+    __tracebackhide__ = True
+
+    def attach(exc: BaseException, problem: gmm_ref.Problem, replay: int) -> None:
+        before = tuple(p.group_sizes for p in problems[:replay - 1])
+        failures.attach(exc, problem=problem, numerics=adapter.numerics_for(problem), **failures.replayed(before))
+
+    cuda_graph.check_replays(adapter, problems, capture=cuda_graph.cuda_capture, on_failure=attach)
+
+
+def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode, before: tuple = ()) -> None:
+    __tracebackhide__ = True
+    # from the harness's own read-only problem, before the kernel runs (quantized as the kernel declares)
+    ref = adapter.reference_for(problem)
+    numerics = adapter.numerics_for(problem)
+    try:
+        out = adapter.run(problem)
+        try:
+            gmm_ref.assert_matches_reference(out, ref, numerics=numerics, kernel=adapter.name)
+        except gmm_ref.Mismatch as exc:
+            exc.output = out  # for failures.name_guarded_reads, once shrunk
+            raise
+        if mode.deterministic_repeat and adapter.deterministic:
+            gmm_ref.assert_deterministic(out, adapter.run(problem), ref, kernel=adapter.name)
+    except Exception as exc:
+        failures.attach(exc, problem=problem, numerics=numerics,
+                        determinism=getattr(exc, "kind", None) == "determinism", **failures.replayed(before))
+        if before:
+            exc.add_note(failures.replay_note(problem, before))
+        raise
+
+
+class _Tally:
+    """What a mode's cells found so far: examples checked, declined and repeated, relations reached."""
+
+    def __init__(self) -> None:
+        self.checked = 0
+        self.declined: list[str] = []
+        self.repeated: list[tuple[str, BaseException]] = []
+        self.coverage: Counter[str] = Counter()
+        self.cells = (0, 0)  # cells run, cells in the design
+        self.reached: set[tuple[str, frozenset]] = set()  # (family, pair) of relations checked together
+        self.summary: tuple[tuple[int, int], tuple[str, ...]] = ((0, 0), ())
+
+    def count(self, problem: gmm_ref.Problem, seen: dict[str, frozenset[str]], relations: list[str]) -> None:
+        """One example checked (or, for coverage, drawn), with the relations it showed."""
+        self.checked += 1
+        self.coverage.update(relations)
+        self.reached.update((problem.family, p) for p in pairs_of(seen))
+
+    def conclude(self, adapter: KernelAdapter, what: str) -> None:
+        """After a mode's examples (``what``: problem, routing): :class:`failures.Repeated` if examples raised an
+        exception another check reported, :class:`Unsupported` if the kernel declined every one."""
+        if self.repeated:
+            where, exc = self.repeated[0]
+            raise failures.Repeated(
+                f"raised again in {len(self.repeated)} of {len(self.repeated) + self.checked} examples, as in "
+                f"{where} (reported there; not shrunk again): {failures.one_line(exc)}")
+        if self.checked == 0:
+            # the most frequent reason, the first given among equals (a set's order would follow the hash seed)
+            reason = Counter(self.declined).most_common(1)[0][0] if self.declined else f"no {what} drawn"
+            raise Unsupported(f"{adapter.name} declined every {what}: {reason}")
+
+    def reached_fields(self) -> dict[str, Any]:
+        """The :class:`Result` fields of what the examples reached."""
+        return dict(examples=self.checked, coverage=tuple(sorted(self.coverage.items())), cells=self.cells,
+                    pairs=self.summary[0], missing=self.summary[1])
+
+    def pairs(self, cov: Covering) -> tuple[tuple[int, int], tuple[str, ...]]:
+        """(pairs reached, pairs in the designs) and the missing ones, described."""
+        wanted = {(fam, p) for fam, d in cov.designs.items() for p in d.pairs}
+        missing = sorted(f"{fam}: " + " & ".join(f"{f}={v}" for f, v in sorted(p)) for fam, p in wanted - self.reached)
+        return (len(wanted & self.reached), len(wanted)), tuple(missing)
+
+
+def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally, run: failures.CheckRun,
+                   dry: bool = False, drawn: bool = False, where: str = "") -> Callable[..., None]:
+    check = _cell_check(adapter, mode, cov, tally, run, dry, where or mode.name)
+
+    # what Hypothesis runs: short, for Hypothesis digests its source for the example database's key
+    def cell(problem: tuple[gmm_ref.Problem, ...]) -> None:
+        check(problem)
+
+    if not drawn:
+        return cell
+    first = [True]
+
+    # ``drawn``: Hypothesis' first example of a run is its simplest (degenerate group sizes, the first of every
+    # choice); a tier of one example a cell sets it aside (assume: not counted) and checks a drawn one
+    def drawn_cell(problem: tuple[gmm_ref.Problem, ...]) -> None:
+        if first and first.pop():
+            assume(False)
+        check(problem)
+
+    return drawn_cell
+
+
+def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally, run: failures.CheckRun,
+                dry: bool, where: str) -> Callable[[tuple[gmm_ref.Problem, ...]], None]:
+    def prop(problems: tuple[gmm_ref.Problem, ...]) -> None:
+        __tracebackhide__ = True
+        try:
+            one(problems)
+        except Exception as exc:
+            # its notes so far are the checked code's, not Hypothesis'
+            failures.left_property(exc, failures.recipe_problem(exc, problems[0]))
+            run.found(adapter, mode.name, where, exc)  # said now, before shrinking
+            raise
+
+    def one(problems: tuple[gmm_ref.Problem, ...]) -> None:
+        problem = problems[0]  # the others (Mode.replays) differ from it only in their group sizes
+        reason = next((r for r in map(adapter.supports, problems) if r is not None), None)
+        if reason is None and len(problems) < mode.replays:  # no other group sizes for it: not this mode's problem
+            reason = replay_refusal(problem)
+        if reason is not None:
+            tally.declined.append(reason)
+            return
+        seen = observe(problem, cov.config)
+        relations = [f"{f}={v}" for f, levels in seen.items() for v in sorted(levels)]
+        for r in relations:
+            event(r)
+        if dry:  # coverage only: what would be checked, without calling the kernel
+            tally.count(problem, seen, relations)
+            return
+        try:
+            check_example(adapter, mode, problems)
+        except NotImplementedError as exc:
+            if not mode.gradient:
+                raise
+            tally.declined.append(str(exc))
+            return
+        except cuda_graph.NotCapturable as exc:  # a refusal: its eager calls passed (docs/semantics.md)
+            tally.declined.append(f"{adapter.name} {exc}")
+            return
+        except Exception as exc:
+            where = run.seen_before(adapter, exc)
+            if where is None:
+                raise
+            tally.repeated.append((where, exc))  # reported once already: not shrunk again
+            return
+        tally.count(problem, seen, relations)
+
+    return prop
+
+
+def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_examples: int | None,
+                  profile: str | None, seed: int | None = None, dry: bool = False,
+                  database: ExampleDatabase | None = None, run: failures.CheckRun | None = None,
+                  tier: Tier | None = None) -> _Tally:
+    """Run the mode's property over every cell of its covering design (``tier``'s examples a cell, in its order).
+    Raises the (shrunk) failure of the first failing cell, or :class:`failures.Repeated` when examples raised
+    only an exception ``run`` already reported for the kernel, or :class:`Unsupported`."""
+    __tracebackhide__ = True
+    try:
+        cov = mode_covering(adapter, mode, family)
+    except InvalidArgument as exc:  # the strategies cannot draw this mode for this convention
+        raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
+    tally = _Tally()
+    run = run if run is not None else failures.CheckRun()
+    derandomized = profile_settings(profile).derandomize
+    per_cell = budgets(max_examples, profile, adapter.max_examples, len(cov.cells),
+                       tier.per_cell if tier is not None else None)
+    tally.cells = (len(per_cell), len(cov.cells))
+    ordered = cell_order.order([c.cell for c in cov.cells]) if tier is not None and tier.ordered_cells \
+        else range(len(cov.cells))
+    drawn = tier is not None and tier.per_cell is not None and database is None  # a replay comes first otherwise
+    for i, n in zip(ordered, per_cell, strict=False):  # i: the cell's place in the design (its seed)
+        cc = cov.cells[i]
+        # a tuple of problems: one, or one shape with Mode.replays group-size vectors
+        prop = given(problem=replays(cov, cc, mode.replays))(_cell_property(
+            adapter, mode, cov, tally, run, dry, drawn=drawn and n == 1,
+            where=f"{cc.family} / {mode.name}" if cc.family else mode.name))
+        cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} {cc.family} {cc.cell.describe()}"
+        if seed is not None or derandomized:
+            cell_seed = zlib.crc32(f"{cc.family} {cc.cell.describe()}".encode()) ^ (seed or 0) ^ i
+            # the settings go on after the seed: @seed drops any database the settings under it named
+            prop = cell_settings(profile, n, True, database, cell)(hypothesis_seed(cell_seed)(prop))
+        else:
+            prop = cell_settings(profile, n, False, database, cell)(prop)
+        try:
+            with pinned_constants():  # the examples of a seed, whatever modules this process loaded
+                prop()
+        except InvalidArgument as exc:
+            raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
+    tally.conclude(adapter, "problem")
+    tally.summary = tally.pairs(cov)
+    return tally
+
+
+def _routing_note(r: gmm_ref.Routing) -> str:
+    """What a routed failure was drawn on: the routing's static facts and its ids (the values are the drawn ones)."""
+    with np.printoptions(threshold=200, linewidth=120):
+        emap = "none" if r.expert_map is None else np.array2string(r.expert_map, separator=", ")
+        return (f"{r.describe()}\ntopk_ids = {np.array2string(r.topk_ids, separator=', ')}\n"
+                f"expert_map = {emap}")
+
+
+def _check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) -> None:
+    """A routed kernel's output (per slot or combined, as its convention says) against the routed reference
+    (``gmm_ref.assert_routed_matches``: the token, slot and expert of the first wrong element named); run twice
+    for a deterministic kernel in a mode that asks, bit for bit."""
+    __tracebackhide__ = True
+    ref = adapter.reference_for(routing)
+    numerics = adapter.numerics_for(routing)
+    try:
+        out = adapter.run(routing)
+        output = adapter.convention_facts.output
+        gmm_ref.assert_routed_matches(out, ref, numerics=numerics, kernel=adapter.name, output=output)
+        if mode.deterministic_repeat and adapter.deterministic:
+            again = adapter.run(routing)
+            bits = f"u{out.dtype.itemsize}"
+            differ = np.argwhere(np.ascontiguousarray(out).view(bits) != np.ascontiguousarray(again).view(bits))
+            if differ.size:
+                raise gmm_ref.Mismatch(f"{routed_element(routing, output, differ[0])}: a second call returned other "
+                                       f"bits ({adapter.name} declares itself deterministic)", kind="determinism")
+    except Exception as exc:
+        exc.add_note(_routing_note(routing))
+        raise
+
+
+def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, profile: str | None,
+                seed: int | None = None, database: ExampleDatabase | None = None,
+                run: failures.CheckRun | None = None, tier: Tier | None = None) -> _Tally:
+    """Run ``mode``'s property on a routed kernel: routings drawn by ``gst.routings`` within its convention and
+    declared limits (``modes.mode_routings``, :class:`Unsupported` where the mode has no routed form), each
+    checked by :func:`_check_routed`. One cell (no covering design of routed relations yet)."""
+    __tracebackhide__ = True
+    strategy = mode_routings(adapter, mode)
+    tally = _Tally()
+    tally.cells = (1, 1)
+    run = run if run is not None else failures.CheckRun()
+    quick = tier is not None and tier.routed_examples is not None and max_examples is None  # gmm-quick's examples
+    n = budgets(tier.routed_examples if quick else max_examples, profile, adapter.max_examples, 1)[0]  # type: ignore
+
+    def check(routing: gmm_ref.Routing) -> None:
+        __tracebackhide__ = True
+        reason = adapter.supports(routing)
+        if reason is not None:
+            tally.declined.append(reason)
+            return
+        try:
+            _check_routed(adapter, routing, mode)
+        except Exception as exc:
+            where = run.seen_before(adapter, exc)
+            if where is None:
+                run.found(adapter, mode.name, f"routed / {mode.name}", exc)  # said now, before shrinking
+                raise
+            tally.repeated.append((where, exc))
+            return
+        tally.checked += 1
+
+    def routed(routing: gmm_ref.Routing) -> None:
+        check(routing)
+
+    prop = given(routing=strategy)(routed)
+    cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} routed"
+    if seed is not None or profile_settings(profile).derandomize:
+        prop = cell_settings(profile, n, True, database, cell)(hypothesis_seed(zlib.crc32(cell.encode()) ^ (seed or 0))(
+            prop))
+    else:
+        prop = cell_settings(profile, n, False, database, cell)(prop)
+    with pinned_constants():
+        prop()
+    tally.conclude(adapter, "routing")
+    return tally
+
+
+def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
+               max_examples: int | None = None, profile: str | None = None, seed: int | None = None,
+               example_db: Any = None, run: failures.CheckRun | None = None, tier: str | Tier | None = None
+               ) -> Result:
+    """Run one mode's property on ``adapter`` (one family, or all its convention's) and say what it found.
+
+    ``profile`` names a registered Hypothesis profile to run under (default: the settings in force); ``tier``
+    (``property_tests.checks.tiers``; a profile of a tier's name means the tier) runs under the tier's profile, its
+    examples a cell and its order of the cells; ``seed`` explores other examples than a derandomized profile's.
+    A failure comes back as a ``FAILED`` result carrying the exception (a ``gmm_ref.Mismatch`` after shrinking,
+    with a reproducer that calls the kernel, or what the kernel raised), or ``KNOWN_BUG`` when the kernel
+    declares an upstream bug for this mode. The result's ``setting`` names the tier, profile or seed.
+    ``example_db`` (an ``ExampleDatabase``, a directory, ``redis://HOST:PORT``; default
+    ``$GMM_HARNESS_EXAMPLE_DB``, else none) saves failing examples and replays them first
+    (``property_tests.checks.example_db``). ``run`` (a :class:`failures.CheckRun`) is the run this check is part of:
+    an exception the kernel raised in a check it already reported is reported once, its examples not shrunk
+    again; default: a run of this check alone.
+    """
+    mode = mode_of(mode)
+    run = run if run is not None else failures.CheckRun()
+    database = example_dbs.resolve(example_db)
+    t0 = time.perf_counter()
+    plan = chosen(tier, profile)
+    profile = plan.profile if plan is not None else profile
+    common = dict(kernel=adapter.name, check=mode.name, family=family,
+                  setting=run_setting(profile, seed, max_examples, plan))
+    try:
+        if mode.cells:  # a routed kernel's cells are routings (property_tests.checks.scale_routed)
+            checked, left_out = (mode.cell_runner or scale.run_cells)(
+                adapter, mode, family, _check_routed if adapter.routed else _check_forward)
+            return Result(status=Status.PASSED, examples=checked, seconds=time.perf_counter() - t0,
+                          cells=(checked, checked + sum(map(len, left_out.values()))),
+                          detail=scale.cells_detail(left_out), **common)
+        elif adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
+            tally = _run_routed(adapter, mode, max_examples, profile, seed, database=database, run=run, tier=plan)
+        else:
+            tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run,
+                                  tier=plan)
+    except Unsupported as exc:
+        return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
+    except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
+        exc, distinct = failures.primary(caught)
+        failures.name_guarded_reads(adapter, exc)
+        hints = failures.finish(exc, adapter, mode.name)
+        where = mode.name + (f" [{family}]" if family else "")
+        run.record_raised(adapter, exc, where)
+        line = str(exc) if isinstance(exc, failures.Repeated) else failures.one_line(exc)
+        line += f" (+{distinct - 1} other distinct failure{'s' * (distinct > 2)})" if distinct > 1 else ""
+        line += "".join(f"; matches a known upstream bug of {h} (-v says which)" for h in hints)
+        known = adapter.known_issue(mode.name)
+        status, detail = (Status.KNOWN_BUG, f"{known} (caught: {line})") if known else (Status.FAILED, line)
+        failures.note(exc, f"Checked under the {common['setting']}.")
+        return Result(status=status, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
+    return Result(status=Status.PASSED, seconds=time.perf_counter() - t0, **tally.reached_fields(), **common)
+
+
+def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
+             max_examples: int | None = None, profile: str | None = None, seed: int | None = None) -> Result:
+    """What :func:`check_mode` would check, without calling the kernel: the examples it would draw,
+    the relations and pairs of relations they reach (``Result.coverage``, ``pairs``, ``missing``)."""
+    mode = mode_of(mode)
+    t0 = time.perf_counter()
+    common = dict(kernel=adapter.name, check=mode.name, family=family,
+                  setting=run_setting(profile, seed, max_examples))
+    if adapter.routed:
+        return Result(status=Status.UNSUPPORTED, detail="routed: no covering design of routed relations yet (the "
+                      "routings are drawn in one cell)", **common)
+    if mode.cells:  # fixed problems, one per cell (checks.scale, checks.large): nothing drawn
+        return Result(status=Status.UNSUPPORTED, detail=f"the {mode.name} mode draws no examples (one fixed problem "
+                      "per cell, built for the kernel)", **common)
+    try:
+        tally = _run_property(adapter, mode, family, max_examples, profile, seed, dry=True)
+    except Unsupported as exc:
+        return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
+    status = Status.PASSED if not tally.summary[1] else Status.FAILED
+    detail = "" if status is Status.PASSED else f"{len(tally.summary[1])} pairs never reached"
+    return Result(status=status, detail=detail, seconds=time.perf_counter() - t0, **tally.reached_fields(), **common)
+
+
+def check_kernel(
+    kernel: Callable[..., Any] | KernelAdapter | str,
+    *,
+    convention: str | None = None,
+    tiling: Any = None,
+    max_examples: int | None = None,
+    modes: Iterable[str] | None = None,
+    numerics: gmm_ref.Numerics | gmm_ref.RoutedNumerics | None = None,
+    name: str | None = None,
+    scope: Scope | None = None,
+    profile: str | None = DEFAULT_PROFILE,
+    seed: int | None = None,
+    raise_on_failure: bool = True,
+    example_db: Any = None,
+    device: str | None = None,
+    tier: str | None = None,
+    budget: float | None = None,
+) -> Report:
+    """Check a kernel in every mode (or ``modes``) its convention allows; one :class:`Result` per mode.
+
+    ``kernel`` is a function taking exactly its ``convention``'s arguments (jax
+    arrays for the jax conventions, torch tensors for ``torch.grouped_mm``; it
+    may return a jax array, torch tensor or NumPy array), a built-in adapter
+    name, ``"pkg.module:fn"`` or a ``KernelAdapter``. With ``raise_on_failure``
+    (the default) the first failing mode raises its exception (a
+    :class:`gmm_ref.Mismatch` after shrinking); otherwise failures are results.
+    ``scope`` (a ``gmm_kernels.Scope``; a function decorated with ``gmm_kernels.declare`` brings
+    its own) says what the kernel supports: exactly that is checked.
+    ``tier`` names what the run checks (``property_tests.checks.tiers``, docs/speed.md): ``"gmm-quick"`` (pull
+    requests: every cell of the covering designs once, what is most likely to fail first), ``"gmm-ci"``,
+    ``"gmm-nightly"`` (gmm-ci, then ``budget`` seconds, default 300, of new examples seeded by the date, the
+    large mode, an example database), ``"gmm-dev"``, ``"gmm-thorough"``. ``profile`` names a registered
+    Hypothesis profile (``"gmm-ci"``, the default: derandomized, the same verdict every run; a tier's name means
+    that tier; None: the settings in force); given with ``tier``, it must be the tier's. ``seed`` explores other
+    examples. Every result names the tier, profile or seed it ran under, the report its tier. ``budget``
+    (seconds, any tier) is the kernel's time: after every mode ran, rounds of new examples for its passed modes
+    until it is spent (as ``gmm-harness check --budget``).
+    ``example_db`` (an ``ExampleDatabase``, a directory, ``redis://HOST:PORT``, several joined by ``,``;
+    default ``$GMM_HARNESS_EXAMPLE_DB``, else the tier's, else none) saves every failing example and replays
+    the saved ones first on every run that shares it (``property_tests.checks.example_db``).
+    ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``; default: the process's selection,
+    ``gmm_kernels.sandbox.device``, else auto) is the device a torch-convention kernel's operands are made on for
+    this call; a bad value, or a CUDA device torch does not see, is a ``ValueError`` naming ``device``.
+
+    Compilations go to the persistent compilation cache that the CLI and the pytest plugin use
+    (``gmm_kernels.runtimes.compile_cache``: ``$GMM_HARNESS_COMPILE_CACHE``, else ``~/.cache/gmm-harness/jax``), so a
+    shape compiled by one is loaded by the others and by later runs. It is turned on for the process at the first
+    call, before the kernel runs, unless you configured jax's cache yourself (``JAX_COMPILATION_CACHE_DIR`` or
+    ``jax_compilation_cache_dir`` set, or ``jax_enable_compilation_cache`` off: left as it is); it then stays on
+    for the process; ``GMM_HARNESS_COMPILE_CACHE=off`` keeps it off, and one that cannot be written is a
+    ``ValueError``.
+    """
+    __tracebackhide__ = True
+    t0 = time.perf_counter()
+    with contextlib.nullcontext() if device is None else devices.using(device, option="device"):
+        adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name,
+                                 scope=scope, option="kernel", convention_option="convention")
+        _check_options(max_examples, profile, seed, budget)
+        plan = chosen(tier, profile, default_profile=DEFAULT_PROFILE)
+        order = _modes(modes, plan)
+        check_known_issue_modes(adapter, option="scope")
+        database = example_dbs.resolve(tiers.example_db_spec(example_db, plan))
+        compile_cache.ensure()  # the CLI's and the plugin's cache, unless jax's is yours (see above)
+        why = adapter.available()
+        if why:
+            raise ValueError(f"kernel: {adapter.name} cannot run here, so nothing would be checked: {why}")
+        seconds = budget if budget is not None else plan.budget if plan is not None else None
+        run = failures.CheckRun()  # an exception the kernel raises is reported in the first mode that finds it
+        kw = dict(max_examples=max_examples, profile=None if plan else profile, example_db=database, run=run,
+                  tier=plan)
+        results: dict[str, Result] = {}
+        for m, result, _ in engine.run_checks(
+                engine.mode_order(order), lambda m, s: check_mode(adapter, m, seed=s, **kw), ModeResults(adapter),
+                seed=seed, deadline=t0 + seconds if seconds else None, clock=time.perf_counter,
+                rounds_from=tiers.first_round_seed(plan, seed)):
+            results[m] = result
+            if raise_on_failure and result.status is Status.FAILED:
+                failures.raise_failure(result)
+        if all(r.status is Status.UNSUPPORTED for r in results.values()):
+            reasons = "; ".join(f"{r.check}: {r.detail}" for r in results.values())
+            raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked "
+                             f"({reasons}); check its convention, tiling and declared scope")
+        return Report(adapter.name, tuple(results[m] for m in order), tier=plan.name if plan is not None else "")
+
+
+class ModeResults:
+    """A mode's results under the run policy (``property_tests.checks.engine``): a round adds its examples to a passed
+    mode that draws examples, or fails it naming the round, its seed and the examples that passed before it."""
+
+    def __init__(self, adapter: KernelAdapter) -> None:
+        self.kernel = adapter.name
+
+    def failed(self, result: Result) -> bool:
+        return result.status is Status.FAILED
+
+    def extendable(self, result: Result) -> bool:
+        return result.status is Status.PASSED and mode_of(result.check).draws_examples
+
+    def add_round(self, before: Result, new: Result, r: int, seed: int) -> Result:
+        if new.status is Status.FAILED:  # (a failure always carries its error)
+            where = f"round {r}, seed {seed}, after {before.examples} examples passed"
+            failures.note(new.error, f"Found in {where} of a time budget.")  # type: ignore[arg-type]
+            return dataclasses.replace(new, detail=f"{new.detail} ({where})")
+        return dataclasses.replace(before, examples=before.examples + new.examples, detail=f"{r} rounds",
+                                   seconds=before.seconds + new.seconds)
+
+    def not_run(self, unit: str, failure: str) -> Result:
+        return Result(kernel=self.kernel, check=unit, status=Status.UNSUPPORTED,
+                      detail=f"not run: stopped at the kernel's first failure ({failure})")
+
+
+def _modes(modes: Iterable[str] | None, plan: Tier | None = None) -> list[str]:
+    """The modes to check, in the order asked (the run checks them in ``engine.mode_order``): ``modes``, else the
+    default ones and the tier's opt-in ones."""
+    if modes is None:  # the default run: every mode but the opt-in ones (and the tier's)
+        return [*MODES, *(plan.opt_in if plan is not None else ())]
+    if isinstance(modes, str) or not isinstance(modes, Iterable):
+        raise TypeError(f"modes: expected an iterable of mode names (some of {sorted(MODES)}), got {modes!r}")
+    if not (names := [mode_of(m).name for m in modes]):
+        raise ValueError(f"modes: expected at least one of {sorted(MODES)}, got none")
+    return names
+
+
+def check_known_issue_modes(adapter: KernelAdapter, *, option: str) -> None:
+    """ValueError naming ``option`` when the kernel's declared known issues name a mode that does not exist."""
+    declared = adapter.scope.known_issues if adapter.scope is not None else ()
+    bad = sorted({m for issue in declared for m in issue.modes if m not in ALL_MODES})  # opt-in modes too
+    if bad:
+        raise ValueError(f"{option}: known_issues name the modes {bad}; expected some of {sorted(ALL_MODES)}")
+
+
+def _check_options(max_examples: Any, profile: Any, seed: Any, budget: Any = None) -> None:
+    if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
+                                     or max_examples < 1):
+        raise ValueError(f"max_examples: expected a positive int or None, got {max_examples!r}")
+    if profile is not None and profile not in PROFILES:
+        raise ValueError(f"profile: expected one of {PROFILES} or None, got {profile!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed: expected an int or None, got {seed!r}")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0):
+        raise ValueError(f"budget: expected a positive number of seconds or None, got {budget!r}")

@@ -1,0 +1,106 @@
+"""What a kernel declares it takes, in the words of the strategies that draw its problems.
+
+``gmm_kernels`` states facts (``KernelAdapter.limits()``: a ``gmm_kernels.scope.Limits`` of the dtype pairs,
+families, multiples, group counts and refused features of a kernel, its scope applied); how those become
+``property_tests.strategies.problems`` keywords is known here, next to the strategies, and nowhere below.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from gmm_kernels import KernelAdapter
+from gmm_kernels.scope import Limits
+
+__all__ = ["Unsupported", "axis_multiple", "declared_pairs", "exact_pair", "limits_options", "problem_options",
+           "routing_options"]
+
+
+class Unsupported(Exception):
+    """What a kernel declares leaves no problem of a mode/family it can take; ``str()`` is the reason."""
+
+
+def limits_options(limits: Limits) -> dict[str, Any]:
+    """The ``problems()`` keywords that draw only problems within ``limits`` (only those that narrow)."""
+    opts: dict[str, Any] = {}
+    if limits.dtypes is not None:
+        opts["dtypes"] = limits.dtypes
+    if limits.families is not None:
+        opts["families"] = limits.families
+    if limits.multiples:
+        opts["multiple_of"] = dict(limits.multiples)
+    if limits.max_extent is not None:
+        opts["max_extent"] = limits.max_extent
+    if limits.min_groups > 1:
+        opts["min_groups"] = limits.min_groups
+    if limits.max_groups is not None:
+        opts["max_groups"] = limits.max_groups
+    if not limits.tail:
+        opts["allow_tail"] = False
+    if limits.zero_extents is not None:
+        opts["zero_extents"] = limits.zero_extents
+    if limits.quantizations is not None:
+        opts["quantizations"] = limits.quantizations
+    opts.update((f, False) for f in limits.refuses)  # a feature's name is the problems() keyword that draws it
+    return opts
+
+
+def problem_options(adapter: KernelAdapter) -> dict[str, Any]:
+    """Options for ``property_tests.strategies.problems`` (with ``convention=adapter.convention``) that draw
+    only problems ``adapter`` takes: its :meth:`~gmm_kernels.KernelAdapter.limits` as keywords."""
+    return limits_options(adapter.limits())
+
+
+def routing_options(adapter: KernelAdapter) -> dict[str, Any]:
+    """The ``routings()`` keywords of a routed kernel (``gmm_kernels.base.RoutedKernelAdapter``): its routed
+    convention's facts (layouts, dtypes, weight dtypes, distinct experts, the alignment's block) narrowed by its
+    dtype declarations and its ``routed_limits()`` (cheap extents)."""
+    conv = adapter.convention_facts
+    pairs = tuple(pr for pr in conv.dtype_pairs if adapter.dtype_refusal(pr[0], pr[0], pr[1]) is None)
+    opts: dict[str, Any] = dict(expert_layouts=conv.expert_layouts, dtypes=pairs, weight_dtypes=conv.weight_dtypes,
+                                distinct_experts=conv.distinct_experts, block_size=conv.block_size,
+                                foreign=(conv.foreign, "undefined") if conv.foreign != "undefined" else ("undefined",))
+    if conv.expert_parallel is not None:
+        opts["expert_parallel"] = conv.expert_parallel
+    if conv.extents is not None:
+        opts["shapes"] = conv.extents
+    if conv.mul_routed_weight is not None:
+        opts["mul_routed_weight"] = conv.mul_routed_weight
+    lim = adapter.routed_limits()
+    if lim.max_tokens is not None:
+        opts["max_tokens"] = lim.max_tokens
+    if lim.num_experts is not None:
+        opts["num_experts"] = lim.num_experts
+    if lim.extents is not None:
+        opts["shapes"] = lim.extents
+    if lim.max_top_k is not None:
+        opts["top_k"] = tuple(k for k in (1, 2, 3, 4, 8) if k <= lim.max_top_k)
+    return opts
+
+
+def declared_pairs(adapter: KernelAdapter) -> list[tuple[np.dtype, np.dtype]]:
+    """The (input, output) dtype pairs the kernel takes: its declared ones (an input alone: that dtype out), else
+    its convention's."""
+    declared = adapter.limits().dtypes or adapter.convention_facts.dtype_pairs
+    return [(np.dtype(i), np.dtype(o)) for i, o in ((p, p) if isinstance(p, str) else p for p in declared)]
+
+
+def exact_pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype]:
+    """The (input, output) pair of the smallest floating input the kernel takes (not a quantized operand's codes),
+    an output equal to it first: small integers are exact in it (sums of K products of |x| <= 2 stay below 2**8).
+    The problems built for a kernel (``property_tests.checks.scale``, ``property_tests.checks.large_strided``) are
+    in it."""
+    pairs = declared_pairs(adapter)
+    floats = [p for p in pairs if p[0].kind in "fV" and p[0] not in adapter.convention_facts.code_dtypes] or pairs
+    return min(floats, key=lambda p: (p[0].itemsize, p[0] != p[1], str(p[0])))
+
+
+def axis_multiple(adapter: KernelAdapter, axis: str, family: str, in_dt: np.dtype) -> int:
+    """The multiple ``axis`` of a ``family`` problem in ``in_dt`` must be for ``adapter``: its convention's (at its
+    tiling) and its own declared one."""
+    rules = adapter.convention_facts
+    tiling = adapter.tiling or rules.default_tiling
+    return math.lcm(rules.axis_multiple(axis, family, tiling, in_dt), adapter.limits().multiples.get(axis, 1))

@@ -1,0 +1,302 @@
+"""What a failing check reports: one failure (a count of the others), its one line, a reproducer that
+calls the kernel, a pointer to a known upstream bug whose signature it matches, and the same
+exception reported once per kernel in a run (:class:`CheckRun`).
+
+``check_mode`` attaches a *recipe* to each failure as it happens (:func:`attach`: the problem, the
+numerics, the gradient) and, once Hypothesis has shrunk it, :func:`finish` turns the recipe of the
+failure it reports into a script.
+
+The report's notes are the harness's own, composed from what it recorded, never read back out of
+Hypothesis' text: the notes the checked code gave the exception by the time it left the property
+(:func:`left_property`: gmm_ref's report, the kernel's own notes), the failing example in one line,
+then the notes the harness added (:func:`note`), the reproducer and the known upstream bugs it
+matches. What Hypothesis adds about its own test function (which a caller of ``check_kernel`` does
+not have: how to replay it, which lines ran) is not part of it, whatever its wording.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from hypothesis.errors import HypothesisException
+
+import gmm_ref
+from gmm_kernels import KernelAdapter
+from gmm_kernels.known_issues import matching
+from gmm_kernels.repro import kernel_reproducer
+from gmm_kernels.runtimes import triton_interpreter
+from gmm_ref.compare import REPRODUCE
+from gmm_ref.repro import fenced
+
+__all__ = [
+    "LOGGER",
+    "CheckRun",
+    "Repeated",
+    "attach",
+    "finish",
+    "forget",
+    "found_line",
+    "left_property",
+    "log_found",
+    "name_guarded_reads",
+    "note",
+    "one_line",
+    "primary",
+    "raise_failure",
+    "recipe_problem",
+    "replayed",
+]
+
+_RECIPE = "_gmm_recipe"
+_LEFT = "_gmm_left_property"  # (the exception's notes as it left the property, the problem it failed on)
+_NOTES = "_gmm_notes"  # the notes the harness added since
+
+
+class Repeated(Exception):
+    """The kernel raised the same exception as in a check already reported; ``str()`` says which."""
+
+
+def attach(exc: BaseException, **recipe: Any) -> None:
+    """Remember how to reproduce ``exc`` (problem, numerics, wrt, cotangent, determinism); the first
+    recipe attached wins (the most specific one is attached closest to the failure)."""
+    if getattr(exc, _RECIPE, None) is None:
+        # an exception type with __slots__ takes no recipe: its report stays without a script
+        with contextlib.suppress(AttributeError):
+            setattr(exc, _RECIPE, recipe)
+
+
+def replayed(before: tuple[Any, ...]) -> dict[str, Any]:
+    """The recipe's part for a call made after others on the same kernel with the same shapes (``Mode.replays``):
+    the group sizes of those calls, in order (nothing for a first call)."""
+    return {"before": tuple(np.asarray(b).tolist() for b in before)} if before else {}
+
+
+def replay_note(problem: Any, before: tuple[Any, ...]) -> str:
+    """The report's line for a failing call made after ``before`` (their group sizes) with ``problem``'s shapes."""
+    sizes = [np.asarray(b).tolist() for b in before]
+    return (f"Call {len(before) + 1} (draw {len(before)}) with one shape and operands on the same kernel: the calls "
+            f"before it passed with group sizes {', '.join(map(str, sizes))}; this one, with "
+            f"{np.asarray(problem.group_sizes).tolist()}, failed: stale group sizes of an earlier call (a plan kept "
+            "by shape or operands, a replayed graph)? The reproducer makes the calls before it.")
+
+
+def recipe_problem(exc: BaseException, default: Any) -> Any:
+    """The problem ``exc`` was attached to (:func:`attach`), else ``default``."""
+    return (getattr(exc, _RECIPE, None) or {}).get("problem", default)
+
+
+def _replay_line(recipe: dict[str, Any], pick: str) -> str:
+    """``pick`` prefixed, for a failure of a later call with the shapes of the first, by what came before."""
+    before = recipe.get("before")
+    if not before:
+        return pick
+    sizes = np.asarray(recipe["problem"].group_sizes).tolist()
+    return (f"call {len(before) + 1} (draw {len(before)}) of one shape and operands: {pick} [group sizes {sizes}; "
+            f"the first call's {before[0]} passed: stale group sizes of an earlier call (a plan kept by shape or "
+            f"operands)?]")
+
+
+def left_property(exc: BaseException, problem: Any) -> None:
+    """``exc`` leaves the property on ``problem``: what notes it has now are the checked code's (Hypothesis adds
+    its own afterwards); the report keeps these and its own (:func:`finish`)."""
+    if getattr(exc, _LEFT, None) is None:
+        with contextlib.suppress(AttributeError):
+            setattr(exc, _LEFT, (tuple(getattr(exc, "__notes__", ())), problem))
+
+
+def note(exc: BaseException, text: str) -> None:
+    """Add the harness's note ``text`` to ``exc`` (and to its record, from which :func:`finish` composes the
+    report)."""
+    exc.add_note(text)
+    with contextlib.suppress(AttributeError):
+        if getattr(exc, _NOTES, None) is None:
+            setattr(exc, _NOTES, [])
+        getattr(exc, _NOTES).append(text)
+
+
+def forget(exc: BaseException) -> None:
+    """Drop what :func:`attach` remembered (a huge problem need not outlive its report)."""
+    with contextlib.suppress(AttributeError):
+        delattr(exc, _RECIPE)
+
+
+# --------------------------------------------------------------- one failure
+def _leaves(exc: BaseException) -> list[BaseException]:
+    group = getattr(exc, "exceptions", None)
+    if isinstance(group, (list, tuple)) and group and all(isinstance(e, BaseException) for e in group):
+        return [leaf for e in group for leaf in _leaves(e)]
+    return [exc]
+
+
+def primary(exc: BaseException) -> tuple[BaseException, int]:
+    """(the failure to report, how many distinct failures Hypothesis found). Hypothesis raises a group
+    when it found several; the first mismatch of the group stands for it, with a note listing the others."""
+    leaves = _leaves(exc)
+    if len(leaves) == 1:
+        return leaves[0], 1
+    first = next((e for e in leaves if isinstance(e, gmm_ref.Mismatch)), leaves[0])
+    note(first, f"Hypothesis found {len(leaves)} distinct failures; this is one of them. The others:\n"
+         + "\n".join(f"  - {one_line(e)}" for e in leaves if e is not first))
+    return first, len(leaves)
+
+
+def one_line(exc: BaseException) -> str:
+    """The most telling line of a failure: the gradient, then the first wrong group or tail, else the
+    criterion or shape line, else the first line; a kernel's own exception keeps its type."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    pick = next((ln for ln in lines if ln.startswith(("group ", "tail "))), None)
+    if pick is None:
+        pick = next((ln for ln in lines if ln.startswith(("shape/dtype", "Not equal", "non-finite"))),
+                    lines[0] if lines else "")
+    wrt = (getattr(exc, _RECIPE, None) or {}).get("wrt")
+    if isinstance(exc, gmm_ref.Mismatch) and wrt:
+        pick = f"d/d{wrt}: {pick}"
+    pick = _replay_line(getattr(exc, _RECIPE, None) or {}, pick)
+    if not isinstance(exc, AssertionError):
+        pick = f"{type(exc).__name__}: {pick}"
+        problem = (getattr(exc, _RECIPE, None) or {}).get("problem")
+        if problem is not None:  # what provoked it: the (shrunk) problem, group sizes included
+            what = problem.describe()
+            pick += f" [on {what if len(what) <= 400 else what[:397] + '...'}]"
+    return pick
+
+
+def raise_failure(result: Any) -> None:
+    """Raise a failed result's error as the documented ``gmm_ref.Mismatch`` (kind ``"raised"`` when the
+    kernel raised, chained to what it raised, with its notes); return if it did not fail."""
+    __tracebackhide__ = True
+    err = result.error
+    if result.ok or err is None:
+        return
+    if isinstance(err, gmm_ref.Mismatch):
+        raise err
+    stale = triton_interpreter.explain(err)  # a Triton kernel compiled for a GPU that is not here
+    if stale is not None:
+        raise stale from err
+    exc = gmm_ref.Mismatch(f"kernel {result.kernel} / {result.check}: {result.detail}", kind="raised")
+    for note in getattr(err, "__notes__", []):
+        exc.add_note(note)
+    raise exc from err
+
+
+# --------------------------------------------------------------- the report
+def _own_notes(exc: BaseException) -> list[str]:
+    """The notes of the checked code and the harness: those ``exc`` had when it left the property, its failing
+    example, and the harness's since. An exception that never left the property (Hypothesis' own error) keeps
+    its notes."""
+    left = getattr(exc, _LEFT, None)
+    if left is None:
+        return list(getattr(exc, "__notes__", ()))
+    notes, problem = left
+    return [*notes, f"Failing example: {problem!r}", *getattr(exc, _NOTES, ())]
+
+
+def finish(exc: BaseException, adapter: KernelAdapter, mode: str) -> list[str]:
+    """Give ``exc`` the harness's report as its notes (:func:`_own_notes` and a reproducer); the known upstream
+    bugs (one line each) whose signature the failure matches, also added as notes."""
+    recipe = getattr(exc, _RECIPE, None)
+    notes = _own_notes(exc)
+    if recipe is not None:
+        notes = [n for n in notes if not n.startswith(REPRODUCE)]
+        try:
+            script = kernel_reproducer(adapter, **recipe)
+        except OSError as err:  # no writable place for the inputs: say so, keep the report
+            notes.append(f"No reproducer: {err}")
+        else:
+            notes.append(REPRODUCE + fenced(script))
+    hints = []
+    if recipe is not None:
+        for issue in matching(adapter, mode, exc, recipe["problem"]):
+            hints.append(issue.primitive)
+            what = (f"torch's {issue.primitive} operator" if issue.primitive.startswith("aten.")
+                    else f"jax's {issue.primitive} primitive")
+            notes.append(f"This failure matches a known upstream bug of {what}, which {adapter.name} calls: "
+                         f"{issue.describe()}")
+    exc.__notes__ = notes
+    return hints
+
+
+# ------------------------------------------------------- the same exception
+def _signature(exc: BaseException) -> str:
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    return f"{type(exc).__qualname__}: {re.sub(r'[0-9]+', '#', first)}"
+
+
+class CheckRun:
+    """What one run remembers across its checks (``check_kernel``'s modes, a worker's cells, a pytest session's
+    tests): the exceptions each kernel, by name, raised in a check already reported. The run holds it; the
+    kernels it checks are not changed."""
+
+    def __init__(self, announce: Callable[[str, str, str], None] | None = None) -> None:
+        #: (kernel name, the exception's signature) -> (the check that reported it, its one line)
+        self._reported: dict[tuple[str, str], tuple[str, str]] = {}
+        #: ``announce(kernel, where, line)``: told of a check's first failing example as soon as it is found,
+        #: before Hypothesis shrinks it (default: :func:`log_found`)
+        self.announce = announce if announce is not None else log_found
+        self._found: set[tuple[str, str]] = set()
+
+    def found(self, adapter: KernelAdapter, mode: str, where: str, exc: BaseException) -> None:
+        """A check of ``mode`` (``where``: ``MODE`` or ``FAMILY / MODE``) of the kernel has a failing example:
+        announce its first one, once a check and before shrinking (the report, shrunk, follows when the check
+        ends). Hypothesis' own control flow (an ``assume``) is no failure, and a mode the kernel declares a known
+        upstream bug in is no failure to announce (its verdict is the known bug)."""
+        if isinstance(exc, HypothesisException) or (adapter.name, where) in self._found:
+            return
+        with contextlib.suppress(Exception):
+            if adapter.known_issue(mode):
+                return
+        self._found.add((adapter.name, where))
+        with contextlib.suppress(Exception):  # an announcement never changes a verdict
+            self.announce(adapter.name, where, one_line(exc))
+
+    def record_raised(self, adapter: KernelAdapter, exc: BaseException, where: str) -> None:
+        """The kernel raised ``exc`` (not a mismatch) in the check ``where``: later checks of the same kernel in
+        this run skip the examples that raise it again (still checking the others) and say so in one line."""
+        if not isinstance(exc, (AssertionError, Repeated)):
+            self._reported.setdefault((adapter.name, _signature(exc)), (where, one_line(exc)))
+
+    def seen_before(self, adapter: KernelAdapter, exc: BaseException) -> str | None:
+        """If ``exc`` is an exception the kernel already raised in a check this run reported, that check's
+        name."""
+        if isinstance(exc, AssertionError):
+            return None
+        found = self._reported.get((adapter.name, _signature(exc)))
+        return None if found is None else found[0]
+
+
+#: the logger :func:`log_found` writes to (its WARNING reaches stderr unless the application configures logging)
+LOGGER = logging.getLogger("gmm_harness")
+
+
+def found_line(kernel: str, where: str, line: str) -> str:
+    """``gmm-harness: FOUND KERNEL / WHERE (shrinking it; the report follows): LINE``."""
+    return f"gmm-harness: FOUND {kernel} / {where} (shrinking it; the report follows): {line[:300]}"
+
+
+def log_found(kernel: str, where: str, line: str) -> None:
+    """The default announcement of a failing example found (:meth:`CheckRun.found`): a WARNING of
+    :data:`LOGGER`."""
+    LOGGER.warning(found_line(kernel, where, line))
+
+
+def name_guarded_reads(adapter: KernelAdapter, exc: BaseException) -> None:
+    """Make the shrunk failure ``exc`` a ``read_out_of_bounds`` one, its first line naming the operand, where the
+    guard regions tell that the kernel read outside one (``KernelAdapter.guarded_reads``: reruns of the failing
+    example, once, after shrinking); else leave it."""
+    if not isinstance(exc, gmm_ref.Mismatch):
+        return
+    out, exc.output = exc.output, None  # the output is not kept alive after this
+    problem = recipe_problem(exc, None)
+    if out is None or problem is None:
+        return
+    lines = adapter.guarded_reads(problem, out, exc.comparison.bad)
+    if lines:
+        message = f"kernel {adapter.name} read out of bounds: " + "; ".join(lines) + "\n" + str(exc)
+        exc.args = (message,)
+        exc.comparison = dataclasses.replace(exc.comparison, kind="read_out_of_bounds", message=message)
