@@ -32,7 +32,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gmm_kernels.known_issues import xla_nan_leak_issues
-from gmm_kernels.sandbox import autodiff, convert, device, guards, inputs
+from gmm_kernels.sandbox import autodiff, device, guards, inputs
+from gmm_kernels.sandbox.context import guarded_arguments
 from gmm_kernels.scope import KnownIssue, Limits, Scope
 from gmm_ref import Numerics, Problem, Reference, conventions, reference
 from gmm_ref.dtypes import as_numpy
@@ -48,6 +49,22 @@ _observers: list[Callable[[Any, Problem], None]] = []
 class KernelExit(RuntimeError):
     """A kernel raised ``SystemExit`` (it called ``sys.exit``): a failure of the problem it was given, shrunk and
     reported like any error, never the end of the run or of the process checking it."""
+
+
+@contextlib.contextmanager
+def _exit_is_a_failure() -> Iterator[None]:
+    # a kernel that calls sys.exit fails the problem it was given; it never ends the run
+    try:
+        yield
+    except SystemExit as exc:
+        raise KernelExit(f"the kernel raised SystemExit({exc.code!r}) (sys.exit)") from exc
+
+
+def _observed(adapter: Any, problem: Any) -> None:
+    for observer in tuple(_observers):  # the main job's worker: the last problem given, if the kernel crashes
+        observer(adapter, problem)
+
+
 #: the package of the built-in adapters, whose compiled executables ``gmm_kernels.runtimes.executables`` may keep
 _BUILTIN_ADAPTERS = "gmm_kernels.adapters."
 
@@ -340,11 +357,9 @@ class KernelAdapter:
 
     def invoke(self, *args: Any, **kwargs: Any) -> Any:
         """:meth:`call`, as every caller of the kernel makes it: a ``SystemExit`` the kernel raises becomes a
-        :class:`KernelExit`, a failure of this call."""
-        try:
+        :class:`KernelExit`, a failure of this call (:meth:`vjp` runs the kernel's gradient the same way)."""
+        with _exit_is_a_failure():
             return self.call(*args, **kwargs)
-        except SystemExit as exc:
-            raise KernelExit(f"the kernel raised SystemExit({exc.code!r}) (sys.exit)") from exc
 
     def run(self, problem: Problem) -> np.ndarray:
         """Run the kernel on copies of ``problem``'s arguments in this adapter's convention; the output
@@ -359,21 +374,12 @@ class KernelAdapter:
 
     @contextlib.contextmanager
     def arguments(self, problem: Problem) -> Iterator[tuple[tuple, dict]]:
-        """Fresh copies of ``problem``'s arguments for one call, each inside a guarded base
-        (``gmm_kernels.sandbox.guards``); on leaving, ``gmm_ref.Mismatch`` if the kernel wrote past a buffer into its
-        guard region (``gmm_kernels.sandbox.guards``) or changed any of its inputs (``gmm_kernels.sandbox.inputs``).
-        Where they were given to the kernel as device tensors (``gmm_kernels.sandbox.convert.device_copy``: a view's
-        whole guarded base travels), what those hold after the call is copied back into the host copies first
-        (``convert.written_back``), and both checks look there."""
+        """Fresh guarded copies of ``problem``'s arguments for one call (``sandbox.context.guarded_arguments``); on
+        leaving, ``gmm_ref.Mismatch`` if the kernel wrote past a buffer into its guard region or changed any of its
+        inputs."""
         pristine = self.convention_facts.arguments(self._own(problem))
-        with guards.call(self.name) as call:
-            given = inputs.fresh(*pristine, convention=self.convention_facts, guard=call)
-            for observer in tuple(_observers):
-                observer(self, problem)
-            with convert.written_back():
-                yield given
-        call.check()
-        inputs.modified(self.name, self.convention_facts, pristine, given)
+        with guarded_arguments(self.name, self.convention_facts, pristine, lambda: _observed(self, problem)) as given:
+            yield given
 
     def guarded_reads(self, problem: Problem, out: Any, bad: np.ndarray | None) -> list[str]:
         """What a failing call read outside its operands, told by their guard regions (``gmm_kernels.sandbox.guards``);
@@ -449,7 +455,7 @@ class KernelAdapter:
         seen: frozenset[str] = frozenset()
         try:
             with self.arguments(problem) as (args, kwargs):
-                seen = torch_operators(self.call, args, kwargs)
+                seen = torch_operators(self.invoke, args, kwargs)
         except Exception:  # noqa: BLE001 - e.g. the kernel wrote to an input: it still called what it called
             pass
         return seen
@@ -467,7 +473,7 @@ class KernelAdapter:
         if fn is None:
             raise NotImplementedError(f"{self.name}: no reverse-mode gradient in this adapter")
         module = type(self).__module__  # a built-in adapter's backward pass is jitted, its executables cached
-        with self.arguments(problem) as (args, kwargs):
+        with self.arguments(problem) as (args, kwargs), _exit_is_a_failure():
             return autodiff.vjp(fn, self.convention_facts, args, kwargs, cotangent, name=self.name,
                                 cached_in=module if module.startswith(_BUILTIN_ADAPTERS) else None)
 
@@ -567,8 +573,7 @@ class RoutedKernelAdapter(KernelAdapter):
     def reference_for(self, routing: Any) -> Any:  # type: ignore[override]
         """The routed reference of ``routing``; for a backward kernel its gradients (``routing`` a
         :class:`gmm_ref.RoutedBackward`)."""
-        from gmm_ref import routed_reference
-        from gmm_ref.routed import gradients as routed_gradients
+        from gmm_ref import routed_gradients, routed_reference
 
         return routed_gradients(routing) if self.convention_facts.backward else routed_reference(routing)
 
@@ -577,16 +582,10 @@ class RoutedKernelAdapter(KernelAdapter):
         combined) as NumPy. ``gmm_ref.Mismatch`` if the kernel wrote to an input."""
         conv = self.convention_facts
         pristine = conv.arguments(routing)
-        with guards.call(self.name) as call:  # as KernelAdapter.arguments: guarded copies, device copies written back
-            given = inputs.fresh(*pristine, convention=conv, guard=call)
-            for observer in tuple(_observers):  # the main job's worker: the last routing given, if it crashes
-                observer(self, routing)
-            with convert.written_back():
-                out = self.invoke(*given[0], **given[1])
-                if conv.framework == "torch":
-                    device.synchronize()
-                if out is None and conv.out_argument is not None:  # a host array: the device's copied back on exit
-                    out = conv.out_value(*given)
-        call.check()
-        inputs.modified(self.name, conv, pristine, given)
+        with guarded_arguments(self.name, conv, pristine, lambda: _observed(self, routing)) as given:
+            out = self.invoke(*given[0], **given[1])
+            if conv.framework == "torch":
+                device.synchronize()
+            if out is None and conv.out_argument is not None:  # a host array: the device's copied back on exit
+                out = conv.out_value(*given)
         return conv.per_slot(as_numpy(out, name=f"output of {self.name}"), *pristine)

@@ -26,7 +26,7 @@ import pytest
 from gmm_kernels import Status
 from golden.judge import check_goldens
 from golden.store import MANIFEST
-from property_tests.checks.check import ModeResults, check_mode
+from property_tests.checks.check import MODE_RESULTS, check_mode
 from property_tests.checks.engine import spend_rounds
 from property_tests.checks.failures import raise_failure
 from property_tests.checks.tiers import first_round_seed
@@ -61,7 +61,7 @@ def test_kernel_matches_reference(gmm_kernel, gmm_mode, request, gmm_check_run):
     if plan is not None and plan.budget:  # the mode's share of the kernel's time, after its first run
         deadline = time.perf_counter() + plan.budget / len(tier_modes(request.config))
         rounds = spend_rounds({mode: result}, lambda m, s: check_mode(gmm_kernel, m, seed=s, **checks),
-                              ModeResults(gmm_kernel), deadline=deadline, first=first_round_seed(plan, None),
+                              MODE_RESULTS, deadline=deadline, first=first_round_seed(plan, None),
                               clock=time.perf_counter)
         for _, joined in rounds:
             result = joined  # the last round's is the check's

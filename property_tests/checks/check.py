@@ -37,7 +37,7 @@ from property_tests.checks.tiers import Tier, budgets, cell_settings, chosen, ru
 from property_tests.strategies.design import observe, pairs_of
 from property_tests.strategies.problems import Covering, replay_refusal, replays
 
-__all__ = ["ModeResults", "check_example", "check_kernel", "check_mode", "cotangent_for", "coverage"]
+__all__ = ["MODE_RESULTS", "ModeResults", "check_example", "check_kernel", "check_mode", "cotangent_for", "coverage"]
 
 
 def cotangent_for(problem: gmm_ref.Problem) -> np.ndarray:
@@ -512,12 +512,14 @@ def check_kernel(
                   tier=plan)
         results: dict[str, Result] = {}
         for m, result, _ in engine.run_checks(
-                engine.mode_order(order), lambda m, s: check_mode(adapter, m, seed=s, **kw), ModeResults(adapter),
+                engine.mode_order(order), lambda m, s: check_mode(adapter, m, seed=s, **kw), MODE_RESULTS,
                 seed=seed, deadline=t0 + seconds if seconds else None, clock=time.perf_counter,
                 rounds_from=tiers.first_round_seed(plan, seed)):
             results[m] = result
             if raise_on_failure and result.status is Status.FAILED:
                 failures.raise_failure(result)
+        if tiers.same_every_run(plan.name if plan else None, seed=seed, max_examples=max_examples):
+            _fail_known_bugs_not_caught(adapter, results, raise_on_failure)
         if all(r.status is Status.UNSUPPORTED for r in results.values()):
             reasons = "; ".join(f"{r.check}: {r.detail}" for r in results.values())
             raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked "
@@ -525,12 +527,22 @@ def check_kernel(
         return Report(adapter.name, tuple(results[m] for m in order), tier=plan.name if plan is not None else "")
 
 
+def _fail_known_bugs_not_caught(adapter: KernelAdapter, results: dict[str, Result], raise_on_failure: bool) -> None:
+    """A mode in which the kernel declares a known upstream bug, passed: a failure naming the bug."""
+    __tracebackhide__ = True
+    declared = {m: bug for m in results if (bug := adapter.known_issue(m))}
+    passed = {m: [results[m].status is Status.PASSED] for m in declared}
+    for m, note in engine.known_bugs_not_caught(adapter.name, declared, passed).items():
+        results[m] = dataclasses.replace(results[m], status=Status.FAILED, detail=note,
+                                         error=gmm_ref.Mismatch(f"kernel {adapter.name} / {m}: {note}",
+                                                                  kind="known_bug_not_caught"))
+        if raise_on_failure:
+            failures.raise_failure(results[m])
+
+
 class ModeResults:
     """A mode's results under the run policy (``property_tests.checks.engine``): a round adds its examples to a passed
     mode that draws examples, or fails it naming the round, its seed and the examples that passed before it."""
-
-    def __init__(self, adapter: KernelAdapter) -> None:
-        self.kernel = adapter.name
 
     def failed(self, result: Result) -> bool:
         return result.status is Status.FAILED
@@ -546,9 +558,9 @@ class ModeResults:
         return dataclasses.replace(before, examples=before.examples + new.examples, detail=f"{r} rounds",
                                    seconds=before.seconds + new.seconds)
 
-    def not_run(self, unit: str, failure: str) -> Result:
-        return Result(kernel=self.kernel, check=unit, status=Status.UNSUPPORTED,
-                      detail=f"not run: stopped at the kernel's first failure ({failure})")
+
+#: the run policy's view of a mode's results (``engine.run_checks(modes, check, MODE_RESULTS, ...)``)
+MODE_RESULTS = ModeResults()
 
 
 def _modes(modes: Iterable[str] | None, plan: Tier | None = None) -> list[str]:

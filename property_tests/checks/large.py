@@ -150,7 +150,7 @@ def large_problem(adapter: KernelAdapter, seed: int = 0) -> gmm_ref.Problem:
     del lhs  # the problem holds its own copy
     # too large to save beside a report: the reproducer rebuilds it (deterministic for the seed)
     resolve = f"gmm_kernels.resolve_kernel({adapter.name!r}, convention={adapter.convention!r})"
-    object.__setattr__(problem, "_built_by", (["import gmm_kernels", "from property_tests import large"],
+    object.__setattr__(problem, "_built_by", (["import gmm_kernels", "from property_tests.checks import large"],
                                               f"large.large_problem({resolve}, seed={seed})"))
     why = adapter.supports(problem)
     if why:

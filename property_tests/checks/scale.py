@@ -230,7 +230,7 @@ def _build(adapter: KernelAdapter, cell: ScaleCell, seed: int, quants: tuple[Any
         return f"{adapter.convention} cannot express this cell: {exc}"
     resolve = f"gmm_kernels.resolve_kernel({adapter.name!r}, convention={adapter.convention!r})"
     cell_src = f"scale.ScaleCell({cell.family!r}, {cell.kind!r}, {cell.groups})"
-    object.__setattr__(problem, "_built_by", (["import gmm_kernels", "from property_tests import scale"],
+    object.__setattr__(problem, "_built_by", (["import gmm_kernels", "from property_tests.checks import scale"],
                                               f"scale.scale_problem({resolve}, {cell_src}, seed={seed})"))
     why = adapter.supports(problem)
     return f"{adapter.name} declines it: {why}" if why else problem

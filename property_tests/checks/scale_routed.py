@@ -202,7 +202,7 @@ def _backward(rng: np.random.Generator, r: gmm_ref.Routing, existing: bool) -> g
 
 
 def _rebuild(adapter: KernelAdapter, cell: RoutedCell, seed: int) -> str:
-    return (f"Scale cell {cell.describe()}; rebuild it with: from property_tests import scale_routed; "
+    return (f"Scale cell {cell.describe()}; rebuild it with: from property_tests.checks import scale_routed; "
             f"scale_routed.scale_routing(gmm_kernels.resolve_kernel({adapter.name!r}), "
             f"scale_routed.RoutedCell({cell.kind!r}, {cell.experts}), seed={seed})")
 

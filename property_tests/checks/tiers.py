@@ -41,7 +41,7 @@ from property_tests.checks.profiles import profile as profile_settings
 
 __all__ = ["DEFAULT", "QUICK_ROUTED_EXAMPLES", "ROUND_SEED_STEP", "SAME_EVERY_RUN", "TIERS", "Tier", "budgets",
            "cell_settings", "chosen", "default_example_db", "example_db_spec", "first_round_seed", "run_setting",
-           "seed_of_the_day", "tier_of"]
+           "same_every_run", "seed_of_the_day", "tier_of"]
 
 #: a round's seeds: round r of a run whose rounds start from seed S checks its cells under S + r * ROUND_SEED_STEP
 ROUND_SEED_STEP = 1_000_003
@@ -105,9 +105,15 @@ TIERS: dict[str, Tier] = {t.name: t for t in (
 )}
 DEFAULT = DEFAULT_PROFILE  # the default tier: the one that runs the default profile, of the same name
 #: the tiers whose first run is gmm-ci's examples (its profile, its spread over the cells), the same every run:
-#: there a mode in which a kernel declares a known upstream bug must still catch it (``Table.known_bugs_not_caught``)
+#: there a mode in which a kernel declares a known upstream bug must still catch it (:func:`same_every_run`)
 SAME_EVERY_RUN = tuple(t.name for t in TIERS.values()
                        if (t.profile, t.per_cell) == (TIERS[DEFAULT].profile, TIERS[DEFAULT].per_cell))
+
+
+def same_every_run(tier: str | None, *, seed: int | None, max_examples: int | None) -> bool:
+    """Whether a run of ``tier`` draws the same examples every run (no seed, no example count asked, a tier of
+    :data:`SAME_EVERY_RUN`): there a declared known bug must still be caught (``engine.known_bugs_not_caught``)."""
+    return seed is None and max_examples is None and tier in SAME_EVERY_RUN
 
 
 def tier_of(name: object, *, option: str = "tier") -> Tier:

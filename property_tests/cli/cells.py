@@ -21,8 +21,8 @@ from property_tests.checks.modes import ALL_MODES
 from property_tests.checks.tiers import DEFAULT
 from property_tests.cli.outcomes import CellOutcome, FailedRound, GoldenTally
 from property_tests.cli.request import WorkRequest
-from property_tests.cli.shards import Cell
-from property_tests.cli.table import GOLDENS, not_run, shorten
+from property_tests.cli.shards import TableCell
+from property_tests.cli.table import GOLDENS, shorten
 
 __all__ = ["CELL_OUTCOMES", "run_cell"]
 
@@ -50,7 +50,7 @@ def _golden_cell(kernel: KernelAdapter, directory: str | None, require_own: bool
     return CellOutcome(Status.PASSED, goldens=tally)
 
 
-def run_cell(kernel: KernelAdapter, cell: Cell, request: WorkRequest, *, seed: int | None = None,
+def run_cell(kernel: KernelAdapter, cell: TableCell, request: WorkRequest, *, seed: int | None = None,
              run: CheckRun | None = None) -> CellOutcome:
     """One cell of ``kernel`` under ``request``'s options (its examples, tier, example database; for the goldens its
     directory, default this project's, and whether a missing golden of the kernel's own version fails); ``seed``
@@ -100,9 +100,6 @@ class _CellOutcomes:
             return dataclasses.replace(new, failed_round=FailedRound(r, seed, before.examples), seconds=seconds,
                                        coverage="")
         return None
-
-    def not_run(self, unit: Cell, failure: Cell) -> CellOutcome:
-        return not_run(failure)
 
 
 #: the run policy's view of table cells (``engine.run_checks(cells, run, CELL_OUTCOMES, ...)``)

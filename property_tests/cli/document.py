@@ -16,13 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from property_tests.checks.tiers import DEFAULT, SAME_EVERY_RUN
-from property_tests.cli.shards import Cell, plan_key
+from property_tests.checks.tiers import DEFAULT, same_every_run
+from property_tests.cli.shards import TableCell, plan_key
 
-__all__ = ["FORMAT", "KernelEntry", "RunDocument", "load_shards"]
+__all__ = ["FORMAT", "KernelEntry", "OtherFormat", "RunDocument", "load_shards"]
 
-#: the format of the document: 2 since each cell carries its result's fields
+#: the format of the document (a merge refuses shards of another)
 FORMAT = 2
+
+
+class OtherFormat(ValueError):
+    """A document written by another version of gmm-harness (another :data:`FORMAT`)."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class RunDocument:
 
     kernels: tuple[KernelEntry, ...]
     modes: tuple[str, ...]
-    plan: tuple[Cell, ...]
+    plan: tuple[TableCell, ...]
     requested: bool = False
     goldens: bool = True
     max_examples: int | None = None
@@ -88,7 +92,7 @@ class RunDocument:
     def same_every_run(self) -> bool:
         """Whether its examples are the same in every run (no seed, no example count asked, a tier whose first run
         is gmm-ci's): there a declared known bug must still be caught."""
-        return self.seed is None and self.max_examples is None and self.tier in SAME_EVERY_RUN
+        return same_every_run(self.tier, seed=self.seed, max_examples=self.max_examples)
 
     def declared_bugs(self) -> dict[str, dict[str, str]]:
         """Kernel -> mode -> the known upstream bug it declares there (kernels that declare some)."""
@@ -115,15 +119,16 @@ class RunDocument:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> RunDocument:
         """The document of :meth:`to_json`'s dict; a key it lacks takes its default. ``ValueError``, ``KeyError``
-        or ``TypeError`` for anything that is not such a document, ``ValueError`` for another format."""
+        or ``TypeError`` for anything that is not such a document, :class:`OtherFormat` for another format."""
         if not isinstance(doc, Mapping):
             raise TypeError(f"expected a JSON object, got {type(doc).__name__}")
         if doc.get("format") != FORMAT:
-            raise ValueError(f"format {doc.get('format', 1)}, not {FORMAT}")
+            raise OtherFormat(f"written by another version of gmm-harness (format {doc.get('format', 1)}, "
+                              f"not {FORMAT})")
         shard, shards = doc.get("shard"), doc.get("shards")
         return cls(
             kernels=tuple(KernelEntry.from_json(k) for k in doc["kernels"]), modes=tuple(doc["modes"]),
-            plan=tuple(Cell(*c) for c in doc["plan"]), requested=bool(doc.get("requested")),
+            plan=tuple(TableCell(*c) for c in doc["plan"]), requested=bool(doc.get("requested")),
             goldens=bool(doc.get("goldens", True)), max_examples=doc.get("max_examples"), seed=doc.get("seed"),
             budget=doc.get("budget"), tier=str(doc.get("tier") or DEFAULT), rounds_from=doc.get("rounds_from"),
             golden_dir=doc.get("golden_dir"), shard=None if not shard else (int(shard[0]), int(shard[1])),
@@ -148,11 +153,10 @@ def load_shards(paths: Sequence[str], error: Callable[[str], NoReturn]) -> RunDo
         if not isinstance(raw, dict) or not raw.get("shard") or not isinstance(raw.get("plan"), list) \
                 or not isinstance(raw.get("cells"), list):
             error(f"{p}: not a shard's result (run gmm-harness check with --shard I/N --json FILE)")
-        if raw.get("format") != FORMAT:
-            error(f"{p}: a shard's result written by another version of gmm-harness (format "
-                  f"{raw.get('format', 1)}, not {FORMAT}): run every shard again with this one")
         try:
             docs.append((p, RunDocument.from_json(raw)))
+        except OtherFormat as exc:
+            error(f"{p}: a shard's result {exc}: run every shard again with this one")
         except (ValueError, KeyError, TypeError) as exc:
             error(f"{p}: not a shard's result: {type(exc).__name__}: {exc}")
     first_path, first = docs[0]

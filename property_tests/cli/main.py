@@ -50,7 +50,7 @@ from property_tests.cli import coverage, document, shards
 from property_tests.cli.document import KernelEntry, RunDocument
 from property_tests.cli.options import SCOPE_OPTIONS, add_device_option, add_scope_options, modes_option
 from property_tests.cli.request import WorkRequest, resolve_request
-from property_tests.cli.shards import Cell
+from property_tests.cli.shards import TableCell
 from property_tests.cli.supervisor import Supervisor, take_event
 from property_tests.cli.table import (
     GOLDENS,
@@ -215,14 +215,14 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
     return modes, values
 
 
-def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, KernelAdapter], plan: list[Cell],
-         cells: list[Cell], table: Table) -> None:
+def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, KernelAdapter], plan: list[TableCell],
+         cells: list[TableCell], table: Table) -> None:
     """Check ``cells`` (all of the ``plan``, or a shard's part) into ``table``, which gets every row of the plan."""
     table.plan(plan)
     # the default run (no --kernel): a routed kernel that runs interpreted gets few examples a mode
     examples = {name: args.max_examples if args.kernel else examples_in_default_run(k, args.max_examples)
                 for name, k in kernels.items()}
-    by_kernel: dict[str, list[Cell]] = {}
+    by_kernel: dict[str, list[TableCell]] = {}
     for cell in cells:
         by_kernel.setdefault(cell.kernel, []).append(cell)
 
@@ -254,7 +254,7 @@ def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, Kern
         table.merge(kernel_table)
 
 
-def _shape_unit(cell: Cell) -> tuple[Any, ...]:
+def _shape_unit(cell: TableCell) -> tuple[Any, ...]:
     """Cells that compile the same shapes: a kernel's family in the modes whose problems differ only in their
     values (exact, normal, wide, poisoned, all_empty), else the cell alone."""
     kernel, family, column = cell
@@ -301,7 +301,7 @@ def _reached_line(table: Table, tier: str) -> str:
             "relations (docs/coverage.md)")
 
 
-def _json_cells(table: Table, cells: list[Cell]) -> list[dict[str, Any]]:
+def _json_cells(table: Table, cells: list[TableCell]) -> list[dict[str, Any]]:
     """The run's cells in plan order (the goldens once per family row), each with its text, status, seconds and
     the other fields of its :class:`CellOutcome` but its reports and coverage (the document's ``failures`` and
     ``coverage``)."""
@@ -309,7 +309,7 @@ def _json_cells(table: Table, cells: list[Cell]) -> list[dict[str, Any]]:
     for kernel, family, column in cells:
         families = [family] if family is not None else [f for (k, f) in table.rows if k == kernel]
         for f in families:
-            o = table.get(Cell(kernel, f, column))
+            o = table.get(TableCell(kernel, f, column))
             if o is None:  # never set: no result to write (the merge counts it as a cell nobody checked)
                 continue
             fields = {k: v for k, v in o.to_json().items() if k not in ("status", "seconds", "details", "coverage")}
@@ -365,7 +365,7 @@ def _merge(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     table.plan(doc.plan)
     for c in doc.cells:  # the goldens come once per family row; the reports and coverage: the document's
         try:
-            table.put(Cell(c["kernel"], c["family"], c["check"]), CellOutcome.from_json(c))
+            table.put(TableCell(c["kernel"], c["family"], c["check"]), CellOutcome.from_json(c))
         except (ValueError, KeyError, TypeError) as exc:
             parser.error(f"a shard's cell is not a result: {type(exc).__name__}: {exc}: {c}")
     table.details, table.coverage = list(doc.failures), list(doc.coverage)
@@ -435,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    json_path=args.json, doc=doc, partial=args.shard is not None)
 
 
-def _shard_line(shard: tuple[int, int] | None, plan: list[Cell], cells: list[Cell]) -> str:
+def _shard_line(shard: tuple[int, int] | None, plan: list[TableCell], cells: list[TableCell]) -> str:
     """The header line of a shard: its share of the cells, or why it has none (it still writes its --json)."""
     if shard is None:
         return ""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from property_tests.checks.tiers import DEFAULT
-from property_tests.cli.shards import Cell
+from property_tests.cli.shards import TableCell
 
 if TYPE_CHECKING:
     from gmm_kernels import KernelAdapter
@@ -60,7 +60,7 @@ class WorkRequest:
     tier: str = DEFAULT
     #: the first seed of the time budget's rounds (None: the run's seed, or 0)
     rounds_from: int | None = None
-    cells: tuple[Cell, ...] = ()
+    cells: tuple[TableCell, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (:meth:`from_json` reads it back)."""
@@ -77,7 +77,7 @@ class WorkRequest:
             if name in values:
                 values[name] = tuple(values[name])
         if "cells" in values:
-            values["cells"] = tuple(Cell(*c) for c in values["cells"])
+            values["cells"] = tuple(TableCell(*c) for c in values["cells"])
         return cls(**values)
 
 
@@ -96,7 +96,7 @@ class WorkerEvent:
     exception named); ``where`` (found: the mode and family); ``outcome`` (cell); ``traceback`` (error)."""
 
     kind: str
-    cell: Cell | None = None
+    cell: TableCell | None = None
     extra: bool = False
     kernel: str = ""
     text: str = ""
@@ -129,7 +129,8 @@ class WorkerEvent:
         from property_tests.cli.outcomes import CellOutcome
 
         cell, outcome = doc.get("cell"), doc.get("outcome")
-        return cls(str(doc["event"]), cell=None if cell is None else Cell(*cell), extra=bool(doc.get("extra", False)),
+        return cls(str(doc["event"]), cell=None if cell is None else TableCell(*cell),
+                   extra=bool(doc.get("extra", False)),
                    **{k: str(doc.get(k, "")) for k in ("kernel", "text", "where", "traceback")},
                    outcome=None if outcome is None else CellOutcome.from_json(outcome))
 

@@ -29,10 +29,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["Cell", "assign", "load_durations", "parse_shard", "plan_key"]
+__all__ = ["TableCell", "assign", "load_durations", "parse_shard", "plan_key"]
 
 
-class Cell(NamedTuple):
+class TableCell(NamedTuple):
     """A table cell: a kernel's family in a column (a mode, or the goldens, whose family is None). A tuple: it
     equals ``(kernel, family, column)`` and is written to JSON as a list."""
 
@@ -77,8 +77,8 @@ def load_durations(path: str, *, option_name: str = "--durations") -> dict[str, 
                          f"({type(exc).__name__}: {exc})") from None
 
 
-def assign(cells: Sequence[Cell], n: int, durations: dict[str, float] | None = None,
-           unit: Callable[[Cell], Any] | None = None) -> list[list[Cell]]:
+def assign(cells: Sequence[TableCell], n: int, durations: dict[str, float] | None = None,
+           unit: Callable[[TableCell], Any] | None = None) -> list[list[TableCell]]:
     """The cells of each of ``n`` shards, each in plan order. Cells with the same ``unit(cell)`` (default: each
     its own) stay together; units go longest first to the least-loaded shard (ties: the lower shard). A cell
     without a recorded duration weighs the median of the recorded ones (one without any)."""

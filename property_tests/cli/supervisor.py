@@ -29,7 +29,7 @@ from typing import Any
 from gmm_kernels import Status
 from property_tests.checks.failures import found_line
 from property_tests.cli.request import WorkerEvent, WorkRequest
-from property_tests.cli.shards import Cell
+from property_tests.cli.shards import TableCell
 from property_tests.cli.table import CellOutcome, Table, failure_line, not_run
 
 __all__ = ["Supervisor", "WorkerState", "ended", "take_event"]
@@ -51,8 +51,9 @@ def take_event(event: WorkerEvent, table: Table, *, verbose: bool) -> None:
     said as soon as it is found (a round of the budget too), and with ``verbose`` every cell is."""
     if event.kind == "found":
         print(found_line(event.kernel, event.where, event.text), file=sys.stderr, flush=True)
-    elif event.kind == "cell" and event.cell is not None and event.outcome is not None:
+    elif event.kind == "cell":
         cell, outcome = event.cell, event.outcome
+        assert cell is not None and outcome is not None  # (WorkerEvent holds a cell event to both)
         table.add(cell, outcome)
         if outcome.status is Status.FAILED:
             print(failure_line(cell, outcome), file=sys.stderr, flush=True)
@@ -70,7 +71,7 @@ class WorkerState:
     since: float
     started: float
     done: int = 0
-    cell: Cell | None = None
+    cell: TableCell | None = None
     problem: str = ""
     error: str | None = None
     traceback: str = ""
@@ -100,7 +101,7 @@ class Supervisor:
     COMMAND = (sys.executable, "-m", "property_tests.cli.worker")
 
     def run(self, cells: Sequence[Sequence[Any]]) -> None:
-        pending = [Cell(*c) for c in cells]
+        pending = [TableCell(*c) for c in cells]
         lost: dict[str, int] = {}
         try:
             while pending:
@@ -124,7 +125,7 @@ class Supervisor:
         finally:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def _worker(self, cells: list[Cell]) -> int:
+    def _worker(self, cells: list[TableCell]) -> int:
         """Run a worker on ``cells``; the cells it completed. Fewer than all: it died or hung in the next one,
         which is reported as a failure."""
         request_path, events_path = self.workdir / "request.json", self.workdir / "events.jsonl"

@@ -15,13 +15,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gmm_kernels import KernelAdapter, Status
-from property_tests.checks.engine import run_rank
+from property_tests.checks.engine import known_bugs_not_caught, run_rank
 from property_tests.checks.modes import MODES
 from property_tests.cli.outcomes import CellOutcome, FailedRound, GoldenTally
-from property_tests.cli.shards import Cell
+from property_tests.cli.shards import TableCell
 
-__all__ = ["GOLDENS", "ROUTED_INTERPRETED_EXAMPLES", "Cell", "CellOutcome", "FailedRound", "GoldenTally", "Table",
-           "cells_of", "examples_in_default_run", "failure_line", "not_run", "render", "run_order", "shorten"]
+__all__ = [
+    "GOLDENS",
+    "ROUTED_INTERPRETED_EXAMPLES",
+    "CellOutcome",
+    "FailedRound",
+    "GoldenTally",
+    "Table",
+    "TableCell",
+    "cells_of",
+    "examples_in_default_run",
+    "failure_line",
+    "not_run",
+    "render",
+    "run_order",
+    "shorten",
+]
 
 GOLDENS = "goldens"
 _WIDTH = 110
@@ -47,32 +61,32 @@ def examples_in_default_run(kernel: KernelAdapter, max_examples: int | None) -> 
     return max_examples
 
 
-def cells_of(kernel: KernelAdapter, *, goldens: bool, modes: Sequence[str] | None = None) -> list[Cell]:
+def cells_of(kernel: KernelAdapter, *, goldens: bool, modes: Sequence[str] | None = None) -> list[TableCell]:
     """Every ``(kernel, family, column)`` cell of a kernel, in table order (goldens: one per kernel)."""
-    cells = [Cell(kernel.name, f, m) for f in kernel.families for m in (modes or MODES)]
-    return cells + ([Cell(kernel.name, None, GOLDENS)] if goldens else [])
+    cells = [TableCell(kernel.name, f, m) for f in kernel.families for m in (modes or MODES)]
+    return cells + ([TableCell(kernel.name, None, GOLDENS)] if goldens else [])
 
 
-def run_order(cells: Iterable[Cell]) -> list[Cell]:
+def run_order(cells: Iterable[TableCell]) -> list[TableCell]:
     """``cells`` in the order a run checks them: kernel by kernel (in the order given), each kernel's modes in
     :data:`~property_tests.checks.engine.RUN_ORDER` (the modes most likely to fail first), its families in the order
     given within a mode, the goldens last. Only the execution order: the table keeps the plan's."""
     cells = list(cells)
     kernels = list(dict.fromkeys(c.kernel for c in cells))
 
-    def rank(cell: Cell) -> tuple[int, int]:
+    def rank(cell: TableCell) -> tuple[int, int]:
         return kernels.index(cell.kernel), run_rank(cell.column) + (cell.column == GOLDENS)
 
     return sorted(cells, key=rank)  # stable: the families keep their order
 
 
-def failure_line(cell: Cell, outcome: CellOutcome) -> str:
+def failure_line(cell: TableCell, outcome: CellOutcome) -> str:
     """The line a run prints to stderr as soon as a cell fails: the kernel, family, mode and the short failure."""
     where = " / ".join(str(part) for part in cell if part is not None)
     return f"gmm-harness: FAIL {where}: {shorten(outcome.note)}"
 
 
-def not_run(cell: Cell) -> CellOutcome:
+def not_run(cell: TableCell) -> CellOutcome:
     """A cell ``--fail-fast`` left out after ``cell``, its kernel's first failure."""
     where = " / ".join(str(part) for part in cell if part is not None)
     return CellOutcome(Status.UNSUPPORTED, f"not run: --fail-fast stopped at the kernel's first failure ({where})")
@@ -89,25 +103,25 @@ class Table:
     #: kernel -> the device it runs on (``gmm_kernels.sandbox.device.of``): the table's device column
     devices: dict[str, str] = field(default_factory=dict)
 
-    def plan(self, cells: Iterable[Cell]) -> None:
+    def plan(self, cells: Iterable[TableCell]) -> None:
         for kernel, family, _ in cells:
             if family is not None:
                 self.rows.setdefault((kernel, family), {})
 
-    def put(self, cell: Cell, outcome: CellOutcome) -> None:
+    def put(self, cell: TableCell, outcome: CellOutcome) -> None:
         """Set a cell (the goldens, whose family is None: in every row of the kernel)."""
         kernel, family, column = cell
         for (k, f), row in self.rows.items():
             if k == kernel and (family is None or f == family):
                 row[column] = outcome
 
-    def add(self, cell: Cell, outcome: CellOutcome) -> None:
+    def add(self, cell: TableCell, outcome: CellOutcome) -> None:
         """Set a cell and append its failure reports and coverage."""
         self.put(cell, outcome)
         self.details += outcome.details
         self.coverage += [outcome.coverage] if outcome.coverage else []
 
-    def get(self, cell: Cell) -> CellOutcome | None:
+    def get(self, cell: TableCell) -> CellOutcome | None:
         """A cell's outcome (the goldens' family: None), or None before it is set."""
         kernel, family, column = cell
         return next((row[column] for (k, f), row in self.rows.items()
@@ -136,24 +150,18 @@ class Table:
 
     def known_bugs_not_caught(self, declared: dict[str, dict[str, str]]) -> int:
         """A mode in which a kernel declares a known upstream bug (``declared``: kernel -> mode -> the bug) must
-        still catch it, as the plugin's strict xfail requires: where every family's cell of such a mode passed
-        (none a known bug, failed or n/a), those cells become failures saying so. The upstream fix it may be shows
-        where it happened, and a harness that stopped catching the bug does not pass in silence. Only for runs
-        whose examples are the same every run (``gmm-ci``'s, ``gmm-nightly``'s first round). Returns how many
-        cells it failed."""
+        still catch it (``engine.known_bugs_not_caught``): where every family's cell of such a mode passed, those
+        cells become failures saying so. Returns how many cells it failed."""
         failed = 0
         for kernel, modes in declared.items():
-            for mode, bug in modes.items():
-                cells = {f: row[mode] for (k, f), row in self.rows.items() if k == kernel and mode in row}
-                if not cells or any(o.status is not Status.PASSED for o in cells.values()):
-                    continue
-                note = (f"declared known upstream bug not caught: every family passed the {mode} mode, where "
-                        f"{kernel} declares {shorten(bug)!r}; if upstream fixed it, narrow the versions it is known "
-                        "on (gmm_kernels.known_issues), else the harness stopped catching it")
-                for family, o in cells.items():
-                    self.put(Cell(kernel, family, mode), dataclasses.replace(o, status=Status.FAILED, note=note))
+            cells = {mode: {f: row[mode] for (k, f), row in self.rows.items() if k == kernel and mode in row}
+                     for mode in modes}
+            passed = {mode: [o.status is Status.PASSED for o in found.values()] for mode, found in cells.items()}
+            for mode, note in known_bugs_not_caught(kernel, modes, passed).items():
+                for family, o in cells[mode].items():
+                    self.put(TableCell(kernel, family, mode), dataclasses.replace(o, status=Status.FAILED, note=note))
                     failed += 1
-                self.details.append(f"== {kernel} / {mode}\n{note}:\n{bug}")
+                self.details.append(f"== {kernel} / {mode}\n{note}:\n{modes[mode]}")
         return failed
 
     def checked_nothing(self, kernel: str) -> bool:

@@ -54,13 +54,13 @@ def compute(request: WorkRequest, kernels: Mapping[str, KernelAdapter], emit: Ca
     from property_tests.checks.engine import run_checks
     from property_tests.checks.failures import CheckRun
     from property_tests.cli.cells import CELL_OUTCOMES, run_cell
-    from property_tests.cli.table import Cell, CellOutcome
+    from property_tests.cli.table import CellOutcome, TableCell, not_run
 
     # an exception a kernel raises is reported in its first cell; a failing example is said as soon as it is found,
     # before it is shrunk
     checks = CheckRun(lambda kernel, where, line: emit(WorkerEvent("found", kernel=kernel, where=where, text=line)))
 
-    def run(cell: Cell, seed: int | None) -> CellOutcome:
+    def run(cell: TableCell, seed: int | None) -> CellOutcome:
         try:
             return run_cell(kernels[cell.kernel], cell, request, seed=seed, run=checks)
         except (SystemExit, GeneratorExit) as exc:
@@ -70,11 +70,15 @@ def compute(request: WorkRequest, kernels: Mapping[str, KernelAdapter], emit: Ca
             report = f"== {' / '.join(map(str, cell))}\nthe kernel {what}"
             return CellOutcome(Status.FAILED, what, details=(report,))
 
+    def _left_out(cell: TableCell, failure: TableCell) -> CellOutcome:
+        return not_run(failure)
+
     forget = observe_calls(lambda adapter, problem: emit(WorkerEvent("problem", kernel=adapter.name,
                                                                      text=problem.describe())))
     try:  # the deadline is the kernel's time budget: rounds of more examples for its passed cells
         for cell, o, extra in run_checks(request.cells, run, CELL_OUTCOMES, seed=request.seed,
-                                         fail_fast=request.fail_fast, deadline=request.deadline,
+                                         left_out=_left_out if request.fail_fast else None,
+                                         deadline=request.deadline,
                                          rounds_from=request.rounds_from,
                                          started=lambda c, extra: emit(WorkerEvent("start", cell=c, extra=extra))):
             emit(WorkerEvent("cell", cell=cell, outcome=o, extra=extra))

@@ -298,10 +298,10 @@ def test_a_torch_golden_is_made_on_the_selected_device(monkeypatch):
 def test_a_worker_selects_the_device_of_its_request(tmp_path):
     """The worker selects the request's device as it is (not its own auto): asked for cuda:0 on a machine without
     one, its setup ends with that error, before any cell."""
-    from property_tests.cli.shards import Cell
+    from property_tests.cli.shards import TableCell
 
     request = WorkRequest(kernels=("torch.grouped_mm",), modes=("exact",), device="cuda:0",
-                          cells=(Cell("torch.grouped_mm", "ragged_m", "exact"),))
+                          cells=(TableCell("torch.grouped_mm", "ragged_m", "exact"),))
     (tmp_path / "request.json").write_text(json.dumps(request.to_json()))
     events = tmp_path / "events"
     proc = subprocess.run([sys.executable, "-m", "property_tests.cli.worker", str(tmp_path / "request.json"),

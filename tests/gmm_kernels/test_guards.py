@@ -22,7 +22,7 @@ from gmm_kernels.sandbox import guards
 from property_tests.checks.check import check_kernel
 from property_tests.cli.cells import run_cell
 from property_tests.cli.request import WorkRequest
-from property_tests.cli.table import Cell
+from property_tests.cli.table import TableCell
 from tests.corpus.broken_serving import batched_correct
 
 torch = pytest.importorskip("torch")
@@ -177,7 +177,7 @@ def test_correct_kernels_stay_silent_poisoned_inputs_included(fn, convention):
 
 def test_the_main_jobs_cell_names_the_buffer():
     kernel = wrap(batched_writes_past_c, "vllm.batched_moe")
-    outcome = run_cell(kernel, Cell(kernel.name, "masked", "exact"), WorkRequest(max_examples=3))
+    outcome = run_cell(kernel, TableCell(kernel.name, "masked", "exact"), WorkRequest(max_examples=3))
     assert outcome.status is Status.FAILED and "wrote 16 elements past the end of C" in outcome.details[0]
 
 

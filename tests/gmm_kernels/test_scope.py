@@ -155,6 +155,23 @@ def test_a_declared_known_issue_turns_the_failure_into_a_known_bug():
     assert report.failures, "a known issue outside its versions is not assumed"
 
 
+def test_check_kernel_fails_a_declared_known_bug_it_no_longer_catches():
+    # a correct kernel declaring an upstream bug in a mode it passes: the bug is fixed upstream or the harness stopped
+    # catching it; either way a failure naming the bug, as in the main job's table and the plugin's strict xfail
+    issue = KnownIssue(("exact",), "upstream bug: a made-up bug in a correct kernel")
+    scope = Scope(**SCOPE, known_issues=(issue,))
+    (result,) = check_kernel(narrow_kernel, convention="ragged_dot", modes=["exact"], scope=scope,
+                             raise_on_failure=False)
+    assert result.status is Status.FAILED, result
+    assert "declared known upstream bug not caught" in result.detail and "a made-up bug" in result.detail
+    with pytest.raises(gmm_ref.Mismatch, match="narrow the versions it is known on"):
+        check_kernel(narrow_kernel, convention="ragged_dot", modes=["exact"], scope=scope)
+    # where the examples are not the same every run, whether they meet the bug is luck: no verdict on it
+    for other in (dict(seed=3), dict(max_examples=5), dict(tier="gmm-quick")):
+        (result,) = check_kernel(narrow_kernel, convention="ragged_dot", modes=["exact"], scope=scope, **other)
+        assert result.status is Status.PASSED, (other, result)
+
+
 def test_parsers_name_their_option():
     assert parse_multiples(["k=32", "n=16", "k=48"]) == {"k": 96, "n": 16}
     for bad in ("k", "k=0", "q=2", "k=x"):

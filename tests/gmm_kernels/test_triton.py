@@ -151,7 +151,8 @@ def test_a_wheel_kernel_run_directly_gets_the_interpreters_fixes(name, tmp_path)
         pytest.skip(f"{name}: {resolve_kernel(name).available()}")
     script = (
         "import numpy as np, ml_dtypes, gmm_ref\n"
-        "from gmm_kernels import resolve_kernel, triton_interpreter\n"
+        "from gmm_kernels import resolve_kernel\n"
+        "from gmm_kernels.runtimes import triton_interpreter\n"
         "triton_interpreter.use_if_no_gpu()\n"
         f"k = resolve_kernel({name!r})\n"
         "rng = np.random.default_rng(0)\n"

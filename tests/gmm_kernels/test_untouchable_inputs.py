@@ -9,6 +9,7 @@ regeneration) must fail them, naming the argument.
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from golden.case import Case
 from property_tests.checks.check import check_kernel
 from property_tests.cli.cells import run_cell
 from property_tests.cli.request import WorkRequest
-from property_tests.cli.table import Cell
+from property_tests.cli.table import TableCell
 
 torch = pytest.importorskip("torch")
 DATA = Path(__file__).resolve().parents[2] / "golden" / "data"
@@ -72,7 +73,7 @@ def test_the_gradient_path_fails_it_too():
 
 def test_the_main_jobs_cell_fails_it():
     kernel = wrap(scratches_mat_b_after, "torch.grouped_mm", scope=TORCH)
-    outcome = run_cell(kernel, Cell(kernel.name, "ragged_m", "exact"), WorkRequest(max_examples=5))
+    outcome = run_cell(kernel, TableCell(kernel.name, "ragged_m", "exact"), WorkRequest(max_examples=5))
     details = outcome.details
     assert outcome.status is Status.FAILED and "modified its input in place" in details[0] and "mat_b" in details[0]
 
@@ -108,3 +109,22 @@ def test_a_problem_keeps_its_own_copy():
     assert not p.lhs.flags.writeable
     with pytest.raises(ValueError, match="read-only"):
         p.lhs[0, 0] = 1
+
+
+def _exits(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    sys.exit(3)
+
+
+def test_a_kernel_calling_sys_exit_fails_its_call_on_every_path():
+    # the forward call, the gradient (jax.vjp traces the kernel outside KernelAdapter.invoke) and the operator probe
+    # all go through one guard: a SystemExit is the call's KernelExit, never the end of the process checking it
+    pytest.importorskip("jax")
+    from gmm_kernels import KernelExit, resolve_kernel
+
+    adapter = resolve_kernel(_exits, convention="ragged_dot")
+    problem = gmm_ref.problem_from_arguments("ragged_dot", np.ones((4, 3), np.float32), np.ones((2, 3, 5), np.float32),
+                                             np.array([1, 3], np.int32))
+    with pytest.raises(KernelExit, match=r"SystemExit\(3\)"):
+        adapter.run(problem)
+    with pytest.raises(KernelExit, match=r"SystemExit\(3\)"):
+        adapter.vjp(problem, np.ones((4, 5), np.float32))

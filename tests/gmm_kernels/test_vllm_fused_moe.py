@@ -247,13 +247,13 @@ def test_the_wheels_kernel_on_wrong_metadata_is_rejected_naming_token_slot_and_e
 def test_the_routed_row_of_the_main_job():
     from property_tests.cli.cells import run_cell
     from property_tests.cli.request import WorkRequest
-    from property_tests.cli.table import Cell, cells_of
+    from property_tests.cli.table import TableCell, cells_of
 
     kernel = get("vllm.fused_moe")
     cells = cells_of(kernel, goldens=False, modes=["normal", "grad"])
     assert [(c.family, c.column) for c in cells] == [("routed", "normal"), ("routed", "grad")]
-    normal = run_cell(kernel, Cell(kernel.name, "routed", "normal"), WorkRequest(max_examples=5))
-    grad = run_cell(kernel, Cell(kernel.name, "routed", "grad"), WorkRequest(max_examples=5))
+    normal = run_cell(kernel, TableCell(kernel.name, "routed", "normal"), WorkRequest(max_examples=5))
+    grad = run_cell(kernel, TableCell(kernel.name, "routed", "grad"), WorkRequest(max_examples=5))
     assert normal.status is Status.PASSED and normal.examples == 5
     assert grad.status is Status.UNSUPPORTED and "a routed backward is a kernel of its own" in grad.note
 

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import gmm_ref
-from gmm_ref import RoutedBackward, RoutedNumerics
-from gmm_ref.routed import gradients as routed_gradients
+from gmm_ref import RoutedBackward, RoutedNumerics, routed_gradients
 from property_tests import strategies as gst
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -274,10 +274,10 @@ def test_the_drift_table_judges_the_old_golden_against_a_stated_bound(repo):
 def test_every_goldens_count_says_what_was_out_of_scope(repo):
     from property_tests.cli.cells import run_cell
     from property_tests.cli.request import WorkRequest
-    from property_tests.cli.table import Cell, render
+    from property_tests.cli.table import TableCell, render
 
     kernel = resolve_kernel("mk_gold.gmm:f32_only")
-    outcome = run_cell(kernel, Cell(kernel.name, None, "goldens"), WorkRequest(golden_dir=GOLDENS))
+    outcome = run_cell(kernel, TableCell(kernel.name, None, "goldens"), WorkRequest(golden_dir=GOLDENS))
     text = outcome.text
     dtype_why = "the declared scope takes dtypes ('float32',) / out_dtypes None, not bfloat16 x bfloat16 -> bfloat16"
     assert text == (f"pass (1/4; 3 out of scope: 2 x {dtype_why}; 1 x the declared scope has no rows past the last "
@@ -285,7 +285,7 @@ def test_every_goldens_count_says_what_was_out_of_scope(repo):
     table = render([{"kernel": kernel.name, "family": "ragged_m", "goldens": outcome}], ["goldens"])
     assert "| pass (1/4; 3 out of scope) [1]" in table and f"[1] {text}" in table, table
     f16_only = resolve_kernel("mk_gold.gmm:f16_only")
-    none = run_cell(f16_only, Cell(f16_only.name, None, "goldens"), WorkRequest(golden_dir=GOLDENS)).text
+    none = run_cell(f16_only, TableCell(f16_only.name, None, "goldens"), WorkRequest(golden_dir=GOLDENS)).text
     assert none.startswith("n/a: all 4 golden cases out of scope: 2 x the declared scope takes dtypes ('float16',)")
     assert none.count(" x the declared scope") == 2, none  # every reason, each with its count
 

@@ -24,7 +24,7 @@ from property_tests.checks.engine import spend_rounds
 from property_tests.checks.tiers import ROUND_SEED_STEP
 from property_tests.cli.cells import CELL_OUTCOMES, run_cell
 from property_tests.cli.request import WorkRequest
-from property_tests.cli.table import Cell, CellOutcome, GoldenTally
+from property_tests.cli.table import CellOutcome, GoldenTally, TableCell
 from tests.corpus import broken_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def rarely_wrong(lhs, rhs, group_sizes, precision=None, preferred_element_type=N
 
 def test_rounds_catch_a_bug_the_default_examples_miss():
     kernel = resolve_kernel(rarely_wrong, convention="ragged_dot", name="rarely_wrong", option="kernel")
-    cell = Cell("rarely_wrong", "ragged_m", "exact")
+    cell = TableCell("rarely_wrong", "ragged_m", "exact")
     first = run_cell(kernel, cell, WorkRequest())
     assert first.text.startswith("pass"), "precondition: the default examples miss it (else this test proves nothing)"
     rounds = list(spend_rounds({cell: first}, lambda c, seed: run_cell(kernel, c, WorkRequest(), seed=seed),

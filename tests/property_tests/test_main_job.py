@@ -202,17 +202,17 @@ def test_a_declared_known_bug_the_run_no_longer_catches_fails_the_main_job(monke
 def test_a_declared_known_bug_is_judged_over_every_family_of_its_mode():
     # caught in one family is enough (the bug shows where its family lets it); a mode not run in full (an n/a
     # cell: not checked, --fail-fast) gets no verdict on it; every family passed: each cell fails, naming the bug
-    from property_tests.cli.shards import Cell
+    from property_tests.cli.shards import TableCell
     from property_tests.cli.table import CellOutcome, Table
 
     bug = {"k": {"poisoned": "upstream bug: leaks NaN"}}
 
     def table(*statuses):
         t = Table()
-        t.plan(Cell("k", f, m) for f in ("ragged_m", "ragged_k") for m in ("poisoned", "exact"))
+        t.plan(TableCell("k", f, m) for f in ("ragged_m", "ragged_k") for m in ("poisoned", "exact"))
         for family, status in zip(("ragged_m", "ragged_k"), statuses, strict=True):
-            t.add(Cell("k", family, "poisoned"), CellOutcome(status, examples=4))
-            t.add(Cell("k", family, "exact"), CellOutcome(Status.PASSED, examples=4))
+            t.add(TableCell("k", family, "poisoned"), CellOutcome(status, examples=4))
+            t.add(TableCell("k", family, "exact"), CellOutcome(Status.PASSED, examples=4))
         t.known_bugs_not_caught(bug)
         return t
 
@@ -222,5 +222,5 @@ def test_a_declared_known_bug_is_judged_over_every_family_of_its_mode():
     assert t.count(Status.FAILED) == 0 and t.count(Status.PASSED) == 3
     t = table(Status.PASSED, Status.PASSED)
     assert t.count(Status.FAILED) == 2 and t.count(Status.PASSED) == 2  # the exact cells stay passed
-    assert "declared known upstream bug not caught" in t.get(Cell("k", "ragged_k", "poisoned")).note
+    assert "declared known upstream bug not caught" in t.get(TableCell("k", "ragged_k", "poisoned")).note
     assert "leaks NaN" in t.details[0]

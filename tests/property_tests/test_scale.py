@@ -176,3 +176,18 @@ def test_every_family_of_a_convention_catches_a_table_of_128(family):
     assert check_mode(adapter, "many_groups", family=family, profile="gmm-ci").status is Status.PASSED
     correct = resolve_kernel(bk.grouped_mm_correct, convention="torch.grouped_mm", option="kernel")
     assert check_mode(correct, "scale", family=family).status is Status.PASSED
+
+
+def test_a_scale_problem_rebuilds_from_the_lines_its_reproducer_prints():
+    """A scale problem is too large to save beside a report: the reproducer rebuilds it from the lines the mode
+    leaves on it (``gmm_ref.repro.problem_source``), which must run as printed, from a fresh namespace."""
+    pytest.importorskip("jax")
+    adapter = resolve_kernel("jax.ragged_dot")
+    cell = next(c for c in scale.cells(adapter) if c.kind == "rows")
+    problem = scale.scale_problem(adapter, cell, seed=3)
+    imports, built = problem._built_by
+    namespace: dict = {}
+    exec("\n".join([*imports, f"problem = {built}"]), namespace)
+    rebuilt = namespace["problem"]
+    assert rebuilt.describe() == problem.describe()
+    assert np.array_equal(rebuilt.group_sizes, problem.group_sizes) and np.array_equal(rebuilt.lhs, problem.lhs)

@@ -304,11 +304,11 @@ def test_the_worker_reports_an_error_in_its_own_setup(tmp_path):
 
 def test_the_protocols_records_come_back_from_json_equal():
     from gmm_kernels import Status
-    from property_tests.cli.table import Cell, CellOutcome, FailedRound, GoldenTally
+    from property_tests.cli.table import CellOutcome, FailedRound, GoldenTally, TableCell
 
     request = WorkRequest(kernels=("mod:fn",), modes=("exact", "grad"), scope={"families": "ragged_m"},
-                          environ={"X": "1"}, deadline=12.5, cells=(Cell("mod:fn", "ragged_m", "exact"),
-                                                                    Cell("mod:fn", None, "goldens")))
+                          environ={"X": "1"}, deadline=12.5, cells=(TableCell("mod:fn", "ragged_m", "exact"),
+                                                                    TableCell("mod:fn", None, "goldens")))
     back = WorkRequest.from_json(json.loads(json.dumps(request.to_json())))
     assert back == request and back.cells[1] == ("mod:fn", None, "goldens") and back.cells[1].column == "goldens"
     outcomes = [CellOutcome(Status.FAILED, "group 0", 3, 1.5, ("report",), "cov", (2, 4), 2, False,
