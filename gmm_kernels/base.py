@@ -527,7 +527,7 @@ class RoutedKernelAdapter(KernelAdapter):
     convention's ``output``: per slot ``[T, top_k, N]`` or combined ``[T, N]``, held to
     :func:`gmm_ref.routed_reference` within the bound of its :meth:`numerics_for` (a
     :class:`gmm_ref.RoutedNumerics`); a backward kernel (its convention's ``backward``) runs on a
-    :class:`gmm_ref.RoutedBackward` and returns a gradient, held to :func:`gmm_ref.routed.gradients`. Its row in
+    :class:`gmm_ref.RoutedBackward` and returns a gradient, held to :func:`gmm_ref.routed_gradients`. Its row in
     the main job is its convention's ``family`` (``routed``)."""
 
     #: a routed kernel (``property_tests.checks.check`` draws routings for it, not grouped problems)
@@ -553,8 +553,8 @@ class RoutedKernelAdapter(KernelAdapter):
 
     def large_refusal(self) -> str | None:
         """A Triton kernel off CUDA runs in Triton's interpreter (:meth:`interpreted`: few examples a mode in the
-        default run, ``property_tests.cli.table.examples_in_default_run``; or it is unavailable, the interpreter off),
-        whether or not ``available()`` has set ``TRITON_INTERPRET`` yet."""
+        default run, ``property_tests.checks.tiers.examples_in_default_run``; or it is unavailable, the interpreter
+        off), whether or not ``available()`` has set ``TRITON_INTERPRET`` yet."""
         if "triton" in self.requires and not device.on_cuda():
             return self._runs_interpreted("Triton's interpreter", takes="days")
         return None

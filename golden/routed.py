@@ -245,7 +245,7 @@ def reference(r: gmm_ref.Routing, output: str = "slots") -> RoutedGoldenReferenc
         if not isinstance(r, gmm_ref.RoutedBackward):
             raise TypeError(f"r: output={output!r} is a gradient: expected a gmm_ref.RoutedBackward, got "
                             f"{type(r).__name__}")
-        return RoutedGoldenReference(gmm_ref.routed.gradients(r), output)
+        return RoutedGoldenReference(gmm_ref.routed_gradients(r), output)
     return RoutedGoldenReference(gmm_ref.routed_reference(r), output)
 
 

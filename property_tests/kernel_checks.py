@@ -29,8 +29,7 @@ from golden.store import MANIFEST
 from property_tests.checks.check import MODE_RESULTS, check_mode
 from property_tests.checks.engine import spend_rounds
 from property_tests.checks.failures import raise_failure
-from property_tests.checks.tiers import first_round_seed
-from property_tests.cli.table import examples_in_default_run
+from property_tests.checks.tiers import examples_in_default_run, first_round_seed
 from property_tests.plugin import tier, tier_modes
 
 __all__ = ["CAUSE", "CHECK", "GOLDEN_DATA", "test_kernel_matches_goldens", "test_kernel_matches_reference"]

@@ -321,7 +321,7 @@ class RoutedConvention:
     A kernel returning its output in another layout than ``[T, top_k, N]`` maps it in :meth:`per_slot`.
     ``output``: what the kernel returns, the per-slot ``"slots"`` ``[T, top_k, N]`` or the ``"combined"``
     ``[T, N]`` (the weighted sum over slots), or for a backward kernel a gradient of the routed gradient model
-    (``gmm_ref.routed.gradients``: ``"d_slots"``, ``"d_tokens"``, ``"d_experts"``, ``"d_weights"``), its routings
+    (``gmm_ref.routed_gradients``: ``"d_slots"``, ``"d_tokens"``, ``"d_experts"``, ``"d_weights"``), its routings
     then :class:`gmm_ref.RoutedBackward` s (a routing with its cotangent); ``accumulates``: the backward kernel adds
     the experts' gradient into one it is given (``out_argument``; the routings carry that ``existing`` gradient);
     ``mul_routed_weight``: True or False where the kernel always or never multiplies the weights in (None: an

@@ -19,7 +19,7 @@ debug=False)`` of ``unsloth/kernels/moe/grouped_gemm/interface.py``, returning `
 
 The backward kernels have conventions of their own (below: :data:`GROUPED_GEMM_DX`, :data:`GROUPED_GEMM_DW`,
 :data:`GROUPED_GEMM_DW_ACCUMULATE`), whose arguments come from a ``gmm_ref.RoutedBackward`` (a routing with its
-per-slot cotangent) and whose outputs are gradients of the routed gradient model (``gmm_ref.routed.gradients``).
+per-slot cotangent) and whose outputs are gradients of the routed gradient model (``gmm_ref.routed_gradients``).
 
 This convention builds the fused forms only (:data:`FORMS`; with neither permutation ``X`` is already in expert
 order and nothing says which token a row is): a weighted routing takes ``permute_y`` with ``fuse_mul_post`` (the

@@ -2,7 +2,7 @@
 
 :func:`assert_routed_matches` judges one output of a routed kernel (docs/routed.md): the forward's per-slot
 ``[T, top_k, N]`` or combined ``[T, N]`` output against :func:`gmm_ref.routed_reference`, or a gradient against
-:func:`gmm_ref.routed.gradients` (the per-slot input gradient ``[T, top_k, K]``, the token gradient ``[T, K]``, the
+:func:`gmm_ref.routed_gradients` (the per-slot input gradient ``[T, top_k, K]``, the token gradient ``[T, K]``, the
 experts' gradient, the weights' gradient ``[T, top_k]``). Each element passes when it equals the once-rounded
 value or lies within its bound of the exact one (NaN where that is NaN); a failure names the token, the slot and
 its expert (the experts' gradient: the expert, the element and the slots feeding it), counts the wrong ones and,

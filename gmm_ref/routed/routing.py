@@ -501,7 +501,7 @@ def routed_reference(routing: Routing) -> RoutedReference:
     """The exact reference of ``routing``: the local slots gathered per expert into a ``ragged_m`` problem, its
     exact reference (:func:`gmm_ref.reference`), scattered back to ``[T, top_k, N]``."""
     if not isinstance(routing, Routing):
-        raise TypeError(f"routing: expected a gmm_ref.routed.routing.Routing, got {type(routing).__name__}")
+        raise TypeError(f"routing: expected a gmm_ref.Routing, got {type(routing).__name__}")
     shape = (routing.num_tokens, routing.top_k, routing.n)
     products = np.zeros(shape, np.float64)
     grouped = routing.grouped_problem()

@@ -175,7 +175,7 @@ MODES: dict[str, Mode] = {
         Mode("grad", "reverse-mode gradients w.r.t. lhs, rhs and existing_out, against gmm_ref.gradients",
              {"values": "normal", "dtypes": ("float32", "bfloat16", "float16")}, gradient=True, refuse=_no_gradient,
              routed_why="routed: not differentiated; a routed backward is a kernel of its own (a convention "
-                        "returning a gradient of gmm_ref.routed.gradients: unsloth.grouped_gemm_dX, _dW)"),
+                        "returning a gradient of gmm_ref.routed_gradients: unsloth.grouped_gemm_dX, _dW)"),
         Mode("out_dtype", "every output dtype the convention takes, exact shape and dtype",
              {"values": "normal", "vary_out_dtype": True},
              routed_why="routed: every (input, output) dtype pair of the convention is drawn in every mode"),

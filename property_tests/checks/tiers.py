@@ -34,14 +34,32 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import ExampleDatabase
 
+from gmm_kernels import KernelAdapter
 from gmm_ref.names import did_you_mean
 from property_tests.checks import example_db as example_dbs
 from property_tests.checks.profiles import DEFAULT as DEFAULT_PROFILE
 from property_tests.checks.profiles import profile as profile_settings
 
-__all__ = ["DEFAULT", "QUICK_ROUTED_EXAMPLES", "ROUND_SEED_STEP", "SAME_EVERY_RUN", "TIERS", "Tier", "budgets",
-           "cell_settings", "chosen", "default_example_db", "example_db_spec", "first_round_seed", "run_setting",
-           "same_every_run", "seed_of_the_day", "tier_of"]
+__all__ = [
+    "DEFAULT",
+    "QUICK_ROUTED_EXAMPLES",
+    "ROUND_SEED_STEP",
+    "ROUTED_INTERPRETED_EXAMPLES",
+    "SAME_EVERY_RUN",
+    "TIERS",
+    "Tier",
+    "budgets",
+    "cell_settings",
+    "chosen",
+    "default_example_db",
+    "example_db_spec",
+    "examples_in_default_run",
+    "first_round_seed",
+    "run_setting",
+    "same_every_run",
+    "seed_of_the_day",
+    "tier_of",
+]
 
 #: a round's seeds: round r of a run whose rounds start from seed S checks its cells under S + r * ROUND_SEED_STEP
 ROUND_SEED_STEP = 1_000_003
@@ -222,3 +240,18 @@ def run_setting(profile: str | None, seed: int | None, max_examples: int | None 
         name = profile or "settings in force"
         text = f"{name} profile ({'derandomized' if base.derandomize else 'random'}, {n})"
     return text if tier is None or tier.name == profile else f"{tier.name} tier, {text}"
+
+
+#: examples a mode of a routed MoE kernel that runs interpreted here gets in the default run (every kernel at once):
+#: a routing costs it tens of milliseconds to seconds (one interpreted program per live block), so the profile's 50
+#: would add about a minute per kernel; named (``--kernel``), it gets the profile's
+ROUTED_INTERPRETED_EXAMPLES = 10
+
+
+def examples_in_default_run(kernel: KernelAdapter, max_examples: int | None) -> int | None:
+    """The examples per mode ``kernel`` gets in the default run: ``max_examples`` when given, else
+    :data:`ROUTED_INTERPRETED_EXAMPLES` for a routed kernel that runs interpreted here (``interpreted()``), else
+    None (the profile's budget, and the kernel's own ``max_examples`` cap)."""
+    if max_examples is None and kernel.routed and kernel.interpreted():
+        return ROUTED_INTERPRETED_EXAMPLES
+    return max_examples

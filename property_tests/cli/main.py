@@ -57,7 +57,6 @@ from property_tests.cli.table import (
     CellOutcome,
     Table,
     cells_of,
-    examples_in_default_run,
     render,
     run_order,
 )
@@ -220,7 +219,7 @@ def _run(args: argparse.Namespace, request: WorkRequest, kernels: dict[str, Kern
     """Check ``cells`` (all of the ``plan``, or a shard's part) into ``table``, which gets every row of the plan."""
     table.plan(plan)
     # the default run (no --kernel): a routed kernel that runs interpreted gets few examples a mode
-    examples = {name: args.max_examples if args.kernel else examples_in_default_run(k, args.max_examples)
+    examples = {name: args.max_examples if args.kernel else tiers.examples_in_default_run(k, args.max_examples)
                 for name, k in kernels.items()}
     by_kernel: dict[str, list[TableCell]] = {}
     for cell in cells:

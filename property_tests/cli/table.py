@@ -22,14 +22,12 @@ from property_tests.cli.shards import TableCell
 
 __all__ = [
     "GOLDENS",
-    "ROUTED_INTERPRETED_EXAMPLES",
     "CellOutcome",
     "FailedRound",
     "GoldenTally",
     "Table",
     "TableCell",
     "cells_of",
-    "examples_in_default_run",
     "failure_line",
     "not_run",
     "render",
@@ -44,21 +42,6 @@ _WIDTH = 110
 def shorten(text: str) -> str:
     """``text``, cut to the table's width."""
     return text if len(text) <= _WIDTH else text[: _WIDTH - 3] + "..."
-
-
-#: examples a mode of a routed MoE kernel that runs interpreted here gets in the default run (every kernel at once):
-#: a routing costs it tens of milliseconds to seconds (one interpreted program per live block), so the profile's 50
-#: would add about a minute per kernel; named (``--kernel``), it gets the profile's
-ROUTED_INTERPRETED_EXAMPLES = 10
-
-
-def examples_in_default_run(kernel: KernelAdapter, max_examples: int | None) -> int | None:
-    """The examples per mode ``kernel`` gets in the default run: ``max_examples`` when given, else
-    :data:`ROUTED_INTERPRETED_EXAMPLES` for a routed kernel that runs interpreted here (``interpreted()``), else
-    None (the profile's budget, and the kernel's own ``max_examples`` cap)."""
-    if max_examples is None and kernel.routed and kernel.interpreted():
-        return ROUTED_INTERPRETED_EXAMPLES
-    return max_examples
 
 
 def cells_of(kernel: KernelAdapter, *, goldens: bool, modes: Sequence[str] | None = None) -> list[TableCell]:

@@ -43,7 +43,7 @@ def test_arguments_parse_back_to_the_same_backward_and_a_right_output_maps_to_th
     args, kwargs = DX.arguments(bx)
     again = DX.parse(*args, **kwargs)
     assert np.array_equal(again.topk_ids, bx.topk_ids) and np.array_equal(again.cotangent, bx.cotangent)
-    want = gmm_ref.routed.gradients(bx).inputs.slots
+    want = gmm_ref.routed_gradients(bx).inputs.slots
     rows = want.reshape(-1, bx.k)
     dx = rows if kwargs["permute_x"] else rows[args[2]]  # slot order (permute_x), expert order (permute_y)
     assert np.array_equal(DX.per_slot(dx, args, kwargs), want)
@@ -52,7 +52,7 @@ def test_arguments_parse_back_to_the_same_backward_and_a_right_output_maps_to_th
         again = conv.parse(*args, **kwargs)
         assert np.array_equal(again.tokens, b.tokens) and np.array_equal(again.cotangent, b.cotangent)
         assert (again.existing is None) == (b.existing is None)
-        g, g_again = gmm_ref.routed.gradients(b), gmm_ref.routed.gradients(again)
+        g, g_again = gmm_ref.routed_gradients(b), gmm_ref.routed_gradients(again)
         assert np.array_equal(g.experts_exact, g_again.experts_exact)
 
 
@@ -222,7 +222,7 @@ def test_the_wheels_kernel_computes_each_form_exactly(name, monkeypatch):
                            cotangent=rng.integers(-2, 3, (*ids.shape, n)).astype(np.float32),
                            existing=rng.integers(-2, 3, (4, n, k)).astype(np.float32) if "accumulate" in name else None)
         out = kernel.run(b)
-        g = gmm_ref.routed.gradients(b)
+        g = gmm_ref.routed_gradients(b)
         want = g.inputs.slots if name.endswith("dX") else g.experts
         assert np.array_equal(out, want), backward_form_of(b)
 
@@ -327,7 +327,7 @@ def test_the_accumulating_kernel_seeded_with_the_existing_gradient_fails_where_t
     b = RoutedBackward(x, np.zeros((2, 16, 8), np.float32), ids, cotangent=dy, existing=existing)
     monkeypatch.setenv(ENV, WHEEL)
     kernel = get("unsloth.grouped_gemm_dW_accumulate")
-    gmm_ref.assert_routed_matches(kernel.run(b), gmm_ref.routed.gradients(b), output="d_experts",
+    gmm_ref.assert_routed_matches(kernel.run(b), gmm_ref.routed_gradients(b), output="d_experts",
                                   numerics=kernel.numerics_for(b))
     seed = ("accumulator = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype = acc_dtype)",
             "accumulator = tl.load(dW_ptr + (expert_idx.to(tl.int64) * N + n_offset + block_range_n)[:, None] * K "
@@ -337,7 +337,7 @@ def test_the_accumulating_kernel_seeded_with_the_existing_gradient_fails_where_t
                                     [seed, ACCUMULATE_EDITS["existing_overwritten"][0]], "seeded"))
     with pytest.raises(gmm_ref.Mismatch, match=r"expert 0 \(local 0\), n 0, k 0: got 33554432\.0, expected "
                                                 r"33554436\.0 within 2"):
-        gmm_ref.assert_routed_matches(kernel.run(b), gmm_ref.routed.gradients(b), output="d_experts",
+        gmm_ref.assert_routed_matches(kernel.run(b), gmm_ref.routed_gradients(b), output="d_experts",
                                       numerics=kernel.numerics_for(b))
     # the drawn exact mode reaches it too: an expert over several M tiles, an existing element of +-2**25
     with pytest.raises(gmm_ref.Mismatch) as info:

@@ -276,8 +276,8 @@ def test_the_default_run_checks_an_interpreted_routed_kernel_on_few_examples(mon
 
     from gmm_kernels import resolve
     from golden.cases import CASES
+    from property_tests.checks.tiers import ROUTED_INTERPRETED_EXAMPLES, examples_in_default_run
     from property_tests.cli import main
-    from property_tests.cli.table import ROUTED_INTERPRETED_EXAMPLES, examples_in_default_run
 
     kernel = get("vllm.fused_moe")
     assert kernel.interpreted() == "Triton's interpreter"

@@ -1,4 +1,4 @@
-"""The routed gradient model (``gmm_ref.routed.gradients``, docs/routed.md "The routed gradient model"): its exact
+"""The routed gradient model (``gmm_ref.routed_gradients``, docs/routed.md "The routed gradient model"): its exact
 values against an independent float64 computation and torch's autograd of the forward, its bounds against kernels
 that round where they declare, NaN where nothing reads, and the reports that name a wrong element's token, slot and
 expert (the experts' gradient: its expert, element and culprit)."""

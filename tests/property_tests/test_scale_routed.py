@@ -255,7 +255,7 @@ def test_every_routed_row_can_take_a_cell_of_its_own(name, monkeypatch):
         assert isinstance(routing, gmm_ref.RoutedBackward if conv.backward else gmm_ref.Routing), \
             f"{name}: {cell.describe()}: {routing}"
         if conv.backward:  # element 0 of every slot's input gradient is 1, (0, 0) of an expert's its slot count
-            g = gmm_ref.routed.gradients(routing)
+            g = gmm_ref.routed_gradients(routing)
             assert (g.inputs.slots_exact[:, :, 0] == 1).all()
             counts = np.bincount(routing.topk_ids.reshape(-1), minlength=routing.num_local_experts)
             assert np.array_equal(g.experts_exact[:, 0, 0] - (0 if routing.existing is None else
