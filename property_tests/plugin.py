@@ -55,6 +55,7 @@ from typing import Any
 
 import pytest
 
+from property_tests.checks.engine import shorten
 from property_tests.checks.profiles import DEFAULT, register_profiles
 from property_tests.checks.tiers import TIERS
 from property_tests.cli.options import SCOPE_OPTIONS, add_device_option, add_scope_options
@@ -370,6 +371,5 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     crash = getattr(report.longrepr, "reprcrash", None)
     text = properties.get("gmm_cause") or (crash.message if crash is not None else str(report.longrepr))
     text = " ".join(text.split())
-    text = text if len(text) <= 110 else text[:107] + "..."
-    sys.stderr.write(f"gmm-harness: FAIL {check[0]} / {check[1]}: {text}\n")
+    sys.stderr.write(f"gmm-harness: FAIL {check[0]} / {check[1]}: {shorten(text)}\n")
     sys.stderr.flush()

@@ -16,8 +16,8 @@ from typing import Generic, Protocol, TypeVar
 
 from property_tests.checks.tiers import ROUND_SEED_STEP
 
-__all__ = ["RUN_ORDER", "Outcomes", "known_bugs_not_caught", "mode_order", "round_seed", "run_checks", "run_rank",
-           "spend_rounds"]
+__all__ = ["LINE_WIDTH", "RUN_ORDER", "Outcomes", "known_bugs_not_caught", "mode_order", "round_seed", "run_checks",
+           "run_rank", "shorten", "spend_rounds"]
 
 U = TypeVar("U", bound=Hashable)  # what is checked: a table cell, a mode's name
 R = TypeVar("R")  # what a check found
@@ -29,6 +29,15 @@ R = TypeVar("R")  # what a check found
 #: named here runs after these.
 RUN_ORDER: tuple[str, ...] = ("poisoned", "many_groups", "grad", "out_dtype", "normal", "wide", "exact", "graph",
                               "scale", "all_empty", "sharded", "sharded_existing")
+
+
+#: the width of a one-line report: a table cell's note, a ``gmm-harness: FAIL`` line, a known bug named in a note
+LINE_WIDTH = 110
+
+
+def shorten(text: str) -> str:
+    """``text``, cut to :data:`LINE_WIDTH` (ending in ``...`` where it was cut)."""
+    return text if len(text) <= LINE_WIDTH else text[: LINE_WIDTH - 3] + "..."
 
 
 def run_rank(mode: str) -> int:
@@ -133,8 +142,7 @@ def known_bugs_not_caught(kernel: str, declared: Mapping[str, str], passed: Mapp
     for mode, bug in declared.items():
         outcomes = list(passed.get(mode, ()))
         if outcomes and all(outcomes):
-            brief = bug if len(bug) <= 110 else bug[:107] + "..."
             found[mode] = (f"declared known upstream bug not caught: every family passed the {mode} mode, where "
-                           f"{kernel} declares {brief!r}; if upstream fixed it, narrow the versions it is known on "
-                           "(gmm_kernels.known_issues), else the harness stopped catching it")
+                           f"{kernel} declares {shorten(bug)!r}; if upstream fixed it, narrow the versions it is "
+                           "known on (gmm_kernels.known_issues), else the harness stopped catching it")
     return found

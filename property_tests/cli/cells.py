@@ -16,13 +16,14 @@ from golden.cli import default_directory
 from golden.judge import scope_reasons
 from golden.staleness import contents
 from property_tests.checks.check import check_mode
+from property_tests.checks.engine import shorten
 from property_tests.checks.failures import CheckRun
 from property_tests.checks.modes import ALL_MODES
 from property_tests.checks.tiers import DEFAULT
 from property_tests.cli.outcomes import CellOutcome, FailedRound, GoldenTally
 from property_tests.cli.request import WorkRequest
 from property_tests.cli.shards import TableCell
-from property_tests.cli.table import GOLDENS, shorten
+from property_tests.cli.table import GOLDENS
 
 __all__ = ["CELL_OUTCOMES", "run_cell"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gmm_kernels import KernelAdapter, Status
-from property_tests.checks.engine import known_bugs_not_caught, run_rank
+from property_tests.checks.engine import known_bugs_not_caught, run_rank, shorten
 from property_tests.checks.modes import MODES
 from property_tests.cli.outcomes import CellOutcome, FailedRound, GoldenTally
 from property_tests.cli.shards import TableCell
@@ -32,18 +32,9 @@ __all__ = [
     "not_run",
     "render",
     "run_order",
-    "shorten",
 ]
 
 GOLDENS = "goldens"
-_WIDTH = 110
-
-
-def shorten(text: str) -> str:
-    """``text``, cut to the table's width."""
-    return text if len(text) <= _WIDTH else text[: _WIDTH - 3] + "..."
-
-
 def cells_of(kernel: KernelAdapter, *, goldens: bool, modes: Sequence[str] | None = None) -> list[TableCell]:
     """Every ``(kernel, family, column)`` cell of a kernel, in table order (goldens: one per kernel)."""
     cells = [TableCell(kernel.name, f, m) for f in kernel.families for m in (modes or MODES)]
