@@ -370,7 +370,7 @@ class KernelAdapter:
                 device.synchronize()  # on CUDA: the kernel's queued work done (and its errors raised) before judging
             if out is None and self.convention_facts.out_argument is not None:  # it wrote its output buffer in place
                 out = self.convention_facts.out_value(args, kwargs)  # a host array: the device's copied back on exit
-        return as_numpy(out, name=f"output of {self.name}")
+        return as_numpy(out, name=f"output of {self.name}", strict=True)
 
     @contextlib.contextmanager
     def arguments(self, problem: Problem) -> Iterator[tuple[tuple, dict]]:
@@ -588,4 +588,4 @@ class RoutedKernelAdapter(KernelAdapter):
                 device.synchronize()
             if out is None and conv.out_argument is not None:  # a host array: the device's copied back on exit
                 out = conv.out_value(*given)
-        return conv.per_slot(as_numpy(out, name=f"output of {self.name}"), *pristine)
+        return conv.per_slot(as_numpy(out, name=f"output of {self.name}", strict=True), *pristine)

@@ -62,30 +62,45 @@ def _kernel_lines(adapter: KernelAdapter) -> list[str]:
 
 def kernel_reproducer(adapter: KernelAdapter, problem: Problem, *, numerics: Numerics, wrt: str | None = None,
                       cotangent: np.ndarray | None = None, determinism: bool = False,
-                      before: tuple[list[int], ...] = (),
+                      before: tuple[list[int], ...] = (), until_it_fails: tuple[int, int] | None = None,
                       directory: str | os.PathLike[str] | None = None) -> str:
     """The script for a failure of ``adapter`` on ``problem``: its forward output (``determinism``: two runs
     compared bit for bit), or with ``wrt`` and ``cotangent`` its gradient w.r.t. ``wrt``. ``before``: the group
     sizes of the calls made first on the same kernel with the same operands (a kernel that keeps its first
-    call's group sizes fails only after them)."""
+    call's group sizes fails only after them). ``until_it_fails``: (calls that failed, calls made) of an
+    intermittent failure; the script then repeats the calls until one fails, or says that none did."""
     extra = {"cotangent": cotangent} if wrt is not None and cotangent is not None else {}
     imports, lines = problem_source(problem, extra=extra, directory=directory)
     imports = [*imports, "import gmm_kernels"]
-    head = [f"# gmm-harness reproducer: {adapter.name} ({adapter.convention}); running it raises the same report"]
+    if until_it_fails is None:
+        head = [f"# gmm-harness reproducer: {adapter.name} ({adapter.convention}); running it raises the same report"]
+    else:
+        head = [f"# gmm-harness reproducer: {adapter.name} ({adapter.convention}); an intermittent failure "
+                f"({until_it_fails[0]} of {until_it_fails[1]} calls failed): it calls the kernel until a call "
+                "raises the report, or says how many passed"]
     lines += _kernel_lines(adapter)
     lines.append(f"numerics = {numerics_source(numerics)}")
     label = adapter.name if wrt is None else f"{adapter.name} d/d{wrt}"
     call = f"calls the kernel with {adapter.convention}'s arguments, gmm_ref.arguments(problem)"
+    calls = []
     if before:
-        lines.append(f"for sizes in {list(before)!r}:  # the calls before, same shapes, other group sizes")
-        lines.append(f"    kernel.run(problem.replace(group_sizes=np.array(sizes, np.{problem.group_sizes.dtype})))")
+        calls.append(f"for sizes in {list(before)!r}:  # the calls before, same shapes, other group sizes")
+        calls.append(f"    kernel.run(problem.replace(group_sizes=np.array(sizes, np.{problem.group_sizes.dtype})))")
     if wrt is None:
-        lines += [f"out = kernel.run(problem)  # {call}",
+        calls += [f"out = kernel.run(problem)  # {call}",
                   f"gmm_ref.assert_matches_reference(out, problem, numerics=numerics, kernel={label!r})"]
         if determinism:
-            lines.append(f"gmm_ref.assert_deterministic(out, kernel.run(problem), problem, kernel={label!r})")
+            calls.append(f"gmm_ref.assert_deterministic(out, kernel.run(problem), problem, kernel={label!r})")
     else:
-        lines += [f"grads = kernel.vjp(problem, cotangent)  # the kernel's backward: {call}, then this cotangent",
+        calls += [f"grads = kernel.vjp(problem, cotangent)  # the kernel's backward: {call}, then this cotangent",
                   f"want = gmm_ref.gradients(problem, cotangent)[{wrt!r}]  # d/d{wrt} as a problem of its own",
                   f"gmm_ref.assert_matches_reference(grads[{wrt!r}], want, numerics=numerics, kernel={label!r})"]
+    if until_it_fails is None:
+        lines += calls
+    else:
+        tries = max(100, 5 * -(-until_it_fails[1] // max(until_it_fails[0], 1)))  # a few times the calls per failure
+        lines.append(f"for attempt in range({tries}):  # until a call fails")
+        lines += ["    " + line for line in calls]
+        lines.append(f"print(f'all {{attempt + 1}} calls passed (the harness saw {until_it_fails[0]} of "
+                     f"{until_it_fails[1]} fail): run it again')")
     return "\n".join([*head, *imports, *lines])

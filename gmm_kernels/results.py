@@ -23,6 +23,13 @@ class Status(enum.Enum):
     FAILED = "FAIL"
     UNSUPPORTED = "n/a"
     KNOWN_BUG = "known bug"
+    #: a failure that some calls of the same problem show and others do not (``detail`` says how many)
+    INTERMITTENT = "INTERMITTENT"
+
+    @property
+    def failure(self) -> bool:
+        """Whether this verdict is a failure of the kernel (failed, or failed on some calls only)."""
+        return self in (Status.FAILED, Status.INTERMITTENT)
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ class Result:
     @property
     def ok(self) -> bool:
         """Nothing failed: passed, unsupported, or a known upstream bug still caught."""
-        return self.status is not Status.FAILED
+        return not self.status.failure
 
     def coverage_report(self) -> str:
         """What the checked examples reached: cells and pairs of the covering design, the pairs never
@@ -107,7 +114,7 @@ class Result:
     def raise_for_status(self) -> None:
         """Re-raise the failure (and a still-caught known bug), else return."""
         __tracebackhide__ = True
-        if self.status in (Status.FAILED, Status.KNOWN_BUG) and self.error is not None:
+        if (self.status.failure or self.status is Status.KNOWN_BUG) and self.error is not None:
             raise self.error
 
 
@@ -132,7 +139,7 @@ class Report:
 
     @property
     def failures(self) -> tuple[Result, ...]:
-        return tuple(r for r in self.results if r.status is Status.FAILED)
+        return tuple(r for r in self.results if r.status.failure)
 
     def by_check(self) -> dict[str, Result]:
         """``{check: result}`` (the last result of each check when several families ran)."""

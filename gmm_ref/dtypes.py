@@ -8,6 +8,7 @@ does a single round-to-nearest-even at the target precision instead.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,17 +117,54 @@ def as_dtype(value: Any, *, name: str = "dtype", codes: bool = False) -> np.dtyp
     return dtype
 
 
-def as_numpy(value: Any, *, name: str = "actual") -> np.ndarray:
+def as_numpy(value: Any, *, name: str = "actual", strict: bool = False) -> np.ndarray:
     """An array-like (NumPy, jax array, torch tensor on any device) as NumPy, bfloat16 bit-exact.
 
     torch is imported only for torch tensors; a torch bfloat16 tensor travels as
-    its int16 bits, since NumPy has no bfloat16 of its own.
+    its int16 bits, since NumPy has no bfloat16 of its own. A subclass of
+    ``numpy.ndarray`` or ``torch.Tensor`` is read through its memory, never
+    through its own methods, so what is judged is what the buffer holds.
+    ``strict`` (a kernel's output): anything but a ``numpy.ndarray``, a
+    ``torch.Tensor`` with storage of its own or a jax array is a ``TypeError``
+    naming ``name`` and the type given, where otherwise ``numpy.asarray`` reads it.
     """
     if isinstance(value, np.ndarray):
-        return value
-    if type(value).__module__.startswith("torch"):
-        import torch
+        # a subclass's own __array__ / __getitem__ never run: the base class's view of the same memory
+        return value if type(value) is np.ndarray else np.ndarray.view(value, np.ndarray)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return _torch_numpy(torch, value, name)
+    if strict and not _is_jax_array(value):
+        kind = type(value)
+        raise TypeError(f"{name}: expected a numpy.ndarray, torch.Tensor or jax.Array, got {kind.__qualname__} "
+                        f"(from {kind.__module__}); a kernel's output is judged by the array it returns, not by an "
+                        "object that converts itself")
+    try:
+        return np.asarray(value)
+    except Exception as exc:
+        raise TypeError(f"{name}: cannot convert {type(value).__name__} to a NumPy array") from exc
 
+
+def _is_jax_array(value: Any) -> bool:
+    """Whether ``value`` is exactly jax's array type (jax.Array is an ABC that any class may register with)."""
+    jax = sys.modules.get("jax")
+    kind = type(value)
+    return jax is not None and kind.__module__.startswith("jaxlib") and isinstance(value, jax.Array)
+
+
+def _torch_numpy(torch: Any, value: Any, name: str) -> np.ndarray:
+    """A torch tensor's bytes as NumPy. A subclass is read as the plain tensor over the same storage, its
+    ``__torch_function__`` off; one that dispatches its own operations (a wrapper subclass) has no storage of
+    its own to read and is refused by name."""
+    kind = type(value)
+    if kind is not torch.Tensor and kind is not torch.nn.Parameter:
+        if getattr(kind, "__torch_dispatch__", None) is not getattr(torch.Tensor, "__torch_dispatch__", None):
+            raise TypeError(f"{name}: a {kind.__qualname__} (from {kind.__module__}), a torch.Tensor subclass with "
+                            "its own __torch_dispatch__: it has no storage of its own to judge; return a plain "
+                            "torch.Tensor")
+        with torch._C.DisableTorchFunctionSubclass():
+            value = torch.Tensor.as_subclass(value, torch.Tensor)
+    with torch._C.DisableTorchFunctionSubclass():
         t = value.detach().cpu()
         if t.dtype == torch.bfloat16:
             return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
@@ -134,10 +172,6 @@ def as_numpy(value: Any, *, name: str = "actual") -> np.ndarray:
         if byte_dtype is not None:  # float8 codes and scales: their bytes
             return t.contiguous().view(torch.uint8).numpy().view(byte_dtype)
         return t.numpy()
-    try:
-        return np.asarray(value)
-    except Exception as exc:
-        raise TypeError(f"{name}: cannot convert {type(value).__name__} to a NumPy array") from exc
 
 
 #: ml_dtypes' sub-byte integers, which NumPy does not see as integers (their kind is "V")

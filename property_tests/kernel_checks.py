@@ -69,8 +69,9 @@ def test_kernel_matches_reference(gmm_kernel, gmm_mode, request, gmm_check_run):
             pytest.fail(f"{gmm_kernel.name} / {mode}: declared known issue, but the mode is unsupported: "
                         f"{result.detail}")
         pytest.skip(f"{gmm_kernel.name} / {mode}: {result.detail}")
-    if result.status is Status.FAILED:
-        request.node.user_properties.append((CAUSE, result.detail))
+    if result.status.failure:
+        cause = result.detail if result.status is Status.FAILED else f"{result.status.value}: {result.detail}"
+        request.node.user_properties.append((CAUSE, cause))
     if result.status is Status.KNOWN_BUG:
         result.raise_for_status()  # the strict xfail: the bug is still caught
     raise_failure(result)

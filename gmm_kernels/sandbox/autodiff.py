@@ -105,7 +105,7 @@ def _jax_vjp(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs
                     _NO_JAX_GRADIENT.clear()
                 _NO_JAX_GRADIENT[key] = why
             raise NotImplementedError(why) from None
-        return {n: as_numpy(c) for n, c in zip(names, cts, strict=True)}
+        return {n: as_numpy(c, name=f"{name} d/d{n}", strict=True) for n, c in zip(names, cts, strict=True)}
 
 
 def _backward(fn: Callable[..., Any], existing_argument: str | None, a: tuple, kw: dict,
@@ -188,4 +188,4 @@ def _torch_vjp(fn: Callable[..., Any], args: tuple, kwargs: dict, cotangent: Any
         if "derivative" in str(exc) or "not implemented" in str(exc).lower():
             raise NotImplementedError(f"{name}: no gradient: {exc}") from None
         raise
-    return {"lhs": as_numpy(lhs.grad), "rhs": as_numpy(rhs.grad)}
+    return {w: as_numpy(g.grad, name=f"{name} d/d{w}", strict=True) for w, g in (("lhs", lhs), ("rhs", rhs))}

@@ -152,7 +152,7 @@ def check_replays(adapter: Any, problems: tuple[Problem, ...], capture: Capture 
             refill(buffers((static_args, static_kw), host))
             result = replay()
             device.synchronize()
-            got = as_numpy(out if result is None else result, name=f"output of {adapter.name}")
+            got = as_numpy(out if result is None else result, name=f"output of {adapter.name}", strict=True)
             judge_replay(adapter, got, problem, problems[0], i + 1)
         except Exception as exc:
             exc.add_note("found by replaying one captured CUDA graph (gmm_kernels.sandbox.cuda_graph.check_replays); a "

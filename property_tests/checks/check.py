@@ -200,6 +200,7 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
         except Exception as exc:
             # its notes so far are the checked code's, not Hypothesis'
             failures.left_property(exc, failures.recipe_problem(exc, problems[0]))
+            failures.attach_again(exc, lambda: check_example(adapter, mode, problems))
             run.found(adapter, mode.name, where, exc)  # said now, before shrinking
             raise
 
@@ -339,6 +340,7 @@ def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, pr
         except Exception as exc:
             where = run.seen_before(adapter, exc)
             if where is None:
+                failures.attach_again(exc, lambda: _check_routed(adapter, routing, mode))
                 run.found(adapter, mode.name, f"routed / {mode.name}", exc)  # said now, before shrinking
                 raise
             tally.repeated.append((where, exc))
@@ -403,6 +405,10 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
     except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
         exc, distinct = failures.primary(caught)
+        known = adapter.known_issue(mode.name)
+        # the failing example checked again: one that also passes is intermittent, whatever Hypothesis saw
+        flaky = not known and not isinstance(exc, failures.Repeated) \
+            and failures.check_again(exc, flaky=failures.is_flaky(caught))
         failures.name_guarded_reads(adapter, exc)
         hints = failures.finish(exc, adapter, mode.name)
         where = mode.name + (f" [{family}]" if family else "")
@@ -410,8 +416,13 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         line = str(exc) if isinstance(exc, failures.Repeated) else failures.one_line(exc)
         line += f" (+{distinct - 1} other distinct failure{'s' * (distinct > 2)})" if distinct > 1 else ""
         line += "".join(f"; matches a known upstream bug of {h} (-v says which)" for h in hints)
-        known = adapter.known_issue(mode.name)
-        status, detail = (Status.KNOWN_BUG, f"{known} (caught: {line})") if known else (Status.FAILED, line)
+        if known:
+            status, detail = Status.KNOWN_BUG, f"{known} (caught: {line})"
+        elif flaky:
+            failed, made = failures.intermittent(exc)  # type: ignore[misc]
+            status, detail = Status.INTERMITTENT, f"failed {failed} of {made} calls of the same problem: {line}"
+        else:
+            status, detail = Status.FAILED, line
         failures.note(exc, f"Checked under the {common['setting']}.")
         return Result(status=status, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
     return Result(status=Status.PASSED, seconds=time.perf_counter() - t0, **tally.reached_fields(), **common)
@@ -516,7 +527,7 @@ def check_kernel(
                 seed=seed, deadline=t0 + seconds if seconds else None, clock=time.perf_counter,
                 rounds_from=tiers.first_round_seed(plan, seed)):
             results[m] = result
-            if raise_on_failure and result.status is Status.FAILED:
+            if raise_on_failure and result.status.failure:
                 failures.raise_failure(result)
         if tiers.same_every_run(plan.name if plan else None, seed=seed, max_examples=max_examples):
             _fail_known_bugs_not_caught(adapter, results, raise_on_failure)
@@ -545,13 +556,13 @@ class ModeResults:
     mode that draws examples, or fails it naming the round, its seed and the examples that passed before it."""
 
     def failed(self, result: Result) -> bool:
-        return result.status is Status.FAILED
+        return result.status.failure
 
     def extendable(self, result: Result) -> bool:
         return result.status is Status.PASSED and mode_of(result.check).draws_examples
 
     def add_round(self, before: Result, new: Result, r: int, seed: int) -> Result:
-        if new.status is Status.FAILED:  # (a failure always carries its error)
+        if new.status.failure:  # (a failure always carries its error)
             where = f"round {r}, seed {seed}, after {before.examples} examples passed"
             failures.note(new.error, f"Found in {where} of a time budget.")  # type: ignore[arg-type]
             return dataclasses.replace(new, detail=f"{new.detail} ({where})")

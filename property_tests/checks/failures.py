@@ -20,11 +20,12 @@ import contextlib
 import dataclasses
 import logging
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from hypothesis.errors import HypothesisException
+from hypothesis.errors import FlakyFailure, HypothesisException
 
 import gmm_ref
 from gmm_kernels import KernelAdapter
@@ -39,9 +40,13 @@ __all__ = [
     "CheckRun",
     "Repeated",
     "attach",
+    "attach_again",
+    "check_again",
     "finish",
     "forget",
     "found_line",
+    "intermittent",
+    "is_flaky",
     "left_property",
     "log_found",
     "name_guarded_reads",
@@ -56,6 +61,13 @@ __all__ = [
 _RECIPE = "_gmm_recipe"
 _LEFT = "_gmm_left_property"  # (the exception's notes as it left the property, the problem it failed on)
 _NOTES = "_gmm_notes"  # the notes the harness added since
+_AGAIN = "_gmm_again"  # a callable that checks the failing example again
+_INTERMITTENT = "_gmm_intermittent"  # (calls that failed, calls made) once the example was checked again
+
+#: how many times a failing example is checked again to tell an intermittent failure from a steady one, and
+#: the seconds those calls may take together (a slow kernel makes fewer)
+AGAIN_CALLS = 20
+AGAIN_SECONDS = 20.0
 
 
 class Repeated(Exception):
@@ -71,17 +83,71 @@ def attach(exc: BaseException, **recipe: Any) -> None:
             setattr(exc, _RECIPE, recipe)
 
 
+def attach_again(exc: BaseException, again: Callable[[], None]) -> None:
+    """Remember how to check ``exc``'s example again (``again()`` raises as the check did, or returns when the
+    call passes); the first attached wins."""
+    if getattr(exc, _AGAIN, None) is None:
+        with contextlib.suppress(AttributeError):
+            setattr(exc, _AGAIN, again)
+
+
+def is_flaky(exc: BaseException) -> bool:
+    """Whether Hypothesis found ``exc`` (or a failure grouped in it) failing on one run of its example and
+    passing on another."""
+    if isinstance(exc, FlakyFailure):
+        return True
+    group = getattr(exc, "exceptions", None)
+    return isinstance(group, (list, tuple)) and any(is_flaky(e) for e in group if isinstance(e, BaseException))
+
+
+def check_again(exc: BaseException, *, flaky: bool, clock: Callable[[], float] = time.perf_counter) -> bool:
+    """Check the shrunk failure ``exc``'s example again (:data:`AGAIN_CALLS` calls, or fewer within
+    :data:`AGAIN_SECONDS`); if some pass, or Hypothesis saw it pass (``flaky``), mark ``exc`` intermittent with the
+    count and return True. A failure of one call compared with another (two runs that differ) is left alone, as is
+    one with no example to check."""
+    again = getattr(exc, _AGAIN, None)
+    if again is None or getattr(exc, "kind", None) == "determinism":
+        return False
+    failed = made = 0
+    start = clock()
+    while made < AGAIN_CALLS and (made == 0 or clock() - start < AGAIN_SECONDS):
+        made += 1
+        try:
+            again()
+        except Exception:  # noqa: BLE001 - any failure of the kernel counts, as it did the first time
+            failed += 1
+    if flaky:  # Hypothesis' own calls of the example: at least one failed and one passed
+        failed, made = failed + 1, made + 2
+    if failed == made:
+        return False
+    with contextlib.suppress(AttributeError):
+        setattr(exc, _INTERMITTENT, (failed, made))
+    # a failure of a later call is no longer blamed on the calls before it: the same calls also passed
+    exc.__notes__ = [n for n in getattr(exc, "__notes__", []) if not n.startswith(_REPLAY_NOTE)]
+    note(exc, f"Intermittent: the same problem failed {failed} of {made} calls (the report is of one that failed); "
+              "a race, uninitialized memory or state kept between calls? The reproducer calls it until it fails.")
+    return True
+
+
+def intermittent(exc: BaseException) -> tuple[int, int] | None:
+    """(calls that failed, calls made) of an intermittent failure (:func:`check_again`), else None."""
+    return getattr(exc, _INTERMITTENT, None)
+
+
 def replayed(before: tuple[Any, ...]) -> dict[str, Any]:
     """The recipe's part for a call made after others on the same kernel with the same shapes (``Mode.replays``):
     the group sizes of those calls, in order (nothing for a first call)."""
     return {"before": tuple(np.asarray(b).tolist() for b in before)} if before else {}
 
 
+_REPLAY_NOTE = "Call "
+
+
 def replay_note(problem: Any, before: tuple[Any, ...]) -> str:
     """The report's line for a failing call made after ``before`` (their group sizes) with ``problem``'s shapes."""
     sizes = [np.asarray(b).tolist() for b in before]
-    return (f"Call {len(before) + 1} (draw {len(before)}) with one shape and operands on the same kernel: the calls "
-            f"before it passed with group sizes {', '.join(map(str, sizes))}; this one, with "
+    return (f"{_REPLAY_NOTE}{len(before) + 1} (draw {len(before)}) with one shape and operands on the same kernel: "
+            f"the calls before it passed with group sizes {', '.join(map(str, sizes))}; this one, with "
             f"{np.asarray(problem.group_sizes).tolist()}, failed: stale group sizes of an earlier call (a plan kept "
             "by shape or operands, a replayed graph)? The reproducer makes the calls before it.")
 
@@ -157,7 +223,8 @@ def one_line(exc: BaseException) -> str:
     wrt = (getattr(exc, _RECIPE, None) or {}).get("wrt")
     if isinstance(exc, gmm_ref.Mismatch) and wrt:
         pick = f"d/d{wrt}: {pick}"
-    pick = _replay_line(getattr(exc, _RECIPE, None) or {}, pick)
+    if intermittent(exc) is None:  # (an intermittent failure is not the earlier calls' doing)
+        pick = _replay_line(getattr(exc, _RECIPE, None) or {}, pick)
     if not isinstance(exc, AssertionError):
         pick = f"{type(exc).__name__}: {pick}"
         problem = (getattr(exc, _RECIPE, None) or {}).get("problem")
@@ -205,7 +272,7 @@ def finish(exc: BaseException, adapter: KernelAdapter, mode: str) -> list[str]:
     if recipe is not None:
         notes = [n for n in notes if not n.startswith(REPRODUCE)]
         try:
-            script = kernel_reproducer(adapter, **recipe)
+            script = kernel_reproducer(adapter, **recipe, until_it_fails=intermittent(exc))
         except OSError as err:  # no writable place for the inputs: say so, keep the report
             notes.append(f"No reproducer: {err}")
         else:

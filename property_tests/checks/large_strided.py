@@ -279,8 +279,8 @@ def check(adapter: KernelAdapter, problem: gmm_ref.Problem, cell: StridedCell) -
     _margins_changed(base, margins, problem, cell, adapter.name)
     if cell.operand == "out" or out is None:
         out = held if cell.operand == "out" else conv.out_value(args, kwargs)
-    gmm_ref.assert_matches_reference(as_numpy(out, name=f"output of {adapter.name}"), ref, numerics=numerics,
-                                     kernel=adapter.name)
+    got = as_numpy(out, name=f"output of {adapter.name}", strict=True)
+    gmm_ref.assert_matches_reference(got, ref, numerics=numerics, kernel=adapter.name)
 
 
 def past(cell: StridedCell, count: int) -> str:

@@ -69,7 +69,7 @@ def run_cell(kernel: KernelAdapter, cell: TableCell, request: WorkRequest, *, se
     result = check_mode(kernel, column, family=family, max_examples=request.max_examples, seed=seed,
                         example_db=request.example_db, run=run, profile=DEFAULT if ci and seed is None else None,
                         tier=None if ci else request.tier)
-    failed = result.status is Status.FAILED
+    failed = result.status.failure
     details = (f"== {kernel.name} / {family} / {column}\n{result.full_report()}",) if failed else ()
     covered = result.coverage_report()
     covered = f"== {kernel.name} / {family} / {column}: {covered}" if covered else ""
@@ -87,7 +87,7 @@ class _CellOutcomes:
     passed cell, or fails it naming the round; a round that is neither leaves the cell as it was."""
 
     def failed(self, outcome: CellOutcome) -> bool:
-        return outcome.status is Status.FAILED
+        return outcome.status.failure
 
     def extendable(self, outcome: CellOutcome) -> bool:
         return outcome.extendable
@@ -97,7 +97,7 @@ class _CellOutcomes:
         if new.extendable:
             return dataclasses.replace(new, examples=before.examples + new.examples, rounds=r, seconds=seconds,
                                        coverage="", details=())
-        if new.status is Status.FAILED:
+        if new.status.failure:
             return dataclasses.replace(new, failed_round=FailedRound(r, seed, before.examples), seconds=seconds,
                                        coverage="")
         return None

@@ -330,7 +330,8 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
     # a declared known bug no longer caught, where the examples are the same every run: a failure
     if not partial and doc.same_every_run and table.known_bugs_not_caught(doc.declared_bugs()):
         doc = doc.replace(cells=tuple(_json_cells(table, list(doc.plan))))  # the JSON says it too
-    n_fail, n_pass = table.count(Status.FAILED), table.count(Status.PASSED)
+    n_fail = table.count(Status.FAILED) + table.count(Status.INTERMITTENT)
+    n_pass = table.count(Status.PASSED)
     if partial and doc.checked == 0 and doc.shard is not None:
         print(f"shard {doc.shard[0]}/{doc.shard[1]} checked nothing (0 of the {len(doc.plan)} cells); its "
               "--json file says so, and gmm-harness merge joins it with the other shards")

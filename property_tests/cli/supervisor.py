@@ -55,7 +55,7 @@ def take_event(event: WorkerEvent, table: Table, *, verbose: bool) -> None:
         cell, outcome = event.cell, event.outcome
         assert cell is not None and outcome is not None  # (WorkerEvent holds a cell event to both)
         table.add(cell, outcome)
-        if outcome.status is Status.FAILED:
+        if outcome.status.failure:
             print(failure_line(cell, outcome), file=sys.stderr, flush=True)
         if verbose:
             print(f"  {cell.kernel:<34} {cell.family or '':<9} {cell.column:<17} "

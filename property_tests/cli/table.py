@@ -57,7 +57,7 @@ def run_order(cells: Iterable[TableCell]) -> list[TableCell]:
 def failure_line(cell: TableCell, outcome: CellOutcome) -> str:
     """The line a run prints to stderr as soon as a cell fails: the kernel, family, mode and the short failure."""
     where = " / ".join(str(part) for part in cell if part is not None)
-    return f"gmm-harness: FAIL {where}: {shorten(outcome.note)}"
+    return f"gmm-harness: {outcome.status.value} {where}: {shorten(outcome.note)}"
 
 
 def not_run(cell: TableCell) -> CellOutcome:
