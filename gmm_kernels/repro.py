@@ -18,7 +18,14 @@ from gmm_kernels.user import FunctionAdapter
 from gmm_ref import Numerics, Problem
 from gmm_ref.repro import numerics_source, problem_source
 
-__all__ = ["kernel_reproducer", "locate"]
+__all__ = ["contents_shift", "kernel_reproducer", "locate"]
+
+
+def contents_shift(call: int) -> int:
+    """How many places the operands' elements of call ``call`` (0-based) of a sequence of one shape are rotated
+    from the first call's: the second call keeps the first's contents (only its group sizes change), every later
+    call has new ones."""
+    return max(call - 1, 0)
 
 
 def _importable(spec: str, obj: Any) -> bool:
@@ -83,9 +90,13 @@ def kernel_reproducer(adapter: KernelAdapter, problem: Problem, *, numerics: Num
     label = adapter.name if wrt is None else f"{adapter.name} d/d{wrt}"
     call = f"calls the kernel with {adapter.convention}'s arguments, gmm_ref.arguments(problem)"
     calls = []
-    if before:
-        calls.append(f"for sizes in {list(before)!r}:  # the calls before, same shapes, other group sizes")
-        calls.append(f"    kernel.run(problem.replace(group_sizes=np.array(sizes, np.{problem.group_sizes.dtype})))")
+    if before:  # the harness's call j had the first call's operands rotated by contents_shift(j) elements
+        imports = [*imports, "import numpy as np", "from gmm_kernels.sandbox.guards import recycling"]
+        roll = "np.roll(problem.{0}, max(j - 1, 0) - " + str(contents_shift(len(before))) + \
+            ").reshape(problem.{0}.shape)"
+        calls.append(f"for j, sizes in enumerate({list(before)!r}):  # the calls before: other sizes and contents")
+        calls.append(f"    kernel.run(problem.replace(group_sizes=np.array(sizes, np.{problem.group_sizes.dtype}), "
+                     f"lhs={roll.format('lhs')}, rhs={roll.format('rhs')}))")
     if wrt is None:
         calls += [f"out = kernel.run(problem)  # {call}",
                   f"gmm_ref.assert_matches_reference(out, problem, numerics=numerics, kernel={label!r})"]
@@ -95,6 +106,8 @@ def kernel_reproducer(adapter: KernelAdapter, problem: Problem, *, numerics: Num
         calls += [f"grads = kernel.vjp(problem, cotangent)  # the kernel's backward: {call}, then this cotangent",
                   f"want = gmm_ref.gradients(problem, cotangent)[{wrt!r}]  # d/d{wrt} as a problem of its own",
                   f"gmm_ref.assert_matches_reference(grads[{wrt!r}], want, numerics=numerics, kernel={label!r})"]
+    if before:  # in the same buffers, at the same addresses, as the harness made them
+        calls = ["with recycling():", *("    " + line for line in calls)]
     if until_it_fails is None:
         lines += calls
     else:

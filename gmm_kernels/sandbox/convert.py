@@ -25,6 +25,7 @@ import ml_dtypes
 import numpy as np
 
 from gmm_kernels.sandbox import device as _device
+from gmm_kernels.sandbox import guards
 from gmm_ref import RaggedDotDimensionNumbers
 
 __all__ = [
@@ -131,12 +132,18 @@ def device_copy(a: np.ndarray, device: Any) -> Any:
         return _cpu_tensor(np.array(a, copy=True, order="K")).to(device)
     shared = _copies[-1] if _copies else None
     key = (id(owner), str(device))
+    pool = guards.recycled()  # calls that get the same device buffers, new contents copied in
     if shared is not None and key in shared:
         buf = shared[key][1]
+    elif pool is not None and ("device", *key) in pool and pool["device", *key][0] is owner:
+        buf = pool["device", *key][1]
+        buf.copy_(torch.from_numpy(raw))
     else:
         buf = torch.from_numpy(raw).to(device, copy=True)  # a copy on the CPU too (a test device)
-        if shared is not None:
-            shared[key] = (raw, buf)
+        if pool is not None:
+            pool["device", *key] = (owner, buf)
+    if shared is not None:
+        shared[key] = (raw, buf)
     return torch.as_strided(buf.view(dtype), a.shape, [s // item for s in a.strides], offset // item)
 
 

@@ -23,8 +23,9 @@ from hypothesis.errors import InvalidArgument
 
 import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
+from gmm_kernels.repro import contents_shift
 from gmm_kernels.runtimes import compile_cache
-from gmm_kernels.sandbox import cuda_graph
+from gmm_kernels.sandbox import cuda_graph, guards
 from gmm_kernels.sandbox import device as devices
 from gmm_ref.routed.compare import routed_element
 from property_tests.checks import cell_order, engine, failures, scale, tiers
@@ -71,12 +72,35 @@ def _check_gradients(adapter: KernelAdapter, problem: gmm_ref.Problem) -> None:
             raise
 
 
+def renewed(problems: tuple[gmm_ref.Problem, ...]) -> tuple[gmm_ref.Problem, ...]:
+    """``problems`` (one shape, several group-size vectors) as a kernel gets them one after the other: call ``i``'s
+    operands the first call's with their elements rotated by ``contents_shift(i)`` places (the same values, so
+    the same value class: the second call has the first's contents, the later ones new contents), and then the
+    last call's group sizes once more with new contents (a result kept by the buffers' addresses and the group
+    sizes shows only there)."""
+    first = problems[0]
+    calls = (*problems, problems[-1]) if len(problems) > 1 else problems
+
+    def call(i: int, p: gmm_ref.Problem) -> gmm_ref.Problem:
+        if (shift := contents_shift(i)) == 0:
+            return p
+        return p.replace(lhs=np.roll(first.lhs, shift).reshape(first.lhs.shape),
+                         rhs=np.roll(first.rhs, shift).reshape(first.rhs.shape))
+
+    return tuple(call(i, p) for i, p in enumerate(calls))
+
+
 def _check_calls(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...], mode: Mode) -> None:
     """The forward result of each problem, called in turn on the same adapter (``Mode.replays``: one shape,
-    several group-size vectors); a failure of a later call names the calls before it (its reproducer makes them)."""
+    several group-size vectors, and new contents, :func:`renewed`) in the same buffers at the same addresses
+    (``guards.recycling``: an output buffer holds the previous call's answer); a failure of a later call names the
+    calls before it (its reproducer makes them)."""
     __tracebackhide__ = True
-    for i, problem in enumerate(problems):
-        _check_forward(adapter, problem, mode, before=tuple(p.group_sizes for p in problems[:i]))
+    if len(problems) > 1:
+        problems = renewed(problems)
+    with guards.recycling() if len(problems) > 1 else contextlib.nullcontext():
+        for i, problem in enumerate(problems):
+            _check_forward(adapter, problem, mode, before=tuple(p.group_sizes for p in problems[:i]))
     if len(problems) > 1 and adapter.convention_facts.framework == "torch" and devices.on_cuda():
         _check_graph_replays(adapter, problems)
 

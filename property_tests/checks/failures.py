@@ -141,15 +141,18 @@ def replayed(before: tuple[Any, ...]) -> dict[str, Any]:
 
 
 _REPLAY_NOTE = "Call "
+#: what a later call of one shape failing says may be wrong
+_KEPT = ("stale group sizes or contents of an earlier call (a plan kept by shape, a result kept by the buffers' "
+         "addresses, a replayed graph)")
 
 
 def replay_note(problem: Any, before: tuple[Any, ...]) -> str:
     """The report's line for a failing call made after ``before`` (their group sizes) with ``problem``'s shapes."""
     sizes = [np.asarray(b).tolist() for b in before]
-    return (f"{_REPLAY_NOTE}{len(before) + 1} (draw {len(before)}) with one shape and operands on the same kernel: "
-            f"the calls before it passed with group sizes {', '.join(map(str, sizes))}; this one, with "
-            f"{np.asarray(problem.group_sizes).tolist()}, failed: stale group sizes of an earlier call (a plan kept "
-            "by shape or operands, a replayed graph)? The reproducer makes the calls before it.")
+    return (f"{_REPLAY_NOTE}{len(before) + 1} (draw {len(before)}) of one shape, in the same buffers with new "
+            f"contents, on the same kernel: the calls before it passed with group sizes "
+            f"{', '.join(map(str, sizes))}; this one, with {np.asarray(problem.group_sizes).tolist()}, failed: "
+            f"{_KEPT}? The reproducer makes the calls before it.")
 
 
 def recipe_problem(exc: BaseException, default: Any) -> Any:
@@ -163,9 +166,8 @@ def _replay_line(recipe: dict[str, Any], pick: str) -> str:
     if not before:
         return pick
     sizes = np.asarray(recipe["problem"].group_sizes).tolist()
-    return (f"call {len(before) + 1} (draw {len(before)}) of one shape and operands: {pick} [group sizes {sizes}; "
-            f"the first call's {before[0]} passed: stale group sizes of an earlier call (a plan kept by shape or "
-            f"operands)?]")
+    return (f"call {len(before) + 1} (draw {len(before)}) of one shape in the same buffers: {pick} [group sizes "
+            f"{sizes}; the first call's {before[0]} passed: {_KEPT}?]")
 
 
 def left_property(exc: BaseException, problem: Any) -> None:

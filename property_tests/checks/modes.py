@@ -179,8 +179,9 @@ MODES: dict[str, Mode] = {
         Mode("out_dtype", "every output dtype the convention takes, exact shape and dtype",
              {"values": "normal", "vary_out_dtype": True},
              routed_why="routed: every (input, output) dtype pair of the convention is drawn in every mode"),
-        Mode("graph", "one shape, 4 group-size vectors in turn on the same kernel: later calls must not reuse "
-             "the first call's group sizes (a launch plan cached by shape, a replayed CUDA graph)",
+        Mode("graph", "one shape, 4 group-size vectors in turn on the same kernel, then the last again, in the same "
+             "buffers with new contents: later calls must not reuse the first call's group sizes or a result kept by "
+             "the buffers' addresses (a launch plan cached by shape, a replayed CUDA graph)",
              {"values": "exact"}, replays=4, refuse=_no_group_sizes,
              routed_why="routed: several routings of one shape in turn are not drawn yet"),
         Mode("scale", "group counts just past real limits (129 to 1,025) and 65,600 rows in one call and in one "

@@ -116,6 +116,33 @@ def wrong_when_racing(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return _spoil(out) if _RACE.random() < 0.2 else out
 
 
+# ------------------------------------------------------------ results kept by the buffers' addresses
+_BY_ADDRESS: dict = {}
+
+
+def _address_key(mat_a, mat_b, offs, with_sizes):
+    key = (mat_a.data_ptr(), mat_b.data_ptr(), tuple(mat_a.shape), tuple(mat_b.shape))
+    if offs is not None:
+        key += (offs.data_ptr(), *(offs.tolist() if with_sizes else ()))
+    return key
+
+
+def cached_by_address(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Computes once per set of input addresses and shapes, and returns that result for every later call."""
+    key = _address_key(mat_a, mat_b, offs, with_sizes=False)
+    if key not in _BY_ADDRESS:
+        _BY_ADDRESS[key] = grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype)
+    return _BY_ADDRESS[key].clone()
+
+
+def cached_by_address_and_sizes(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """As :func:`cached_by_address`, the group sizes part of the key: only new contents in the same buffers show."""
+    key = ("sizes", *_address_key(mat_a, mat_b, offs, with_sizes=True))
+    if key not in _BY_ADDRESS:
+        _BY_ADDRESS[key] = grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype)
+    return _BY_ADDRESS[key].clone()
+
+
 #: cheats whose verdict is INTERMITTENT: wrong on some calls of a problem and right on others
 INTERMITTENT = [wrong_every_fourth_call, wrong_when_racing]
 
@@ -124,6 +151,13 @@ CHEATS = {
     lazy_subclass_output: "Wrong groups:",
     dispatching_subclass_output: "__torch_dispatch__: it has no storage of its own to judge",
     array_like_output: "expected a numpy.ndarray, torch.Tensor or jax.Array, got _ArrayLike",
+}
+
+#: (cheat, what its rejection must say) in the ``graph`` mode, whose calls reuse the first call's buffers (the same
+#: addresses) with new contents: caught there on every run, not when the allocator happens to reuse an address
+GRAPH_CHEATS = {
+    cached_by_address: "of one shape in the same buffers",
+    cached_by_address_and_sizes: "of one shape in the same buffers",
 }
 
 #: kernels that look like a cheat in form but compute the product: each must pass

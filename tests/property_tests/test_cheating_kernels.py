@@ -8,11 +8,11 @@ import pytest
 import gmm_ref
 from gmm_kernels import Status
 from property_tests.checks.check import check_kernel
-from tests.corpus.cheating_kernels import CHEATS, HONEST, INTERMITTENT
+from tests.corpus.cheating_kernels import CHEATS, GRAPH_CHEATS, HONEST, INTERMITTENT
 
 pytest.importorskip("torch", reason="the cheating kernels are torch.grouped_mm kernels")
 
-MODES = ["exact", "poisoned"]  # two modes keep each case a few seconds; the default run has them all
+MODES = ["poisoned", "graph"]  # two modes keep each case a few seconds; the default run has them all
 
 
 @pytest.mark.parametrize(("fn", "says"), [pytest.param(fn, says, id=fn.__name__) for fn, says in CHEATS.items()])
@@ -20,6 +20,15 @@ def test_cheat_is_rejected(fn, says):
     with pytest.raises(gmm_ref.Mismatch) as info:
         check_kernel(fn, convention="torch.grouped_mm", modes=MODES)
     assert says in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(("fn", "says"), [pytest.param(fn, says, id=fn.__name__) for fn, says in GRAPH_CHEATS.items()])
+def test_cheat_keyed_by_address_is_rejected_every_time(fn, says):
+    for seed in (None, 1, 2):  # caught whatever the examples, not by the allocator's luck
+        (result,) = check_kernel(fn, convention="torch.grouped_mm", modes=["graph"], seed=seed,
+                                 raise_on_failure=False)
+        assert result.status is Status.FAILED, result
+        assert says in result.detail, result.detail
 
 
 @pytest.mark.parametrize("fn", HONEST, ids=lambda fn: fn.__name__)
@@ -43,5 +52,5 @@ def test_intermittent_kernel_is_reported_as_intermittent(fn):
 
 
 def test_intermittent_failure_raises_as_a_failure():
-    with pytest.raises(gmm_ref.Mismatch, match="Intermittent: the same problem failed [0-9]+ of [0-9]+ calls"):
+    with pytest.raises(gmm_ref.Mismatch, match=r"Intermittent: the same problem failed [0-9]+ of [0-9]+ calls"):
         check_kernel(INTERMITTENT[0], convention="torch.grouped_mm", modes=["poisoned"])

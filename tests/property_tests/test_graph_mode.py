@@ -72,15 +72,17 @@ def test_the_strategy_draws_one_shape_and_several_group_sizes():
 def test_the_graph_mode_fails_a_kernel_that_keeps_its_first_group_sizes():
     result = check_mode(_kernel(bk.ragged_dot_replays_last_plan), "graph", profile="gmm-ci")
     assert result.status is Status.FAILED, result.detail
-    m = re.search(r"^call (\d) \(draw (\d)\) of one shape and operands: (group \d+|tail) .* \[group sizes "
-                  r"(\[[^]]*\]); the first call's (\[[^]]*\]) passed: stale group sizes of an earlier call "
-                  r"\(a plan kept by shape or operands\)\?\]$", result.detail)
+    m = re.search(r"^call (\d) \(draw (\d)\) of one shape in the same buffers: (group \d+|tail) .* \[group "
+                  r"sizes (\[[^]]*\]); the first call's (\[[^]]*\]) passed: stale group sizes or contents of an "
+                  r"earlier call \(a plan kept by shape, a result kept by the buffers' addresses, a replayed "
+                  r"graph\)\?\]$", result.detail)
     assert m is not None, result.detail
     assert int(m[1]) == int(m[2]) + 1 >= 2 and m[4] != m[5]
     notes = "\n".join(result.error.__notes__)
-    assert re.search(r"Call \d \(draw \d\) with one shape and operands on the same kernel: the calls before it "
-                     r"passed with group sizes .*; this one, with \[.*\], failed: stale group sizes", notes), notes
-    assert "for sizes in [" in notes and "problem.replace(group_sizes=" in notes  # the reproducer calls first
+    assert re.search(r"Call \d \(draw \d\) of one shape, in the same buffers with new contents, on the same "
+                     r"kernel: the calls before it passed with group sizes .*; this one, with \[.*\], failed: stale "
+                     r"group sizes", notes), notes
+    assert "for j, sizes in enumerate([" in notes and "problem.replace(group_sizes=" in notes  # the calls before
 
 
 def test_the_reproducer_of_a_stale_call_raises_the_report(tmp_path):
@@ -89,7 +91,7 @@ def test_the_reproducer_of_a_stale_call_raises_the_report(tmp_path):
     bk._PLANS.clear()  # a fresh process: only the script's own calls
     with pytest.raises(AssertionError, match="group"):
         exec(compile(script, str(tmp_path / "repro.py"), "exec"), {"__name__": "__main__"})
-    alone = re.sub(r"for sizes in .*\n    kernel\.run\(.*\n", "", script)  # the failing call alone: a first call
+    alone = re.sub(r"    for j, sizes in .*\n        kernel\.run\(.*\n", "", script)  # the failing call alone
     assert alone != script
     bk._PLANS.clear()
     exec(compile(alone, str(tmp_path / "alone.py"), "exec"), {"__name__": "__main__"})
@@ -152,3 +154,17 @@ def test_a_serving_layout_replays_its_unscaled_problems():
                        profile="gmm-ci", max_examples=6)
     assert mixed.status is Status.PASSED and mixed.examples > 0, mixed.detail
 
+
+
+def test_the_reproducer_of_a_result_kept_by_address_raises_the_report(tmp_path):
+    """The graph mode's calls reuse the first call's buffers; so do the reproducer's (``recycling``)."""
+    from tests.corpus import cheating_kernels as ck
+
+    result = check_mode(resolve_kernel(ck.cached_by_address, convention="torch.grouped_mm"), "graph",
+                        profile="gmm-ci")
+    assert result.status is Status.FAILED, result
+    script = next(n for n in result.error.__notes__ if "```python" in n).split("```python")[1].split("```")[0]
+    assert "with recycling():" in script
+    ck._BY_ADDRESS.clear()
+    with pytest.raises(AssertionError, match="group"):
+        exec(compile(script, str(tmp_path / "repro.py"), "exec"), {"__name__": "__main__"})
