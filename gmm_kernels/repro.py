@@ -91,7 +91,7 @@ def kernel_reproducer(adapter: KernelAdapter, problem: Problem, *, numerics: Num
     call = f"calls the kernel with {adapter.convention}'s arguments, gmm_ref.arguments(problem)"
     calls = []
     if before:  # the harness's call j had the first call's operands rotated by contents_shift(j) elements
-        imports = [*imports, "import numpy as np", "from gmm_kernels.sandbox.guards import recycling"]
+        imports = [*imports, "import numpy as np", "from gmm_kernels.sandbox.recycle import recycling"]
         roll = "np.roll(problem.{0}, max(j - 1, 0) - " + str(contents_shift(len(before))) + \
             ").reshape(problem.{0}.shape)"
         calls.append(f"for j, sizes in enumerate({list(before)!r}):  # the calls before: other sizes and contents")

@@ -290,6 +290,10 @@ class Limits:
     multiples: Mapping[str, int] = field(default_factory=dict)
     #: the largest extent of any axis it takes (None: no limit of its own)
     max_extent: int | None = None
+    #: the largest K it takes where more than ``max_extent`` (None: ``max_extent``): a kernel run interpreted whose
+    #: ``max_extent`` bounds its grid (M and N tiles) runs its K loop inside each program, so a real layer's K costs
+    #: it seconds (the ``real_k`` mode's cells)
+    max_k: int | None = None
     #: the fewest and most groups it takes (None: no most of its own)
     min_groups: int = 1
     max_groups: int | None = None
@@ -308,7 +312,7 @@ class Limits:
         set_(self, "zero_extents", _axes("zero_extents", self.zero_extents))
         set_(self, "families", _names("families", self.families, FAMILIES))
         set_(self, "refuses", _names("refuses", self.refuses, FEATURES) if self.refuses else ())
-        for name in ("max_extent", "min_groups", "max_groups"):
+        for name in ("max_extent", "max_k", "min_groups", "max_groups"):
             value = getattr(self, name)
             if (value is not None or name == "min_groups") and (
                     isinstance(value, bool) or not isinstance(value, int) or value < 1):

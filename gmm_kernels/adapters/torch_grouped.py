@@ -199,10 +199,15 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-#: found by the large mode's strided cells (property_tests.checks.large_strided), every form: rows, columns, K indices
-#: and groups past 2**31 - 1 elements come back 0 (read at a wrapped offset: the cells' untouched zero pages)
+#: the deepest K an interpreted kernel whose grid is kept small takes (the real_k mode's 7,168, raised to a tile)
+_REAL_K = 8192
+
+
+#: found by the strided cells (the strided and large modes, property_tests.checks.large_strided), every form: rows,
+#: columns, K indices and groups past 2**31 - 1 elements come back 0 (read at a wrapped offset: the cells' untouched
+#: zero pages)
 GMM_BF16_INT32_OFFSETS = KnownIssue(
-    modes=("large",),
+    modes=("strided", "large"),
     text=("upstream bug, grouped_mm_bf16/kernels.py: every element offset is an int32 product (m[:, None] * "
           "stride_am, g_safe * stride_bg, m[:, None] * stride_cm, ...: the strides are tl.constexpr ints below "
           "2**31, which Triton types i32, times int32 indices), so it wraps past 2**31 - 1 and the kernel reads and "
@@ -252,8 +257,9 @@ class GroupedMMBf16(KernelAdapter):
 
     def _limits(self) -> Limits:
         """Ragged M, ragged K and batch (2d3d, 2d2d, 3d3d), extents up to 64 (two of the convention's 32-wide
-        tiles; the interpreter's cost grows with the grid). Ragged N is :class:`GroupedMMBf16RaggedN`'s."""
-        return Limits(families=("ragged_m", "ragged_k", "batch"), max_extent=64)
+        tiles; the interpreter's cost grows with the grid), K up to a real layer's (its loop runs inside each
+        program). Ragged N is :class:`GroupedMMBf16RaggedN`'s."""
+        return Limits(families=("ragged_m", "ragged_k", "batch"), max_extent=64, max_k=_REAL_K)
 
     def call(self, mat_a: Any, mat_b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any:
 
@@ -278,8 +284,8 @@ class GroupedMMBf16RaggedN(GroupedMMBf16):
     max_examples = 24
 
     def _limits(self) -> Limits:
-        """Ragged N (3d2d) only, extents up to 48 and at most 6 groups."""
-        return Limits(families=("ragged_n",), max_extent=48, max_groups=6)
+        """Ragged N (3d2d) only, extents up to 48 (K up to a real layer's) and at most 6 groups."""
+        return Limits(families=("ragged_n",), max_extent=48, max_k=_REAL_K, max_groups=6)
 
 
 def _torch_release(version: str) -> tuple[int, int]:

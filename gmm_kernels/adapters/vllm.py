@@ -142,7 +142,7 @@ class VllmBatchedMoE(KernelAdapter):
         column tiles, one interpreted program each, the cost grows with it)."""
         if device.on_cuda():
             return Limits()
-        return Limits(max_extent=160)
+        return Limits(max_extent=160, max_k=8192)  # K: the loop inside each program, a real layer's at most
 
     def numerics_for(self, problem: Problem) -> Numerics:
         """FP8: each K tile's ``tl.dot`` of codes in the tensor cores (about 14 bits kept on Hopper), promoted into

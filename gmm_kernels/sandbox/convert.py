@@ -25,7 +25,7 @@ import ml_dtypes
 import numpy as np
 
 from gmm_kernels.sandbox import device as _device
-from gmm_kernels.sandbox import guards
+from gmm_kernels.sandbox import recycle
 from gmm_ref import RaggedDotDimensionNumbers
 
 __all__ = [
@@ -132,7 +132,7 @@ def device_copy(a: np.ndarray, device: Any) -> Any:
         return _cpu_tensor(np.array(a, copy=True, order="K")).to(device)
     shared = _copies[-1] if _copies else None
     key = (id(owner), str(device))
-    pool = guards.recycled()  # calls that get the same device buffers, new contents copied in
+    pool = recycle.pool()  # calls that get the same device buffers, new contents copied in
     if shared is not None and key in shared:
         buf = shared[key][1]
     elif pool is not None and ("device", *key) in pool and pool["device", *key][0] is owner:

@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from gmm_kernels.sandbox import recycle
 from gmm_ref import Mismatch
 
 __all__ = ["MARGIN_MAX_BYTES", "MARGIN_MIN_BYTES", "MARGIN_ROWS", "SENTINEL", "Call", "Guard", "call", "current",
-           "margin_elements", "neutral", "recycled", "recycling", "torch_empty"]
+           "margin_elements", "neutral", "torch_empty"]
 
 #: at least 16 KiB of margin on each side ...
 MARGIN_MIN_BYTES = 16 * 1024
@@ -148,7 +149,7 @@ class Call:
         n = 0 if 0 in shape else 1 + sum((d - 1) * st for d, st in zip(shape, strides, strict=True))
         probe = np.lib.stride_tricks.as_strided(np.empty(1, dtype), (1,) * len(shape),
                                                 tuple(st * dtype.itemsize for st in strides))
-        pool = _POOL.get()
+        pool = recycle.pool()
         before = len(pool) if pool is not None else 0
         base, lo = self._base(name, n, dtype, probe)
         if pool is None or len(pool) > before:  # a recycled buffer keeps what the previous call left in it
@@ -161,7 +162,7 @@ class Call:
         fill, poison = _fill(dtype)
         sides = (_NEUTRAL.get() or {}).get(name, ())
         zero = np.zeros((), dtype)
-        pool = _POOL.get()
+        pool = recycle.pool()
         key = (name, dtype.str, n, margin)
         base = pool.get(key) if pool is not None else None
         if base is None:
@@ -200,29 +201,6 @@ def call(kernel: str) -> Iterator[Call]:
 def current() -> Call | None:
     """The call being made, else None."""
     return _CURRENT.get()
-
-
-#: while :func:`recycling`: the guarded bases made so far, by (name, dtype, length, margin), and the device copies
-#: of host buffers (``convert.device_copy``), by (id of the host buffer, device)
-_POOL: contextvars.ContextVar[dict[Any, Any] | None] = contextvars.ContextVar("gmm_guards_pool", default=None)
-
-
-@contextlib.contextmanager
-def recycling() -> Iterator[None]:
-    """Calls made inside get the same buffers, at the same addresses, as the first call that made a buffer of the
-    same name, dtype and size: new contents are written into them, and a buffer the kernel writes (an output
-    allocated for it) keeps what the previous call left there. A kernel that keeps results by its buffers'
-    addresses, or leaves part of its output unwritten, then gets the previous call's answer back every time."""
-    token = _POOL.set({})
-    try:
-        yield
-    finally:
-        _POOL.reset(token)
-
-
-def recycled() -> dict[Any, Any] | None:
-    """The pool of :func:`recycling` (None outside it): ``convert.device_copy`` keeps its device copies there."""
-    return _POOL.get()
 
 
 @contextlib.contextmanager

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import time
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -25,7 +24,7 @@ import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
 from gmm_kernels.repro import contents_shift
 from gmm_kernels.runtimes import compile_cache
-from gmm_kernels.sandbox import cuda_graph, guards
+from gmm_kernels.sandbox import cuda_graph, recycle
 from gmm_kernels.sandbox import device as devices
 from gmm_ref.routed.compare import routed_element
 from property_tests.checks import cell_order, engine, failures, scale, tiers
@@ -34,8 +33,9 @@ from property_tests.checks.modes import ALL_MODES, MODES, Mode, Unsupported, mod
 from property_tests.checks.profiles import DEFAULT as DEFAULT_PROFILE
 from property_tests.checks.profiles import PROFILES, pinned_constants
 from property_tests.checks.profiles import profile as profile_settings
+from property_tests.checks.tally import Tally
 from property_tests.checks.tiers import Tier, budgets, cell_settings, chosen, run_setting
-from property_tests.strategies.design import observe, pairs_of
+from property_tests.strategies.design import observe
 from property_tests.strategies.problems import Covering, replay_refusal, replays
 
 __all__ = ["MODE_RESULTS", "ModeResults", "check_example", "check_kernel", "check_mode", "cotangent_for", "coverage"]
@@ -93,12 +93,12 @@ def renewed(problems: tuple[gmm_ref.Problem, ...]) -> tuple[gmm_ref.Problem, ...
 def _check_calls(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...], mode: Mode) -> None:
     """The forward result of each problem, called in turn on the same adapter (``Mode.replays``: one shape,
     several group-size vectors, and new contents, :func:`renewed`) in the same buffers at the same addresses
-    (``guards.recycling``: an output buffer holds the previous call's answer); a failure of a later call names the
+    (``sandbox.recycle``: an output buffer holds the previous call's answer); a failure of a later call names the
     calls before it (its reproducer makes them)."""
     __tracebackhide__ = True
     if len(problems) > 1:
         problems = renewed(problems)
-    with guards.recycling() if len(problems) > 1 else contextlib.nullcontext():
+    with recycle.recycling() if len(problems) > 1 else contextlib.nullcontext():
         for i, problem in enumerate(problems):
             _check_forward(adapter, problem, mode, before=tuple(p.group_sizes for p in problems[:i]))
     if len(problems) > 1 and adapter.convention_facts.framework == "torch" and devices.on_cuda():
@@ -150,50 +150,7 @@ def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode,
         raise
 
 
-class _Tally:
-    """What a mode's cells found so far: examples checked, declined and repeated, relations reached."""
-
-    def __init__(self) -> None:
-        self.checked = 0
-        self.declined: list[str] = []
-        self.repeated: list[tuple[str, BaseException]] = []
-        self.coverage: Counter[str] = Counter()
-        self.cells = (0, 0)  # cells run, cells in the design
-        self.reached: set[tuple[str, frozenset]] = set()  # (family, pair) of relations checked together
-        self.summary: tuple[tuple[int, int], tuple[str, ...]] = ((0, 0), ())
-
-    def count(self, problem: gmm_ref.Problem, seen: dict[str, frozenset[str]], relations: list[str]) -> None:
-        """One example checked (or, for coverage, drawn), with the relations it showed."""
-        self.checked += 1
-        self.coverage.update(relations)
-        self.reached.update((problem.family, p) for p in pairs_of(seen))
-
-    def conclude(self, adapter: KernelAdapter, what: str) -> None:
-        """After a mode's examples (``what``: problem, routing): :class:`failures.Repeated` if examples raised an
-        exception another check reported, :class:`Unsupported` if the kernel declined every one."""
-        if self.repeated:
-            where, exc = self.repeated[0]
-            raise failures.Repeated(
-                f"raised again in {len(self.repeated)} of {len(self.repeated) + self.checked} examples, as in "
-                f"{where} (reported there; not shrunk again): {failures.one_line(exc)}")
-        if self.checked == 0:
-            # the most frequent reason, the first given among equals (a set's order would follow the hash seed)
-            reason = Counter(self.declined).most_common(1)[0][0] if self.declined else f"no {what} drawn"
-            raise Unsupported(f"{adapter.name} declined every {what}: {reason}")
-
-    def reached_fields(self) -> dict[str, Any]:
-        """The :class:`Result` fields of what the examples reached."""
-        return dict(examples=self.checked, coverage=tuple(sorted(self.coverage.items())), cells=self.cells,
-                    pairs=self.summary[0], missing=self.summary[1])
-
-    def pairs(self, cov: Covering) -> tuple[tuple[int, int], tuple[str, ...]]:
-        """(pairs reached, pairs in the designs) and the missing ones, described."""
-        wanted = {(fam, p) for fam, d in cov.designs.items() for p in d.pairs}
-        missing = sorted(f"{fam}: " + " & ".join(f"{f}={v}" for f, v in sorted(p)) for fam, p in wanted - self.reached)
-        return (len(wanted & self.reached), len(wanted)), tuple(missing)
-
-
-def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally, run: failures.CheckRun,
+def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: Tally, run: failures.CheckRun,
                    dry: bool = False, drawn: bool = False, where: str = "") -> Callable[..., None]:
     check = _cell_check(adapter, mode, cov, tally, run, dry, where or mode.name)
 
@@ -215,7 +172,7 @@ def _cell_property(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Ta
     return drawn_cell
 
 
-def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally, run: failures.CheckRun,
+def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: Tally, run: failures.CheckRun,
                 dry: bool, where: str) -> Callable[[tuple[gmm_ref.Problem, ...]], None]:
     def prop(problems: tuple[gmm_ref.Problem, ...]) -> None:
         __tracebackhide__ = True
@@ -267,7 +224,7 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: _Tally
 def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_examples: int | None,
                   profile: str | None, seed: int | None = None, dry: bool = False,
                   database: ExampleDatabase | None = None, run: failures.CheckRun | None = None,
-                  tier: Tier | None = None) -> _Tally:
+                  tier: Tier | None = None) -> Tally:
     """Run the mode's property over every cell of its covering design (``tier``'s examples a cell, in its order).
     Raises the (shrunk) failure of the first failing cell, or :class:`failures.Repeated` when examples raised
     only an exception ``run`` already reported for the kernel, or :class:`Unsupported`."""
@@ -276,7 +233,7 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
         cov = mode_covering(adapter, mode, family)
     except InvalidArgument as exc:  # the strategies cannot draw this mode for this convention
         raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
-    tally = _Tally()
+    tally = Tally()
     run = run if run is not None else failures.CheckRun()
     derandomized = profile_settings(profile).derandomize
     per_cell = budgets(max_examples, profile, adapter.max_examples, len(cov.cells),
@@ -341,13 +298,13 @@ def _check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) 
 
 def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, profile: str | None,
                 seed: int | None = None, database: ExampleDatabase | None = None,
-                run: failures.CheckRun | None = None, tier: Tier | None = None) -> _Tally:
+                run: failures.CheckRun | None = None, tier: Tier | None = None) -> Tally:
     """Run ``mode``'s property on a routed kernel: routings drawn by ``gst.routings`` within its convention and
     declared limits (``modes.mode_routings``, :class:`Unsupported` where the mode has no routed form), each
     checked by :func:`_check_routed`. One cell (no covering design of routed relations yet)."""
     __tracebackhide__ = True
     strategy = mode_routings(adapter, mode)
-    tally = _Tally()
+    tally = Tally()
     tally.cells = (1, 1)
     run = run if run is not None else failures.CheckRun()
     quick = tier is not None and tier.routed_examples is not None and max_examples is None  # gmm-quick's examples

@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from gmm_kernels import KernelAdapter
 from gmm_kernels.scope import Limits
 
-__all__ = ["Unsupported", "axis_multiple", "declared_pairs", "exact_pair", "limits_options", "problem_options",
-           "routing_options"]
+__all__ = ["Unsupported", "axis_multiple", "both_quantized", "declared_pairs", "exact_pair", "limits_options",
+           "problem_options", "routing_options", "scaled_out"]
 
 
 class Unsupported(Exception):
@@ -104,3 +105,21 @@ def axis_multiple(adapter: KernelAdapter, axis: str, family: str, in_dt: np.dtyp
     rules = adapter.convention_facts
     tiling = adapter.tiling or rules.default_tiling
     return math.lcm(rules.axis_multiple(axis, family, tiling, in_dt), adapter.limits().multiples.get(axis, 1))
+
+
+def both_quantized(adapter: KernelAdapter, family: str) -> list[tuple[Any, Any]] | None:
+    """The (lhs, rhs) quantizations a scale cell's operands may take for a convention that takes quantized
+    operands only: its pairs in ``family`` that quantize both operands (codes of a dtype the kernel declares), in
+    the convention's order (the first the kernel takes is used); None for a convention that takes unscaled
+    operands (the cells built for it, ``checks.scale`` and ``checks.real_k``, are unscaled then)."""
+    rules = adapter.convention_facts
+    if not rules.quantizations or (None, None) in rules.quantizations:
+        return None
+    declared = {i for i, _ in declared_pairs(adapter)}
+    return [q for q in rules.quantizations_for(family) if None not in q and q[0].elem in declared]
+
+
+def scaled_out(adapter: KernelAdapter, elem: np.dtype) -> np.dtype:
+    """The output dtype of ``elem`` codes: the first the kernel declares for them (bfloat16 where it may)."""
+    outs = [o for i, o in declared_pairs(adapter) if i == elem]
+    return next((o for o in outs if o == np.dtype(ml_dtypes.bfloat16)), outs[0] if outs else np.dtype(np.float32))

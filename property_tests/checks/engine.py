@@ -28,7 +28,7 @@ R = TypeVar("R")  # what a check found
 #: measures it; docs/speed.md gives the figures); the table keeps the order of ``modes.MODES``. A mode not
 #: named here runs after these.
 RUN_ORDER: tuple[str, ...] = ("poisoned", "many_groups", "grad", "out_dtype", "normal", "wide", "exact", "graph",
-                              "scale", "all_empty", "sharded", "sharded_existing")
+                              "real_k", "strided", "scale", "all_empty", "sharded", "sharded_existing")
 
 
 #: the width of a one-line report: a table cell's note, a ``gmm-harness: FAIL`` line, a known bug named in a note

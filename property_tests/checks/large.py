@@ -28,7 +28,7 @@ this mode checks cells built for the kernel, each one deterministic problem:
 A cell the kernel cannot take is left out with its reason (``pass (2; 2/3
 cells)``); none: ``n/a`` with the reasons. It is opt-in: ``gmm-harness check
 --modes large`` or ``check_mode(adapter, "large")``; the default run and the CI
-profile leave it out.
+profile leave it out, and check the strided cells alone as the ``strided`` mode.
 """
 
 from __future__ import annotations

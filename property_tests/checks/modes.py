@@ -26,7 +26,7 @@ from gmm_kernels import KernelAdapter
 from gmm_ref import dtypes as _dt
 from gmm_ref import families
 from gmm_ref.problem import SERVING_FAMILIES
-from property_tests.checks import large
+from property_tests.checks import large, large_strided, real_k
 from property_tests.checks.declared import Unsupported, problem_options, routing_options
 from property_tests.strategies.cotangents import routed_backwards
 from property_tests.strategies.problems import Covering, covering, problems
@@ -137,6 +137,22 @@ def _replayable(adapter: KernelAdapter, kwargs: dict[str, Any]) -> dict[str, Any
     return out
 
 
+def _strided_cells(adapter: KernelAdapter, mode: Mode, family: str | None,
+                   check: Callable[..., None]) -> tuple[int, dict[str, list[str]]]:
+    """The strided mode's cells (``property_tests.checks.large_strided.run_cells``); :class:`Unsupported` with the
+    reasons where the kernel takes none."""
+    __tracebackhide__ = True
+    if adapter.routed:
+        raise Unsupported(mode.routed_why)
+    checked, left_out = large_strided.run_cells(adapter, family)
+    if not large_strided.cells(adapter):
+        raise Unsupported(f"no strided cell: {large_strided.none_why(adapter)}")
+    if not checked:
+        raise Unsupported(f"{adapter.name} takes none of the strided cells: " + "; ".join(
+            f"{', '.join(c)} ({why})" for why, c in left_out.items()))
+    return checked, left_out
+
+
 def _large_cells(adapter: KernelAdapter, mode: Mode, family: str | None,
                  check: Callable[..., None]) -> tuple[int, dict[str, list[str]]]:
     """The large mode's cells (``property_tests.checks.large.run_cells``); :class:`Unsupported` where the kernel
@@ -184,6 +200,15 @@ MODES: dict[str, Mode] = {
              "the buffers' addresses (a launch plan cached by shape, a replayed CUDA graph)",
              {"values": "exact"}, replays=4, refuse=_no_group_sizes,
              routed_why="routed: several routings of one shape in turn are not drawn yet"),
+        Mode("real_k", "the K of real MoE layers: 2,048, 7,168, 4,097 (no tile divides it) and 129 groups at 2,048, "
+             "normal values under the per-element bound (property_tests.checks.real_k)", cells=True,
+             cell_runner=real_k.run_cells,
+             routed_why="routed: the K of real layers in routings is not built yet"),
+        Mode("strided", "element offsets past 2**31 in a small problem: one operand (or the output buffer) a view "
+             "whose rows or groups lie 2**26 or 2**30 elements apart in a lazily committed allocation, a few MiB "
+             "touched (property_tests.checks.large_strided)", cells=True, cell_runner=_strided_cells,
+             routed_why="routed: int32 slot offsets past 2**31 are the scale mode's offsets cell "
+                        "(property_tests.checks.scale_offsets)"),
         Mode("scale", "group counts just past real limits (129 to 1,025) and 65,600 rows in one call and in one "
              "group, K and N a few dozen, exact values (property_tests.checks.scale)", cells=True,
              routed_why="routed: the scale mode's routed cells are built, not drawn "
@@ -194,8 +219,8 @@ MODES: dict[str, Mode] = {
 
 #: modes a run leaves out unless asked for by name (``--modes large``, ``check_kernel(modes=[...])``)
 OPT_IN_MODES: dict[str, Mode] = {
-    "large": Mode("large", "element offsets past 2**31, where int32 offsets overflow: strided views in a lazily "
-                  "committed allocation (a few MiB) and an operand past 2**31 elements (several GiB) (opt-in; "
+    "large": Mode("large", "element offsets past 2**31, where int32 offsets overflow: the strided mode's views and "
+                  "an operand past 2**31 elements (several GiB) (opt-in; "
                   "property_tests.checks.large)", cells=True, cell_runner=_large_cells,
                   routed_why="routed: int32 slot offsets past 2**31 are the scale mode's offsets cell "
                              "(property_tests.checks.scale_offsets: no 2**31 elements needed)"),

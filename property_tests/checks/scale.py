@@ -38,15 +38,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_ref import families
 from property_tests.checks import scale_routed
-from property_tests.checks.declared import Unsupported, axis_multiple, declared_pairs, exact_pair
-from property_tests.strategies.problems import scaled_problem
+from property_tests.checks.declared import Unsupported, axis_multiple, both_quantized, exact_pair, scaled_out
+from property_tests.strategies.values import scaled_problem
 
 __all__ = ["GROUP_COUNTS", "INTERPRETED_GROUP_COUNTS", "ROWS", "ScaleCell", "cells", "cells_detail", "run_cells",
            "scale_problem"]
@@ -107,27 +106,9 @@ def _sizes(cell: ScaleCell, rng: np.random.Generator) -> np.ndarray:
     return sizes
 
 
-def _quantizations(adapter: KernelAdapter, family: str) -> list[tuple[Any, Any]] | None:
-    """The (lhs, rhs) quantizations a scale cell's operands may take for a convention that takes quantized
-    operands only: its pairs in ``family`` that quantize both operands (codes of a dtype the kernel declares), in
-    the convention's order (the first the kernel takes is used); None for a convention that takes unscaled
-    operands (the cells are unscaled then)."""
-    rules = adapter.convention_facts
-    if not rules.quantizations or (None, None) in rules.quantizations:
-        return None
-    declared = {i for i, _ in declared_pairs(adapter)}
-    return [q for q in rules.quantizations_for(family) if None not in q and q[0].elem in declared]
-
-
-def _scaled_out(adapter: KernelAdapter, elem: np.dtype) -> np.dtype:
-    """The output dtype of ``elem`` codes: the first the kernel declares for them (bfloat16 where it may)."""
-    outs = [o for i, o in declared_pairs(adapter) if i == elem]
-    return next((o for o in outs if o == np.dtype(ml_dtypes.bfloat16)), outs[0] if outs else np.dtype(np.float32))
-
-
 def _refusal(adapter: KernelAdapter, cell: ScaleCell) -> str | None:
     """Why ``adapter`` gets no problem of ``cell`` whatever its shape, or None."""
-    if _quantizations(adapter, cell.family) == []:
+    if both_quantized(adapter, cell.family) == []:
         return f"{adapter.convention} takes no quantization of both operands in the {cell.family} family"
     if families.get(cell.family).groups == families.ALIGNED:
         return f"the {cell.family} layout's cells are not built yet (groups aligned to the tile)"
@@ -183,7 +164,7 @@ def scale_problem(adapter: KernelAdapter, cell: ScaleCell, seed: int = 0) -> gmm
     why = _refusal(adapter, cell)
     if why is not None:
         return why
-    candidates = _quantizations(adapter, cell.family)
+    candidates = both_quantized(adapter, cell.family)
     for quants in candidates or [None]:
         problem = _build(adapter, cell, seed, quants)
         if not isinstance(problem, str):
@@ -196,7 +177,7 @@ def _build(adapter: KernelAdapter, cell: ScaleCell, seed: int, quants: tuple[Any
            ) -> gmm_ref.Problem | str:
     """The problem of ``cell`` (scaled by ``quants`` where given), or why ``adapter`` cannot take it."""
     rules, fam = adapter.convention_facts, families.get(cell.family)
-    in_dt, out_dt = exact_pair(adapter) if quants is None else (quants[0].elem, _scaled_out(adapter, quants[0].elem))
+    in_dt, out_dt = exact_pair(adapter) if quants is None else (quants[0].elem, scaled_out(adapter, quants[0].elem))
     rng = np.random.default_rng(seed + cell.groups)
     shape = _shape(adapter, cell, rng, in_dt, quants)
     if isinstance(shape, str):

@@ -18,7 +18,6 @@ from hypothesis.strategies import SearchStrategy
 
 import gmm_ref
 from gmm_ref import families
-from gmm_ref.dtypes import standin_codes
 from gmm_ref.problem import STORAGES
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, integers, resolve, sampled
 from property_tests.strategies._config import config
@@ -30,14 +29,13 @@ from property_tests.strategies.values import (
     few,
     fill,
     fill_codes,
-    fill_global_scales,
-    fill_scales,
     poison,
+    scaled_problem,
     unused_elements,
 )
 
 __all__ = ["HELD", "PLAIN_KEPT", "Covering", "CoveringCell", "buckets", "covering", "plan", "problems",
-           "replay_refusal", "replays", "scaled_problem"]
+           "replay_refusal", "replays"]
 
 def problems(
     *,
@@ -407,34 +405,6 @@ def _quantizations(draw: Any, cfg: Config, s: Static) -> tuple[Any, Any]:
     if not mine:
         raise InvalidArgument(f"convention={cfg.convention!r} has no quantization of {s.in_dtype} codes")
     return draw(sampled(mine))
-
-
-def scaled_problem(rng: np.random.Generator, family: str, lhs: np.ndarray, rhs: np.ndarray, sizes: Any,
-                   quants: tuple[Any, Any], kind: str, k: int, fields: dict[str, Any]) -> gmm_ref.Problem:
-    """The scaled problem of the codes ``lhs`` and ``rhs`` (each of its quantization's element dtype, or the input
-    dtype where ``quants`` leaves it unscaled): the codes as a problem of their own (its output dtype theirs),
-    then scaled by ``quants`` with scales of ``kind`` (:func:`values.fill_scales`); ``fields`` are the problem's
-    other fields, ``out_dtype`` and ``existing_out`` included (the strategies' draws and the scale mode's cells)."""
-    # 4-bit codes stand in as the 8-bit codes holding their values; _scaled puts them back
-    lc, rc = standin_codes(lhs), standin_codes(rhs)
-    codes = gmm_ref.Problem(family, lc, rc, sizes, **{**fields, "existing_out": None,
-                                                      "out_dtype": None if lc.dtype == rc.dtype else np.float32})
-    return _scaled(rng, codes, quants, kind, k, fields["out_dtype"], fields.get("existing_out"), (lhs, rhs))
-
-
-def _scaled(rng: np.random.Generator, p: gmm_ref.Problem, quants: tuple[Any, Any], kind: str, k: int,
-            out_dtype: Any, existing_out: Any = None, codes: tuple[np.ndarray, np.ndarray] | None = None
-            ) -> gmm_ref.Problem:
-    """``p`` with its codes scaled by ``quants`` (one scale per block of every local group) and ``out_dtype``;
-    ``codes``: the operands' own codes where ``p`` holds stand-ins."""
-    extra: dict[str, Any] = {} if codes is None else {"lhs": codes[0], "rhs": codes[1]}
-    for name, q in zip(("lhs", "rhs"), quants, strict=True):
-        if q is not None:
-            count = sum(math.prod(shape) for shape in p.scale_shapes(name, q))
-            extra.update({f"{name}_quant": q, f"{name}_scales": fill_scales(rng, count, q, kind, k, out_dtype)})
-            if q.global_scale:
-                extra[f"{name}_global"] = fill_global_scales(rng, p.num_local_groups, kind)
-    return p.replace(**extra, out_dtype=out_dtype, existing_out=existing_out)
 
 
 # ------------------------------------------------------------------- buckets

@@ -418,6 +418,26 @@ def grouped_mm_correct(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return out.to(od)
 
 
+def grouped_mm_bf16_sums_past_256(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Float32 sums of K chunks of 256, added up in bfloat16: exact at every K the drawn modes reach, off by whole
+    units at a real layer's K (a split-K reduction or a pipeline stage kept in the input dtype)."""
+    import torch
+
+    od = out_dtype or mat_a.dtype
+    k = mat_a.shape[-1]
+    if k <= 256 or offs is None or mat_a.dim() != 2 or mat_b.dim() != 3:
+        return grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype)
+    a, b = mat_a.float(), mat_b.float()
+    out = torch.zeros(a.shape[0], b.shape[2])
+    ends = [int(e) for e in offs.tolist()]
+    for g, (s, e) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+        acc = torch.zeros(e - s, b.shape[2], dtype=torch.bfloat16)
+        for c in range(0, k, 256):
+            acc = acc + (a[s:e, c:c + 256] @ b[g, c:c + 256]).to(torch.bfloat16)
+        out[s:e] = acc.float()
+    return out.to(od)
+
+
 def grouped_mm_strides_ignored(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """Operands are read as if contiguous: a transposed view, a slice or a chunk reads the wrong memory
     (the class of github.com/pytorch/FBGEMM/pull/4796: one tensor's strides assumed for a

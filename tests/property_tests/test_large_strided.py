@@ -281,3 +281,18 @@ def test_vllms_batched_experts_with_an_int32_stride_fail_naming_the_group(stride
     assert result.status is Status.FAILED, result
     assert re.match(first, result.detail), result.detail
 
+
+
+def test_the_strided_cells_are_a_default_mode():
+    """Offsets past 2**31 in every run: the default ``strided`` mode rejects the int32-offset kernel that passes
+    every other default mode; the correct kernel passes it; a jax kernel, whose arrays have no strides, is n/a."""
+    from property_tests.checks.modes import MODES
+
+    assert "strided" in MODES and MODES["strided"].cells
+    (result,) = check_kernel(grouped_mm_int32_offsets, convention="torch.grouped_mm", modes=["strided"],
+                             raise_on_failure=False)
+    assert result.status is Status.FAILED and re.match(r"group \d+ \(rows \[", result.detail), result.detail
+    result = check_mode(get("torch.grouped_mm"), "strided")
+    assert result.status is Status.PASSED and result.examples == 8, result
+    result = check_mode(get("jax.ragged_dot"), "strided")
+    assert result.status is Status.UNSUPPORTED and "dense" in result.detail, result

@@ -35,7 +35,7 @@ def test_a_new_mode_is_one_object():
 def test_a_mode_says_what_it_checks_through_its_fields():
     assert [m for m, mode in MODES.items() if mode.deterministic_repeat] == ["exact"]
     assert [m for m, mode in MODES.items() if mode.gradient] == ["grad"]
-    assert [m for m, mode in ALL_MODES.items() if not mode.draws_examples] == ["scale", "large"]
+    assert [m for m, mode in ALL_MODES.items() if not mode.draws_examples] == ["real_k", "strided", "scale", "large"]
     # modes whose problems differ from the exact mode's only in their values share its compiled shapes
     assert sorted(m for m, mode in MODES.items() if not mode.changes_shapes) == [
         "all_empty", "exact", "graph", "normal", "poisoned", "wide"]

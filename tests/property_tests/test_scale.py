@@ -63,9 +63,10 @@ def test_the_scale_mode_rejects_it_naming_the_group_and_row(fn):
 
 
 @pytest.mark.parametrize("fn", CASES)
-def test_the_default_modes_without_scale_miss_it(fn):
-    report = check_kernel(fn, convention="ragged_dot", modes=[m for m in MODES if m != "scale"], profile="gmm-ci",
-                          raise_on_failure=False)
+def test_the_drawn_modes_miss_it(fn):
+    """Only cells built past the limits show these bugs: the scale mode's (and the real_k mode's 129 groups)."""
+    report = check_kernel(fn, convention="ragged_dot", modes=[m for m in MODES if MODES[m].draws_examples],
+                          profile="gmm-ci", raise_on_failure=False)
     assert report.ok and not report.failures, report
 
 

@@ -113,9 +113,10 @@ def _named(exc: gmm_ref.Mismatch) -> str:
 def test_a_broken_kernel_fails_under_quick_naming_what_it_names_under_ci(convention, fn):
     pytest.importorskip(gmm_ref.conventions.get(convention).framework)
     adapter = resolve_kernel(fn, convention=convention)
-    ci = next(r for m in RUN_ORDER if (r := check_mode(adapter, m, tier="gmm-ci")).status is Status.FAILED)
+    # (a kernel that returns uninitialized memory fails on some calls only: INTERMITTENT, a failure too)
+    ci = next(r for m in RUN_ORDER if (r := check_mode(adapter, m, tier="gmm-ci")).status.failure)
     quick = check_mode(adapter, ci.check, tier="gmm-quick")  # the mode gmm-ci fails first, under gmm-quick
-    assert quick.status is Status.FAILED, quick
+    assert quick.status.failure, quick
     # the same form of report (the example differs: a poisoned tail may read NaN under one, wrong values under the
     # other, a NaN leaking from padding may reach a group or the tail)
     assert _named(quick.error) == _named(ci.error) != "?", (quick.error, ci.error)
