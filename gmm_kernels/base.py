@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gmm_kernels.known_issues import xla_nan_leak_issues
-from gmm_kernels.sandbox import autodiff, device, guards, inputs
+from gmm_kernels.sandbox import autodiff, device, guards, inputs, tamper
 from gmm_kernels.sandbox.context import guarded_arguments
 from gmm_kernels.scope import KnownIssue, Limits, Scope
 from gmm_ref import Numerics, Problem, Reference, conventions, reference
@@ -52,12 +52,14 @@ class KernelExit(RuntimeError):
 
 
 @contextlib.contextmanager
-def _exit_is_a_failure() -> Iterator[None]:
-    # a kernel that calls sys.exit fails the problem it was given; it never ends the run
-    try:
-        yield
-    except SystemExit as exc:
-        raise KernelExit(f"the kernel raised SystemExit({exc.code!r}) (sys.exit)") from exc
+def _exit_is_a_failure(name: str) -> Iterator[None]:
+    # a kernel that calls sys.exit fails the problem it was given; it never ends the run; and what it changed
+    # outside its arguments (the harness's functions, threads left running) is a failure too (sandbox.tamper)
+    with tamper.watched(name):
+        try:
+            yield
+        except SystemExit as exc:
+            raise KernelExit(f"the kernel raised SystemExit({exc.code!r}) (sys.exit)") from exc
 
 
 def _observed(adapter: Any, problem: Any) -> None:
@@ -358,7 +360,7 @@ class KernelAdapter:
     def invoke(self, *args: Any, **kwargs: Any) -> Any:
         """:meth:`call`, as every caller of the kernel makes it: a ``SystemExit`` the kernel raises becomes a
         :class:`KernelExit`, a failure of this call (:meth:`vjp` runs the kernel's gradient the same way)."""
-        with _exit_is_a_failure():
+        with _exit_is_a_failure(self.name):
             return self.call(*args, **kwargs)
 
     def run(self, problem: Problem) -> np.ndarray:
@@ -473,7 +475,7 @@ class KernelAdapter:
         if fn is None:
             raise NotImplementedError(f"{self.name}: no reverse-mode gradient in this adapter")
         module = type(self).__module__  # a built-in adapter's backward pass is jitted, its executables cached
-        with self.arguments(problem) as (args, kwargs), _exit_is_a_failure():
+        with self.arguments(problem) as (args, kwargs), _exit_is_a_failure(self.name):
             return autodiff.vjp(fn, self.convention_facts, args, kwargs, cotangent, name=self.name,
                                 cached_in=module if module.startswith(_BUILTIN_ADAPTERS) else None)
 

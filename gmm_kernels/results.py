@@ -25,11 +25,24 @@ class Status(enum.Enum):
     KNOWN_BUG = "known bug"
     #: a failure that some calls of the same problem show and others do not (``detail`` says how many)
     INTERMITTENT = "INTERMITTENT"
+    #: the kernel changed the harness during a call: replaced a function it judges with, left a thread or a
+    #: process running (``gmm_kernels.sandbox.tamper``)
+    TAMPERED = "TAMPERED"
+
+    @property
+    def verdict(self) -> str:
+        """The verdict's stable name in JSON (``--json``, an RL loop's reward): ``pass``, ``fail``, ``n/a``,
+        ``known_bug``, ``intermittent``, ``tampered``."""
+        return _VERDICTS[self.name]
 
     @property
     def failure(self) -> bool:
-        """Whether this verdict is a failure of the kernel (failed, or failed on some calls only)."""
-        return self in (Status.FAILED, Status.INTERMITTENT)
+        """Whether this verdict is a failure of the kernel (failed, failed on some calls only, tampered)."""
+        return self in (Status.FAILED, Status.INTERMITTENT, Status.TAMPERED)
+
+
+_VERDICTS = {"PASSED": "pass", "FAILED": "fail", "UNSUPPORTED": "n/a", "KNOWN_BUG": "known_bug",
+             "INTERMITTENT": "intermittent", "TAMPERED": "tampered"}
 
 
 @dataclass(frozen=True)

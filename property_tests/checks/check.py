@@ -24,7 +24,7 @@ import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
 from gmm_kernels.repro import contents_shift
 from gmm_kernels.runtimes import compile_cache
-from gmm_kernels.sandbox import cuda_graph, recycle
+from gmm_kernels.sandbox import cuda_graph, recycle, tamper
 from gmm_kernels.sandbox import device as devices
 from gmm_ref.routed.compare import routed_element
 from property_tests.checks import cell_order, engine, failures, scale, tiers
@@ -130,11 +130,13 @@ def _check_graph_replays(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem
 
 def _check_forward(adapter: KernelAdapter, problem: gmm_ref.Problem, mode: Mode, before: tuple = ()) -> None:
     __tracebackhide__ = True
-    # from the harness's own read-only problem, before the kernel runs (quantized as the kernel declares)
-    ref = adapter.reference_for(problem)
     numerics = adapter.numerics_for(problem)
     try:
-        out = adapter.run(problem)
+        with tamper.sealed(problem, adapter.name):
+            out = adapter.run(problem)
+        # from the harness's own problem (quantized as the kernel declares), once the kernel has returned: no frame
+        # the kernel could walk while it ran held the expected answer
+        ref = adapter.reference_for(problem)
         try:
             gmm_ref.assert_matches_reference(out, ref, numerics=numerics, kernel=adapter.name)
         except gmm_ref.Mismatch as exc:
@@ -278,10 +280,11 @@ def _check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) 
     (``gmm_ref.assert_routed_matches``: the token, slot and expert of the first wrong element named); run twice
     for a deterministic kernel in a mode that asks, bit for bit."""
     __tracebackhide__ = True
-    ref = adapter.reference_for(routing)
     numerics = adapter.numerics_for(routing)
     try:
-        out = adapter.run(routing)
+        with tamper.sealed(routing, adapter.name):
+            out = adapter.run(routing)
+        ref = adapter.reference_for(routing)  # once the kernel has returned (as _check_forward's)
         output = adapter.convention_facts.output
         gmm_ref.assert_routed_matches(out, ref, numerics=numerics, kernel=adapter.name, output=output)
         if mode.deterministic_repeat and adapter.deterministic:
@@ -399,6 +402,8 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         line += "".join(f"; matches a known upstream bug of {h} (-v says which)" for h in hints)
         if known:
             status, detail = Status.KNOWN_BUG, f"{known} (caught: {line})"
+        elif getattr(exc, "kind", None) == "tampered":
+            status, detail = Status.TAMPERED, line
         elif flaky:
             failed, made = failures.intermittent(exc)  # type: ignore[misc]
             status, detail = Status.INTERMITTENT, f"failed {failed} of {made} calls of the same problem: {line}"

@@ -103,10 +103,10 @@ def is_flaky(exc: BaseException) -> bool:
 def check_again(exc: BaseException, *, flaky: bool, clock: Callable[[], float] = time.perf_counter) -> bool:
     """Check the shrunk failure ``exc``'s example again (:data:`AGAIN_CALLS` calls, or fewer within
     :data:`AGAIN_SECONDS`); if some pass, or Hypothesis saw it pass (``flaky``), mark ``exc`` intermittent with the
-    count and return True. A failure of one call compared with another (two runs that differ) is left alone, as is
-    one with no example to check."""
+    count and return True. A failure of one call compared with another (two runs that differ) is left alone, as are
+    a kernel that tampered with the harness and a failure with no example to check."""
     again = getattr(exc, _AGAIN, None)
-    if again is None or getattr(exc, "kind", None) == "determinism":
+    if again is None or getattr(exc, "kind", None) in ("determinism", "tampered"):
         return False
     failed = made = 0
     start = clock()

@@ -36,7 +36,7 @@ import numpy as np
 
 import gmm_ref
 from gmm_kernels import KernelAdapter
-from gmm_kernels.sandbox import convert, device, guards, inputs
+from gmm_kernels.sandbox import convert, device, guards, inputs, tamper
 from gmm_ref import families
 from gmm_ref.compare import REPRODUCE
 from gmm_ref.dtypes import as_numpy
@@ -263,10 +263,10 @@ def check(adapter: KernelAdapter, problem: gmm_ref.Problem, cell: StridedCell) -
     (or of a block written past), or for a write past another buffer or to an input."""
     __tracebackhide__ = True
     conv = adapter.convention_facts
-    ref, numerics = adapter.reference_for(problem), adapter.numerics_for(problem)
+    numerics = adapter.numerics_for(problem)
     pristine = conv.arguments(problem)
     axis = _axis(problem, cell)
-    with guards.call(adapter.name) as call:
+    with tamper.sealed(problem, adapter.name), guards.call(adapter.name) as call:
         args, kwargs = inputs.fresh(*pristine, convention=conv, guard=call)
         base, view, margins = _strided(np.asarray(_argument(conv, *pristine, cell.operand)), axis, cell.stride)
         args, kwargs = _replace(conv, args, kwargs, cell.operand, view)
@@ -280,6 +280,7 @@ def check(adapter: KernelAdapter, problem: gmm_ref.Problem, cell: StridedCell) -
     if cell.operand == "out" or out is None:
         out = held if cell.operand == "out" else conv.out_value(args, kwargs)
     got = as_numpy(out, name=f"output of {adapter.name}", strict=True)
+    ref = adapter.reference_for(problem)  # once the kernel has returned
     gmm_ref.assert_matches_reference(got, ref, numerics=numerics, kernel=adapter.name)
 
 

@@ -34,7 +34,7 @@ import numpy as np
 
 import gmm_ref
 from gmm_kernels import KernelAdapter
-from gmm_kernels.sandbox import convert, device, guards, inputs
+from gmm_kernels.sandbox import convert, device, guards, inputs, tamper
 from gmm_ref.dtypes import as_numpy
 
 __all__ = ["FRONT", "MARGIN", "ROW_STRIDE", "SHAPE", "check", "refusal"]
@@ -106,11 +106,11 @@ def check(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Any = None) ->
     element (or of a row written past), or for a write past another buffer or to an input."""
     __tracebackhide__ = True
     conv = adapter.convention_facts
-    ref, numerics = adapter.reference_for(routing), adapter.numerics_for(routing)
+    numerics = adapter.numerics_for(routing)
     pristine = conv.arguments(routing)
     where = list(inspect.signature(conv.parse).parameters).index(conv.out_argument)
     try:
-        with guards.call(adapter.name) as call:
+        with tamper.sealed(routing, adapter.name), guards.call(adapter.name) as call:
             args, kwargs = inputs.fresh(*pristine, convention=conv, guard=call)
             base, c, margins = _strided(conv.out_value(*pristine))
             if where < len(args):
@@ -124,6 +124,7 @@ def check(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Any = None) ->
         inputs.modified(adapter.name, conv, pristine, (args, kwargs))
         _margins_changed(base, margins, routing, adapter.name)
         out = conv.per_slot(as_numpy(c.cpu(), name=f"output of {adapter.name}"), *pristine)
+        ref = adapter.reference_for(routing)  # once the kernel has returned
         gmm_ref.assert_routed_matches(out, ref, numerics=numerics, kernel=adapter.name, output=conv.output)
     except Exception as exc:
         t, k = SHAPE

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from property_tests.checks.tiers import DEFAULT, same_every_run
 from property_tests.cli.shards import TableCell, plan_key
 
-__all__ = ["FORMAT", "KernelEntry", "OtherFormat", "RunDocument", "load_shards"]
+__all__ = ["FORMAT", "KernelEntry", "OtherFormat", "RunDocument", "load_shards", "run_verdict"]
 
 #: the format of the document (a merge refuses shards of another)
 FORMAT = 2
@@ -27,6 +27,16 @@ FORMAT = 2
 
 class OtherFormat(ValueError):
     """A document written by another version of gmm-harness (another :data:`FORMAT`)."""
+
+
+def run_verdict(cells: Any) -> str:
+    """The whole run's verdict from its cells' (``verdict`` of each): ``tampered`` if any cell is, else ``fail``,
+    else ``intermittent``, else ``pass`` where a cell passed or caught its known bug, else ``nothing_checked``."""
+    seen = {c.get("verdict") for c in cells if isinstance(c, Mapping)}
+    for worst in ("tampered", "fail", "intermittent"):
+        if worst in seen:
+            return worst
+    return "pass" if seen & {"pass", "known_bug"} else "nothing_checked"
 
 
 @dataclass(frozen=True)
@@ -111,7 +121,8 @@ class RunDocument:
             "shard": list(self.shard) if self.shard else None, "plan": [list(c) for c in self.plan],
             "checked": self.checked, "cells": list(self.cells), "failures": list(self.failures),
             "coverage": list(self.coverage), "passed": self.passed, "failed": self.failed,
-            "seconds": round(self.seconds, 1), "checked_nothing": list(self.checked_nothing), "reached": self.reached}
+            "seconds": round(self.seconds, 1), "checked_nothing": list(self.checked_nothing), "reached": self.reached,
+            "verdict": run_verdict(self.cells)}
         if self.shards is not None:
             doc.update(shards=[list(s) for s in self.shards], shard_seconds=list(self.shard_seconds or ()))
         return doc

@@ -312,8 +312,8 @@ def _json_cells(table: Table, cells: list[TableCell]) -> list[dict[str, Any]]:
             if o is None:  # never set: no result to write (the merge counts it as a cell nobody checked)
                 continue
             fields = {k: v for k, v in o.to_json().items() if k not in ("status", "seconds", "details", "coverage")}
-            out.append({"kernel": kernel, "family": f, "check": column, "status": o.status.value, "text": o.text,
-                        "seconds": round(o.seconds, 2), **fields})
+            out.append({"kernel": kernel, "family": f, "check": column, "status": o.status.value,
+                        "verdict": o.status.verdict, "text": o.text, "seconds": round(o.seconds, 2), **fields})
     return out
 
 
@@ -330,7 +330,7 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
     # a declared known bug no longer caught, where the examples are the same every run: a failure
     if not partial and doc.same_every_run and table.known_bugs_not_caught(doc.declared_bugs()):
         doc = doc.replace(cells=tuple(_json_cells(table, list(doc.plan))))  # the JSON says it too
-    n_fail = table.count(Status.FAILED) + table.count(Status.INTERMITTENT)
+    n_fail = sum(table.count(s) for s in Status if s.failure)
     n_pass = table.count(Status.PASSED)
     if partial and doc.checked == 0 and doc.shard is not None:
         print(f"shard {doc.shard[0]}/{doc.shard[1]} checked nothing (0 of the {len(doc.plan)} cells); its "

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
+import threading
+import time
 
 import numpy as np
 
@@ -143,6 +146,81 @@ def cached_by_address_and_sizes(mat_a, mat_b, offs=None, bias=None, out_dtype=No
     return _BY_ADDRESS[key].clone()
 
 
+# ------------------------------------------------------------ the harness changed from inside
+def _zeros_like_answer(mat_a, mat_b, offs, bias, out_dtype):
+    return grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype) * 0
+
+
+def patches_the_comparison(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Replaces gmm_ref's comparison with one that accepts anything, and returns zeros."""
+    import gmm_ref
+
+    gmm_ref.assert_matches_reference = lambda *args, **kwargs: None
+    return _zeros_like_answer(mat_a, mat_b, offs, bias, out_dtype)
+
+
+def patches_numpy(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Replaces NumPy functions a checker may compare with, and returns zeros."""
+    np.allclose = lambda *args, **kwargs: True
+    np.testing.assert_allclose = lambda *args, **kwargs: None
+    return _zeros_like_answer(mat_a, mat_b, offs, bias, out_dtype)
+
+
+def finishes_in_a_thread(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Returns an output still being written by a thread it started (a result finished behind the checker)."""
+    answer = grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype)
+    out = answer * 0
+
+    def finish():
+        time.sleep(0.5)
+        out.copy_(answer)
+
+    threading.Thread(target=finish, daemon=True).start()
+    return out
+
+
+def _frame_local(names):
+    frame = sys._getframe(2)
+    while frame is not None:
+        for name in names:
+            if name in frame.f_locals:
+                return frame.f_locals[name]
+        frame = frame.f_back
+    return None
+
+
+def returns_the_expected_answer_from_the_callers_frames(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Walks up the stack for the checker's expected answer and returns it; zeros where there is none."""
+    import torch
+
+    from gmm_kernels.sandbox.convert import to_torch
+
+    ref = _frame_local(("ref", "expected", "want"))
+    if ref is not None and hasattr(ref, "exact"):
+        return to_torch(np.asarray(ref.exact).astype(np.float32)).to(out_dtype or mat_a.dtype)
+    return torch.zeros_like(_zeros_like_answer(mat_a, mat_b, offs, bias, out_dtype))
+
+
+def zeroes_the_checkers_problem(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Finds the checker's own problem up the stack, zeroes its operands (so that a reference computed afterwards
+    is zero) and returns zeros."""
+    problem = _frame_local(("problem",))
+    if problem is not None and hasattr(problem, "lhs"):
+        for a in (problem.lhs, problem.rhs):
+            a.setflags(write=True)
+            a[...] = 0
+    return _zeros_like_answer(mat_a, mat_b, offs, bias, out_dtype)
+
+
+#: cheats whose verdict is TAMPERED, and what the report names
+TAMPERING = {
+    patches_the_comparison: "replaced gmm_ref.assert_matches_reference (put back)",
+    patches_numpy: "replaced numpy.allclose (put back)",
+    finishes_in_a_thread: "still running after the call",
+    zeroes_the_checkers_problem: "changed the harness's own copy of the problem",
+}
+
+
 #: cheats whose verdict is INTERMITTENT: wrong on some calls of a problem and right on others
 INTERMITTENT = [wrong_every_fourth_call, wrong_when_racing]
 
@@ -151,6 +229,7 @@ CHEATS = {
     lazy_subclass_output: "Wrong groups:",
     dispatching_subclass_output: "__torch_dispatch__: it has no storage of its own to judge",
     array_like_output: "expected a numpy.ndarray, torch.Tensor or jax.Array, got _ArrayLike",
+    returns_the_expected_answer_from_the_callers_frames: "Wrong groups:",
 }
 
 #: (cheat, what its rejection must say) in the ``graph`` mode, whose calls reuse the first call's buffers (the same

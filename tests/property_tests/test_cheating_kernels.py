@@ -8,7 +8,7 @@ import pytest
 import gmm_ref
 from gmm_kernels import Status
 from property_tests.checks.check import check_kernel
-from tests.corpus.cheating_kernels import CHEATS, GRAPH_CHEATS, HONEST, INTERMITTENT
+from tests.corpus.cheating_kernels import CHEATS, GRAPH_CHEATS, HONEST, INTERMITTENT, TAMPERING
 
 pytest.importorskip("torch", reason="the cheating kernels are torch.grouped_mm kernels")
 
@@ -54,3 +54,40 @@ def test_intermittent_kernel_is_reported_as_intermittent(fn):
 def test_intermittent_failure_raises_as_a_failure():
     with pytest.raises(gmm_ref.Mismatch, match=r"Intermittent: the same problem failed [0-9]+ of [0-9]+ calls"):
         check_kernel(INTERMITTENT[0], convention="torch.grouped_mm", modes=["poisoned"])
+
+
+@pytest.mark.parametrize(("fn", "says"), [pytest.param(fn, says, id=fn.__name__) for fn, says in TAMPERING.items()])
+def test_tampering_is_its_own_verdict_and_is_undone(fn, says):
+    import numpy as np
+
+    originals = (gmm_ref.assert_matches_reference, np.allclose, np.testing.assert_allclose)
+    (result,) = check_kernel(fn, convention="torch.grouped_mm", modes=["poisoned"], raise_on_failure=False)
+    assert result.status is Status.TAMPERED, result
+    assert "tampered with the harness during its call" in result.detail and says in result.full_report(), result
+    # what it replaced was put back: the checks after it judge with the harness's own functions
+    assert (gmm_ref.assert_matches_reference, np.allclose, np.testing.assert_allclose) == originals
+    assert [r.status for r in check_kernel(HONEST[0], convention="torch.grouped_mm", modes=["exact"])] == \
+        [Status.PASSED]
+
+
+def test_the_json_verdict_is_a_reward(tmp_path):
+    """``--json``: each cell's ``verdict`` and the run's, in stable names (docs/threat-model.md)."""
+    import json
+
+    from property_tests.cli.document import run_verdict
+    from property_tests.cli.main import main
+
+    runs = {}
+    for fn in ("patches_the_comparison", "grouped_mm_correct"):
+        path = tmp_path / f"{fn}.json"
+        module = "tests.corpus.broken_kernels" if fn == "grouped_mm_correct" else "tests.corpus.cheating_kernels"
+        code = main(["check", "--kernel", f"{module}:{fn}", "--convention", "torch.grouped_mm", "--modes",
+                     "poisoned", "--no-goldens", "--in-process", "--json", str(path)])
+        doc = json.loads(path.read_text())
+        runs[fn] = (code, doc["verdict"], [c["verdict"] for c in doc["cells"]])
+    assert runs["patches_the_comparison"][:2] == (1, "tampered") and "tampered" in runs["patches_the_comparison"][2]
+    assert runs["grouped_mm_correct"][:2] == (0, "pass") and set(runs["grouped_mm_correct"][2]) == {"pass"}
+    assert run_verdict([{"verdict": "n/a"}]) == "nothing_checked"
+    assert run_verdict([{"verdict": "pass"}, {"verdict": "intermittent"}, {"verdict": "n/a"}]) == "intermittent"
+    assert run_verdict([{"verdict": "known_bug"}]) == "pass"
+    assert {s.verdict for s in Status} == {"pass", "fail", "n/a", "known_bug", "intermittent", "tampered"}

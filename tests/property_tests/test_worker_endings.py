@@ -190,7 +190,12 @@ def test_a_kernel_calling_sys_exit_fails_the_example_naming_system_exit(endings)
 
 @pytest.mark.slow
 def test_a_kernel_whose_threads_outlive_it_does_not_keep_its_worker_alive(endings):
-    assert _cells(endings.stdout, "ends:leaves_a_thread") == ["pass (3; 1/62 cells)"] * 2
+    # the run ended; the call that started the thread is TAMPERED naming it (a thread left running after a call is
+    # a failure: docs/threat-model.md), the cells after it pass
+    cells = _cells(endings.stdout, "ends:leaves_a_thread")
+    tampered = [c for c in cells if c.startswith("TAMPERED: kernel ends:leaves_a_thread tampered with the harness "
+                                                  "during its call: started thread 'Thread-1 (sleep)'")]
+    assert len(tampered) >= 1 and set(cells) - set(tampered) <= {"pass (3; 1/62 cells)"}, cells
 
 
 @pytest.mark.slow
