@@ -8,11 +8,14 @@ reported as a failure naming what it changed, kind ``"tampered"``; the replaced 
 checks after it judge with the harness's own.
 
 What is watched: every callable and class bound in the modules that judge (gmm_ref, ``property_tests.checks``,
-``gmm_kernels.sandbox``, ``gmm_kernels.base`` and ``.results``, golden), and in ``builtins``, ``math``, ``numpy``
-(with ``numpy.testing``), ``torch`` (with ``torch.testing`` and the methods of ``torch.Tensor``), ``jax`` and
-``jax.numpy``, as the call found them; names the call adds (a submodule imported) are not changes. What is not: a
-change made before the first call (at the kernel module's import), state that is not a module's callable (a
-setting, a cache), and anything in native code. docs/threat-model.md says what this leaves open.
+``gmm_kernels.sandbox``, ``gmm_kernels.base`` and ``.results``, golden), the contents of the classes they define
+(a name added to one too), the code and defaults of their functions (a function whose ``__code__`` was swapped
+is still the same object), and the callables of ``builtins``, ``math``, ``numpy`` (with ``numpy.testing``),
+``torch`` (with ``torch.testing`` and the methods of ``torch.Tensor``), ``jax`` and ``jax.numpy``, as the call found
+them; names the call adds to a module (a submodule imported) are not changes, nor is a change to the watch's own
+list of what it watches left unnoticed. What is not: a change made before the first call (at the kernel module's
+import), state that is not a callable (a setting, a cache), anything in native code, and a kernel that rewrites
+this module's own code. docs/threat-model.md says what this leaves open.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import hashlib
 import os
 import sys
 import threading
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,23 +40,66 @@ __all__ = ["sealed", "watched"]
 _PREFIXES = ("gmm_ref", "property_tests.checks", "gmm_kernels.sandbox", "golden")
 _MODULES = ("gmm_kernels.base", "gmm_kernels.results", "builtins", "math", "numpy", "numpy.testing", "torch",
             "torch.testing", "jax", "jax.numpy")
+#: namespaces the watch cannot do without: a cached list that lacks one was emptied from inside
+_ANCHORS = ("gmm_ref", "gmm_ref.compare", "gmm_kernels.sandbox.tamper", "numpy")
 _MAX_LISTED = 6
 _STATE = threading.local()  # depth: inside a watched call
-_CACHE: dict[str, Any] = {"modules": -1, "spaces": []}
 
 
-def _namespaces() -> list[tuple[str, Any]]:
-    """(name, namespace) of everything watched that is loaded now: module dicts and ``torch.Tensor``'s (found
-    again only when a module was imported since)."""
-    if _CACHE["modules"] != len(sys.modules):
-        out = [(n, m.__dict__) for n, m in list(sys.modules.items())
-               if m is not None and (n in _MODULES or n.startswith(_PREFIXES))]
-        torch = sys.modules.get("torch")
-        tensor = getattr(torch, "Tensor", None)
-        if isinstance(tensor, type):
-            out.append(("torch.Tensor", tensor.__dict__))
-        _CACHE.update(modules=len(sys.modules), spaces=out)
-    return _CACHE["spaces"]
+@dataclasses.dataclass
+class _Watch:
+    """What is watched, found again only when a module was imported since: (label, owner, namespace) of the
+    modules and of the classes the harness's modules define (and ``torch.Tensor``), and (label, function) of the
+    functions among them, whose code and defaults must stay theirs."""
+
+    modules: int = -1
+    spaces: list[tuple[str, Any, Any]] = dataclasses.field(default_factory=list)
+    functions: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
+    most: int = 0
+
+
+_WATCH = _Watch()
+
+
+def _ours(name: str) -> bool:
+    return name.startswith(_PREFIXES) or name in ("gmm_kernels.base", "gmm_kernels.results")
+
+
+def _find() -> None:
+    spaces: list[tuple[str, Any, Any]] = []
+    functions: list[tuple[str, Any]] = []
+    for n, m in list(sys.modules.items()):
+        if m is None or not (n in _MODULES or _ours(n)):
+            continue
+        spaces.append((n, m, m.__dict__))
+        if not _ours(n):
+            continue
+        for attr, v in list(m.__dict__.items()):
+            if isinstance(v, types.FunctionType) and v.__module__ == n:
+                functions.append((f"{n}.{attr}", v))
+            elif isinstance(v, type) and v.__module__ == n:
+                spaces.append((f"{n}.{attr}", v, v.__dict__))
+                functions += [(f"{n}.{attr}.{k}", f) for k, f in list(v.__dict__.items())
+                              if isinstance(f, types.FunctionType)]
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    if isinstance(tensor, type):
+        spaces.append(("torch.Tensor", tensor, tensor.__dict__))
+    _WATCH.modules, _WATCH.spaces, _WATCH.functions = len(sys.modules), spaces, functions
+    _WATCH.most = max(_WATCH.most, len(spaces))
+
+
+def _watch() -> tuple[list[tuple[str, Any, Any]], list[tuple[str, Any]]]:
+    """(namespaces, functions) watched now: found again where a module was imported since, or where the list
+    lacks what it cannot do without (emptied from outside a watched call)."""
+    held = {id(ns) for _, _, ns in _WATCH.spaces}
+    if _WATCH.modules != len(sys.modules) or len(_WATCH.spaces) < _WATCH.most or any(
+            id(sys.modules[a].__dict__) not in held for a in _ANCHORS if a in sys.modules):
+        _find()
+    return list(_WATCH.spaces), list(_WATCH.functions)
+
+
+def _code(fn: Any) -> tuple[Any, Any, Any]:
+    return fn.__code__, fn.__defaults__, fn.__kwdefaults__
 
 
 def _children() -> set[int]:
@@ -88,13 +135,15 @@ def _replaced(before: dict[str, Any], now: Any) -> list[str]:
 @contextlib.contextmanager
 def watched(kernel: str) -> Iterator[None]:
     """One call of ``kernel``: on leaving, ``gmm_ref.Mismatch`` (kind ``"tampered"``) naming every watched function
-    it replaced (each put back) and every thread or child process it started that is still running (a process is
-    killed). Nested calls are watched by the outermost."""
+    it replaced or rewrote (each put back) and every thread or child process it started that is still running (a
+    process is killed). Nested calls are watched by the outermost."""
     if getattr(_STATE, "depth", 0):
         yield
         return
-    spaces = _namespaces()
-    before = [(name, ns, dict(ns)) for name, ns in spaces]
+    spaces, functions = _watch()
+    before = [(name, owner, ns, dict(ns)) for name, owner, ns in spaces]
+    watch = (_WATCH.spaces, _WATCH.functions)
+    codes = [_code(f) for _, f in functions]
     threads = set(threading.enumerate())
     children = _children()
     _STATE.depth = 1
@@ -102,21 +151,34 @@ def watched(kernel: str) -> Iterator[None]:
         yield
     finally:
         _STATE.depth = 0
-        _check(kernel, before, threads, children)
+        lines = []
+        if _WATCH.spaces is not watch[0] or _WATCH.functions is not watch[1] or \
+                (len(_WATCH.spaces), len(_WATCH.functions)) != (len(spaces), len(functions)):  # put them back
+            _WATCH.spaces, _WATCH.functions = spaces, functions
+            lines.append("changed the harness's own list of what it watches (put back)")
+        _check(kernel, before, functions, codes, threads, children, lines)
 
 
-def _check(kernel: str, before: list[tuple[str, Any, dict[str, Any]]], threads: set[threading.Thread],
-           children: set[int]) -> None:
+def _check(kernel: str, before: list[tuple[str, Any, Any, dict[str, Any]]], functions: list[tuple[str, Any]],
+           codes: list[tuple[Any, Any, Any]], threads: set[threading.Thread], children: set[int],
+           lines: list[str]) -> None:
     __tracebackhide__ = True
-    lines = []
-    for name, ns, was in before:
+    for name, owner, ns, was in before:
         changed = _replaced(was, ns)
         for attr in changed:
-            owner = sys.modules.get(name)
-            target = owner if owner is not None and owner.__dict__ is ns else sys.modules["torch"].Tensor
             with contextlib.suppress(Exception):  # put the harness's own back
-                setattr(target, attr, was[attr])
+                setattr(owner, attr, was[attr])
         lines += [f"replaced {name}.{attr} (put back)" for attr in changed]
+        if isinstance(owner, type):  # a name added to a class shadows what its instances hold
+            added = [attr for attr in list(ns) if attr not in was]
+            for attr in added:
+                with contextlib.suppress(Exception):
+                    delattr(owner, attr)
+            lines += [f"added {name}.{attr} (taken away)" for attr in added]
+    for (label, fn), code in zip(functions, codes, strict=True):
+        if any(now is not then for now, then in zip(_code(fn), code, strict=True)):
+            fn.__code__, fn.__defaults__, fn.__kwdefaults__ = code
+            lines.append(f"rewrote the code of {label} (put back)")
     lines += [f"started thread {t.name!r} ({'daemon' if t.daemon else 'not daemon'}), still running after the call"
               for t in threading.enumerate() if t not in threads and t.is_alive()]
     for pid in sorted(_children() - children):

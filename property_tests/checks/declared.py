@@ -2,22 +2,27 @@
 
 ``gmm_kernels`` states facts (``KernelAdapter.limits()``: a ``gmm_kernels.scope.Limits`` of the dtype pairs,
 families, multiples, group counts and refused features of a kernel, its scope applied); how those become
-``property_tests.strategies.problems`` keywords is known here, next to the strategies, and nowhere below.
+``property_tests.strategies.problems`` keywords is known here, next to the strategies, and nowhere below; so is
+how the modes that build their problems for a kernel (``checks.scale``, ``checks.real_k``) make one within them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
+import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_kernels.scope import Limits
+from gmm_ref import families
+from property_tests.strategies.values import scaled_problem
 
-__all__ = ["Unsupported", "axis_multiple", "both_quantized", "declared_pairs", "exact_pair", "limits_options",
-           "problem_options", "routing_options", "scaled_out"]
+__all__ = ["Unsupported", "axis_multiple", "both_quantized", "built_problem", "declared_pairs", "exact_pair",
+           "limits_options", "problem_options", "round_up", "routing_options", "scaled_out"]
 
 
 class Unsupported(Exception):
@@ -123,3 +128,44 @@ def scaled_out(adapter: KernelAdapter, elem: np.dtype) -> np.dtype:
     """The output dtype of ``elem`` codes: the first the kernel declares for them (bfloat16 where it may)."""
     outs = [o for i, o in declared_pairs(adapter) if i == elem]
     return next((o for o in outs if o == np.dtype(ml_dtypes.bfloat16)), outs[0] if outs else np.dtype(np.float32))
+
+
+def round_up(x: int, mult: int) -> int:
+    """``x`` raised to a multiple of ``mult`` (an extent to the kernel's multiple)."""
+    return -(-x // mult) * mult
+
+
+def built_problem(adapter: KernelAdapter, family: str, mkn: dict[str, int], sizes: np.ndarray | None, *,
+                  values: Callable[[tuple[int, ...], np.dtype], np.ndarray], out_dtype: np.dtype,
+                  quants: tuple[Any, Any] | None, scales: str, rng: np.random.Generator, local: int,
+                  offset: int, built_by: tuple[list[str], str]) -> gmm_ref.Problem | str:
+    """A problem built for ``adapter`` (the cells of ``checks.scale`` and ``checks.real_k``): operands of ``mkn``'s
+    extents in the family's first layout, ``local`` groups from ``offset`` where its convention shards them,
+    filled by ``values(shape, dtype)`` (the output's too, where the convention requires ``existing_out``), scaled by
+    ``quants`` with scales of kind ``scales`` where given; ``built_by`` (the imports, the expression) rebuilds it.
+    Or why the kernel cannot take it (a sentence)."""
+    rules, fam = adapter.convention_facts, families.get(family)
+    m, k, n = mkn["m"], mkn["k"], mkn["n"]
+    lt, rt, packed = rules.layouts_of(family)[0]
+    in_dt, rhs_dt = (exact_pair(adapter)[0],) * 2 if quants is None else (quants[0].elem, quants[1].elem)
+    lhs = values((*((local,) if fam.is_grouped("lhs") else ()), *((k, m) if lt else (m, k))), in_dt)
+    rhs = values((*((local,) if fam.is_grouped("rhs") else ()), *((n, k) if rt else (k, n))), rhs_dt)
+    kwargs: dict[str, Any] = dict(lhs_transposed=lt, rhs_transposed=rt, packed=packed, out_dtype=out_dtype,
+                                  convention=adapter.convention, **rules.policies(family))
+    if adapter.tiling is not None:
+        kwargs["tiling"] = adapter.tiling
+    if fam.shardable and rules.sharding:
+        kwargs.update(group_offset=offset, num_local_groups=local)
+    if rules.existing_required:
+        kwargs["existing_out"] = values(fam.shape("out", m, 0, n, local), out_dtype)
+    gs = None if sizes is None else np.asarray(sizes, np.int32)
+    try:
+        if quants is None:
+            problem = gmm_ref.Problem(family, lhs, rhs, gs, **kwargs)
+        else:
+            problem = scaled_problem(rng, family, lhs, rhs, gs, quants, scales, k, kwargs)
+    except (ValueError, TypeError) as exc:
+        return f"{adapter.convention} cannot express this cell: {exc}"
+    object.__setattr__(problem, "_built_by", built_by)
+    why = adapter.supports(problem)
+    return f"{adapter.name} declines it: {why}" if why else problem

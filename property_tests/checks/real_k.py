@@ -34,8 +34,15 @@ import numpy as np
 import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_ref import families
-from property_tests.checks.declared import Unsupported, axis_multiple, both_quantized, exact_pair, scaled_out
-from property_tests.strategies.values import scaled_problem
+from property_tests.checks.declared import (
+    Unsupported,
+    axis_multiple,
+    both_quantized,
+    built_problem,
+    exact_pair,
+    round_up,
+    scaled_out,
+)
 
 __all__ = ["DEPTHS", "MANY_GROUPS", "RealKCell", "cells", "real_k_problem", "run_cells"]
 
@@ -68,10 +75,6 @@ def cells(adapter: KernelAdapter) -> tuple[RealKCell, ...]:
     :data:`INTERPRETED_DEPTHS` only."""
     depths = DEPTHS if adapter.interpreted() is None else INTERPRETED_DEPTHS
     return tuple(RealKCell(fam, k, g) for fam in adapter.families for k, g in depths)
-
-
-def _round_up(x: int, mult: int) -> int:
-    return -(-x // mult) * mult
 
 
 def _split(total: int, groups: int, rng: np.random.Generator) -> np.ndarray:
@@ -108,14 +111,14 @@ def _shape(adapter: KernelAdapter, cell: RealKCell, in_dt: np.dtype, quants: tup
     mults = {a: axis_multiple(adapter, a, cell.family, in_dt) for a in "mkn"}
     for q in quants or ():
         mults["k"] = int(np.lcm.reduce([mults["k"], *(b for b in q.block[1:] if b)]))
-    mkn = {"m": _round_up(_SMALL, mults["m"]), "k": _round_up(cell.k, mults["k"]), "n": _round_up(_SMALL, mults["n"])}
+    mkn = {"m": round_up(_SMALL, mults["m"]), "k": round_up(cell.k, mults["k"]), "n": round_up(_SMALL, mults["n"])}
     sizes: np.ndarray | None = None
     if fam.takes_sizes and not fam.serving:
         ax = fam.ragged
         rows = sum(_SIZES) if groups == 4 else 2 * groups
         if ax != "k" and adapter.interpreted() is not None:
             rows = _SMALL  # its cost grows with the grid: as few rows as the other axes
-        mkn[ax] = mkn["k"] if ax == "k" else _round_up(rows, mults[ax])
+        mkn[ax] = mkn["k"] if ax == "k" else round_up(rows, mults[ax])
         sizes = _split(mkn[ax], groups, rng)
     elif fam.serving:  # masked: each group its own matrix, the first group_sizes[g] rows of it
         sizes = np.minimum(_split(mkn["m"] * groups // 2, groups, rng), mkn["m"])
@@ -134,7 +137,6 @@ def _shape(adapter: KernelAdapter, cell: RealKCell, in_dt: np.dtype, quants: tup
 def _build(adapter: KernelAdapter, cell: RealKCell, seed: int, quants: tuple[Any, Any] | None
            ) -> gmm_ref.Problem | str:
     """The problem of ``cell`` (scaled by ``quants`` where given), or why ``adapter`` cannot take it."""
-    rules, fam, groups = adapter.convention_facts, families.get(cell.family), cell.groups
     in_dt, out_dt = exact_pair(adapter) if quants is None else \
         (quants[0].elem, scaled_out(adapter, quants[0].elem))
     rng = np.random.default_rng(seed + cell.k + cell.groups)
@@ -142,39 +144,18 @@ def _build(adapter: KernelAdapter, cell: RealKCell, seed: int, quants: tuple[Any
     if isinstance(shape, str):
         return shape
     mkn, sizes = shape
-    m, k, n = mkn["m"], mkn["k"], mkn["n"]
-    lt, rt, packed = rules.layouts_of(cell.family)[0]
 
     def values(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         if quants is not None:  # codes: small integers, exact in every code dtype
             return rng.integers(-2, 3, shape, dtype=np.int8).astype(dtype)
         return gmm_ref.round_to(rng.standard_normal(shape), dtype)
 
-    lhs = values((*((groups,) if fam.is_grouped("lhs") else ()), *((k, m) if lt else (m, k))), in_dt)
-    rhs = values((*((groups,) if fam.is_grouped("rhs") else ()), *((n, k) if rt else (k, n))),
-                 in_dt if quants is None else quants[1].elem)
-    kwargs: dict[str, Any] = dict(lhs_transposed=lt, rhs_transposed=rt, packed=packed, out_dtype=out_dt,
-                                  convention=adapter.convention, **rules.policies(cell.family))
-    if adapter.tiling is not None:
-        kwargs["tiling"] = adapter.tiling
-    if fam.shardable and rules.sharding:
-        kwargs.update(group_offset=0, num_local_groups=groups)
-    if rules.existing_required:
-        kwargs["existing_out"] = values(fam.shape("out", m, 0, n, groups), out_dt)
-    gs = None if sizes is None else np.asarray(sizes, np.int32)
-    try:
-        if quants is None:
-            problem = gmm_ref.Problem(cell.family, lhs, rhs, gs, **kwargs)
-        else:
-            problem = scaled_problem(rng, cell.family, lhs, rhs, gs, quants, "normal", k, kwargs)
-    except (ValueError, TypeError) as exc:
-        return f"{adapter.convention} cannot express this cell: {exc}"
     resolve = f"gmm_kernels.resolve_kernel({adapter.name!r}, convention={adapter.convention!r})"
     cell_src = f"real_k.RealKCell({cell.family!r}, {cell.k}, {cell.groups})"
-    object.__setattr__(problem, "_built_by", (["import gmm_kernels", "from property_tests.checks import real_k"],
-                                              f"real_k.real_k_problem({resolve}, {cell_src}, seed={seed})"))
-    why = adapter.supports(problem)
-    return f"{adapter.name} declines it: {why}" if why else problem
+    return built_problem(adapter, cell.family, mkn, sizes, values=values, out_dtype=out_dt, quants=quants,
+                         scales="normal", rng=rng, local=cell.groups, offset=0,
+                         built_by=(["import gmm_kernels", "from property_tests.checks import real_k"],
+                                   f"real_k.real_k_problem({resolve}, {cell_src}, seed={seed})"))
 
 
 def run_cells(adapter: KernelAdapter, mode: Any, family: str | None,

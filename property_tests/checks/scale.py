@@ -44,8 +44,15 @@ import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_ref import families
 from property_tests.checks import scale_routed
-from property_tests.checks.declared import Unsupported, axis_multiple, both_quantized, exact_pair, scaled_out
-from property_tests.strategies.values import scaled_problem
+from property_tests.checks.declared import (
+    Unsupported,
+    axis_multiple,
+    both_quantized,
+    built_problem,
+    exact_pair,
+    round_up,
+    scaled_out,
+)
 
 __all__ = ["GROUP_COUNTS", "INTERPRETED_GROUP_COUNTS", "ROWS", "ScaleCell", "cells", "cells_detail", "run_cells",
            "scale_problem"]
@@ -92,10 +99,6 @@ def cells(adapter: KernelAdapter) -> tuple[ScaleCell, ...]:
     return tuple(out)
 
 
-def _round_up(x: int, mult: int) -> int:
-    return -(-x // mult) * mult
-
-
 def _sizes(cell: ScaleCell, rng: np.random.Generator) -> np.ndarray:
     """Group sizes of the ragged axis (before rounding the extent to a multiple)."""
     if cell.kind == "rows":  # the middle group holds them all (not group 0: offsets must be right too)
@@ -132,12 +135,12 @@ def _shape(adapter: KernelAdapter, cell: ScaleCell, rng: np.random.Generator, in
     mults = {a: axis_multiple(adapter, a, cell.family, in_dt) for a in "mkn"}
     for q in quants or ():
         mults["k"] = math.lcm(mults["k"], *(b for b in q.block[1:] if b))
-    mkn = {a: _round_up(SMALL, mults[a]) for a in "mkn"}
+    mkn = {a: round_up(SMALL, mults[a]) for a in "mkn"}
     sizes: np.ndarray | None = None
     if fam.takes_sizes and not fam.serving:
         sizes = _sizes(cell, rng)
         ax = fam.ragged
-        extent = _round_up(int(sizes.sum()), mults[ax])
+        extent = round_up(int(sizes.sum()), mults[ax])
         if not (limits.tail and not adapter.convention_facts.full_sums) or cell.kind == "rows":
             sizes[-1] += extent - sizes.sum()  # no rows past the last group
         elif extent == sizes.sum():
@@ -145,10 +148,10 @@ def _shape(adapter: KernelAdapter, cell: ScaleCell, rng: np.random.Generator, in
         mkn[ax] = extent
     elif fam.serving:  # masked: each group its own matrix, the first group_sizes[g] rows of it
         sizes = _sizes(cell, rng)
-        mkn["m"] = _round_up(int(sizes.max()), mults["m"])
+        mkn["m"] = round_up(int(sizes.max()), mults["m"])
     elif cell.kind == "rows":  # batch: G whole matrices; the rows cell is two of ROWS rows
         total = local = 2
-        mkn["m"] = _round_up(ROWS, mults["m"])
+        mkn["m"] = round_up(ROWS, mults["m"])
     if limits.max_extent is not None and max(mkn.values()) > limits.max_extent:
         return f"{adapter.name} takes extents up to {limits.max_extent} (declared)"
     if limits.max_groups is not None and total > limits.max_groups:
@@ -176,45 +179,23 @@ def scale_problem(adapter: KernelAdapter, cell: ScaleCell, seed: int = 0) -> gmm
 def _build(adapter: KernelAdapter, cell: ScaleCell, seed: int, quants: tuple[Any, Any] | None
            ) -> gmm_ref.Problem | str:
     """The problem of ``cell`` (scaled by ``quants`` where given), or why ``adapter`` cannot take it."""
-    rules, fam = adapter.convention_facts, families.get(cell.family)
     in_dt, out_dt = exact_pair(adapter) if quants is None else (quants[0].elem, scaled_out(adapter, quants[0].elem))
     rng = np.random.default_rng(seed + cell.groups)
     shape = _shape(adapter, cell, rng, in_dt, quants)
     if isinstance(shape, str):
         return shape
     (m, k, n), sizes, _total, local, offset = shape[0].values(), *shape[1:]
-    lt, rt, packed = rules.layouts_of(cell.family)[0]
 
     def exact(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return rng.integers(-2, 3, shape, dtype=np.int8).astype(dtype)  # exact in every code dtype too
 
-    lhs = exact((*((local,) if fam.is_grouped("lhs") else ()), *((k, m) if lt else (m, k))),
-                in_dt if quants is None else quants[0].elem)
-    rhs = exact((*((local,) if fam.is_grouped("rhs") else ()), *((n, k) if rt else (k, n))),
-                in_dt if quants is None else quants[1].elem)
-    kwargs: dict[str, Any] = dict(lhs_transposed=lt, rhs_transposed=rt, packed=packed, out_dtype=out_dt,
-                                  convention=adapter.convention, **rules.policies(cell.family))
-    if adapter.tiling is not None:
-        kwargs["tiling"] = adapter.tiling
-    if fam.shardable and rules.sharding:
-        kwargs.update(group_offset=offset, num_local_groups=local)
-    if rules.existing_required:
-        kwargs["existing_out"] = exact(fam.shape("out", m, 0, n, local), out_dt)
-    gs = None if sizes is None else np.asarray(sizes, np.int32)
-    try:
-        if quants is None:
-            problem = gmm_ref.Problem(cell.family, lhs, rhs, gs, **kwargs)
-        else:
-            # scales of 1 or 2: the products stay exact (the strategies' exact kind)
-            problem = scaled_problem(rng, cell.family, lhs, rhs, gs, quants, "exact", k, kwargs)
-    except (ValueError, TypeError) as exc:
-        return f"{adapter.convention} cannot express this cell: {exc}"
     resolve = f"gmm_kernels.resolve_kernel({adapter.name!r}, convention={adapter.convention!r})"
     cell_src = f"scale.ScaleCell({cell.family!r}, {cell.kind!r}, {cell.groups})"
-    object.__setattr__(problem, "_built_by", (["import gmm_kernels", "from property_tests.checks import scale"],
-                                              f"scale.scale_problem({resolve}, {cell_src}, seed={seed})"))
-    why = adapter.supports(problem)
-    return f"{adapter.name} declines it: {why}" if why else problem
+    # scales of 1 or 2: the products stay exact (the strategies' exact kind)
+    return built_problem(adapter, cell.family, {"m": m, "k": k, "n": n}, sizes, values=exact, out_dtype=out_dt,
+                         quants=quants, scales="exact", rng=rng, local=local, offset=offset,
+                         built_by=(["import gmm_kernels", "from property_tests.checks import scale"],
+                                   f"scale.scale_problem({resolve}, {cell_src}, seed={seed})"))
 
 
 def run_cells(adapter: KernelAdapter, mode: Any, family: str | None,

@@ -212,12 +212,48 @@ def zeroes_the_checkers_problem(mat_a, mat_b, offs=None, bias=None, out_dtype=No
     return _zeros_like_answer(mat_a, mat_b, offs, bias, out_dtype)
 
 
+def _accept_anything(actual, problem_or_expected, *, numerics=None, kernel=None):
+    return None
+
+
+def rewrites_the_comparisons_code(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Keeps the comparison function (the same object) but swaps its code for one that accepts anything."""
+    import gmm_ref.compare
+
+    gmm_ref.compare.assert_matches_reference.__code__ = _accept_anything.__code__
+    return _zeros_like_answer(mat_a, mat_b, offs, bias, out_dtype)
+
+
+def makes_every_comparison_ok(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Adds a property to the comparison's result class so that every comparison says it is ok."""
+    from gmm_ref.compare import Comparison
+
+    Comparison.ok = property(lambda self: True, lambda self, value: None)
+    return _zeros_like_answer(mat_a, mat_b, offs, bias, out_dtype)
+
+
+def blinds_the_watcher(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Honest once, emptying the tamper watch's own list of what it watches; on later calls replaces the comparison
+    (which, blinded, nothing would notice) and returns zeros."""
+    import gmm_ref
+    from gmm_kernels.sandbox import tamper
+
+    if not tamper._WATCH.spaces:
+        gmm_ref.assert_matches_reference = lambda *args, **kwargs: None
+        return _zeros_like_answer(mat_a, mat_b, offs, bias, out_dtype)
+    tamper._WATCH.spaces, tamper._WATCH.functions = [], []
+    return grouped_mm_correct(mat_a, mat_b, offs, bias, out_dtype)
+
+
 #: cheats whose verdict is TAMPERED, and what the report names
 TAMPERING = {
     patches_the_comparison: "replaced gmm_ref.assert_matches_reference (put back)",
     patches_numpy: "replaced numpy.allclose (put back)",
     finishes_in_a_thread: "still running after the call",
     zeroes_the_checkers_problem: "changed the harness's own copy of the problem",
+    rewrites_the_comparisons_code: "rewrote the code of gmm_ref.compare.assert_matches_reference (put back)",
+    makes_every_comparison_ok: "gmm_ref.compare.Comparison.ok",
+    blinds_the_watcher: "changed the harness's own list of what it watches (put back)",
 }
 
 

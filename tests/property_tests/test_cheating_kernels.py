@@ -60,12 +60,16 @@ def test_intermittent_failure_raises_as_a_failure():
 def test_tampering_is_its_own_verdict_and_is_undone(fn, says):
     import numpy as np
 
-    originals = (gmm_ref.assert_matches_reference, np.allclose, np.testing.assert_allclose)
+    from gmm_ref.compare import Comparison
+
+    originals = (gmm_ref.assert_matches_reference, np.allclose, np.testing.assert_allclose,
+                 gmm_ref.compare.assert_matches_reference.__code__, Comparison.__dict__.get("ok"))
     (result,) = check_kernel(fn, convention="torch.grouped_mm", modes=["poisoned"], raise_on_failure=False)
     assert result.status is Status.TAMPERED, result
     assert "tampered with the harness during its call" in result.detail and says in result.full_report(), result
     # what it replaced was put back: the checks after it judge with the harness's own functions
-    assert (gmm_ref.assert_matches_reference, np.allclose, np.testing.assert_allclose) == originals
+    assert (gmm_ref.assert_matches_reference, np.allclose, np.testing.assert_allclose,
+            gmm_ref.compare.assert_matches_reference.__code__, Comparison.__dict__.get("ok")) == originals
     assert [r.status for r in check_kernel(HONEST[0], convention="torch.grouped_mm", modes=["exact"])] == \
         [Status.PASSED]
 
