@@ -107,7 +107,8 @@ def _masked(a, b, d, masked_m, *, count=None, spill=False):
 
     codes = a[0] if isinstance(a, tuple) else a
     g_count, m = codes.shape[0], codes.shape[1]
-    flat = d.view(g_count * m, d.shape[2])  # the kernel's 2-D view of d: [G * M, N]
+    # the kernel's 2-D view of d: [G * M, N] (the spilling kernel's only: d may be strided, as the strided cells give)
+    flat = d.view(g_count * m, d.shape[2]) if spill else None
     for g in reversed(range(g_count)):  # the scheduler's order: any
         valid = int(masked_m[g]) if count is None else min(count, m)
         if valid == 0:
@@ -122,7 +123,7 @@ def _masked(a, b, d, masked_m, *, count=None, spill=False):
                 nxt = _product(_rows(_group(a, g + 1), 0, end - g * m - block.shape[0]),
                                _group(b, g)).to(torch.bfloat16)
                 block = torch.cat([block, nxt])
-            flat[g * m:end] = block
+            flat[g * m:end] = block  # type: ignore[index]
         else:
             d[g, :valid] = part
 

@@ -27,8 +27,9 @@ def test_cheat_keyed_by_address_is_rejected_every_time(fn, says):
     for seed in (None, 1, 2):  # caught whatever the examples, not by the allocator's luck
         (result,) = check_kernel(fn, convention="torch.grouped_mm", modes=["graph"], seed=seed,
                                  raise_on_failure=False)
-        assert result.status is Status.FAILED, result
-        assert says in result.detail, result.detail
+        # (checked again in new buffers some calls miss its cache: INTERMITTENT, whose report still says where)
+        assert result.status.failure, result
+        assert says in result.detail or result.status is Status.INTERMITTENT, result.detail
 
 
 @pytest.mark.parametrize("fn", HONEST, ids=lambda fn: fn.__name__)

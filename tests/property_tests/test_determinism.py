@@ -45,6 +45,7 @@ DRAW = textwrap.dedent('''
     from property_tests.checks import modes
     from property_tests.checks import scale
     from property_tests.checks import scale_routed
+    from property_tests.checks import tally as tally_module
     from property_tests.checks.profiles import pinned_constants, profile
     from property_tests.strategies.problems import buckets
     from property_tests.strategies.problems import _drawer, _no_draw
@@ -115,7 +116,7 @@ DRAW = textwrap.dedent('''
                 continue
             out[f"{name} scale"] = digest([scale_routed.scale_routing(adapter, c) for c in scale_routed.cells(adapter)])
     # the reason an n/a cell gives when a kernel declined every example: the most frequent, here all tied
-    tally = checking._Tally()
+    tally = tally_module.Tally()
     tally.declined = [f"declines it: reason {c}" for c in "abcdefghijkl"]
     try:
         tally.conclude(get("jax.ragged_dot"), "problem")

@@ -162,7 +162,8 @@ def test_the_reproducer_of_a_result_kept_by_address_raises_the_report(tmp_path):
 
     result = check_mode(resolve_kernel(ck.cached_by_address, convention="torch.grouped_mm"), "graph",
                         profile="gmm-ci")
-    assert result.status is Status.FAILED, result
+    # (checked again in new buffers, some calls miss its cache: it may be INTERMITTENT)
+    assert result.status.failure, result
     script = next(n for n in result.error.__notes__ if "```python" in n).split("```python")[1].split("```")[0]
     assert "with recycling():" in script
     ck._BY_ADDRESS.clear()
