@@ -92,8 +92,7 @@ def kernel_reproducer(adapter: KernelAdapter, problem: Problem, *, numerics: Num
     calls = []
     if before:  # the harness's call j had the first call's operands rotated by contents_shift(j) elements
         imports = [*imports, "import numpy as np", "from gmm_kernels.sandbox.recycle import recycling"]
-        roll = "np.roll(problem.{0}, max(j - 1, 0) - " + str(contents_shift(len(before))) + \
-            ").reshape(problem.{0}.shape)"
+        roll = "np.roll(problem.{0}, max(j - 1, 0) - " + str(contents_shift(len(before))) + ")"
         calls.append(f"for j, sizes in enumerate({list(before)!r}):  # the calls before: other sizes and contents")
         calls.append(f"    kernel.run(problem.replace(group_sizes=np.array(sizes, np.{problem.group_sizes.dtype}), "
                      f"lhs={roll.format('lhs')}, rhs={roll.format('rhs')}))")

@@ -131,7 +131,7 @@ class Call:
         src = x if owner is x or x.flags.c_contiguous or x.flags.f_contiguous else owner
         if not (src.flags.c_contiguous or src.flags.f_contiguous):  # an odd owner (negative strides, ...)
             src = x = np.array(x, copy=True, order="K")
-        base, lo = self._base(name, src.size, src.dtype, src)
+        base, lo, _ = self._base(name, src.size, src.dtype, src)
         body = base[lo:lo + src.size]  # src copied straight in, in its own memory order (no second copy of it)
         inner = body.reshape(src.shape) if src.flags.c_contiguous else body.reshape(src.shape[::-1]).T
         inner[...] = src
@@ -149,15 +149,15 @@ class Call:
         n = 0 if 0 in shape else 1 + sum((d - 1) * st for d, st in zip(shape, strides, strict=True))
         probe = np.lib.stride_tricks.as_strided(np.empty(1, dtype), (1,) * len(shape),
                                                 tuple(st * dtype.itemsize for st in strides))
-        pool = recycle.pool()
-        before = len(pool) if pool is not None else 0
-        base, lo = self._base(name, n, dtype, probe)
-        if pool is None or len(pool) > before:  # a recycled buffer keeps what the previous call left in it
+        base, lo, reused = self._base(name, n, dtype, probe)
+        if not reused:  # a recycled buffer keeps what the previous call left in it
             base[lo:lo + n] = np.zeros((), dtype)
         return np.ndarray(shape, dtype, buffer=base, offset=lo * dtype.itemsize,
                           strides=tuple(st * dtype.itemsize for st in strides))
 
-    def _base(self, name: str, n: int, dtype: np.dtype, like: np.ndarray) -> tuple[np.ndarray, int]:
+    def _base(self, name: str, n: int, dtype: np.dtype, like: np.ndarray) -> tuple[np.ndarray, int, bool]:
+        """(the guarded base of a buffer of ``n`` elements, where the buffer starts in it, whether it is an earlier
+        call's, ``recycle.recycling``), its margins filled."""
         margin = margin_elements(like)
         fill, poison = _fill(dtype)
         sides = (_NEUTRAL.get() or {}).get(name, ())
@@ -165,6 +165,7 @@ class Call:
         pool = recycle.pool()
         key = (name, dtype.str, n, margin)
         base = pool.get(key) if pool is not None else None
+        reused = base is not None
         if base is None:
             base = np.empty(2 * margin + n, dtype)
             if pool is not None:
@@ -172,7 +173,7 @@ class Call:
         base[:margin] = zero if "before" in sides else fill[0]
         base[margin + n:] = zero if "after" in sides else fill[0]
         self.guards.append(Guard(name, base, margin, margin + n, fill, poison, sides))
-        return base, margin
+        return base, margin, reused
 
     def names(self) -> list[str]:
         return [g.name for g in self.guards]

@@ -84,8 +84,7 @@ def renewed(problems: tuple[gmm_ref.Problem, ...]) -> tuple[gmm_ref.Problem, ...
     def call(i: int, p: gmm_ref.Problem) -> gmm_ref.Problem:
         if (shift := contents_shift(i)) == 0:
             return p
-        return p.replace(lhs=np.roll(first.lhs, shift).reshape(first.lhs.shape),
-                         rhs=np.roll(first.rhs, shift).reshape(first.rhs.shape))
+        return p.replace(lhs=np.roll(first.lhs, shift), rhs=np.roll(first.rhs, shift))  # (rolled flat, same shape)
 
     return tuple(call(i, p) for i, p in enumerate(calls))
 
