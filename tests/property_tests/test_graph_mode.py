@@ -155,7 +155,8 @@ def test_a_serving_layout_replays_its_unscaled_problems():
     assert mixed.status is Status.PASSED and mixed.examples > 0, mixed.detail
 
 
-
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="torch is not installed: the cheating kernels are torch.grouped_mm kernels")
 def test_the_reproducer_of_a_result_kept_by_address_raises_the_report(tmp_path):
     """The graph mode's calls reuse the first call's buffers; so do the reproducer's (``recycling``)."""
     from tests.corpus import cheating_kernels as ck
