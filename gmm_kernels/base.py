@@ -40,7 +40,7 @@ from gmm_ref.dtypes import as_numpy
 from gmm_ref.numerics import default_numerics
 
 __all__ = ["KernelAdapter", "KernelExit", "VariantAdapter", "dtype_name", "import_failure", "missing_module",
-           "observe_calls", "on_accelerator", "torch_operators"]
+           "observe_calls", "on_accelerator", "torch_operators", "watched_call"]
 
 
 _observers: list[Callable[[Any, Problem], None]] = []
@@ -52,9 +52,10 @@ class KernelExit(RuntimeError):
 
 
 @contextlib.contextmanager
-def _exit_is_a_failure(name: str) -> Iterator[None]:
-    # a kernel that calls sys.exit fails the problem it was given; it never ends the run; and what it changed
-    # outside its arguments (the harness's functions, threads left running) is a failure too (sandbox.tamper)
+def watched_call(name: str) -> Iterator[None]:
+    """The context of every call of the kernel ``name``: a ``SystemExit`` it raises fails the problem it was given
+    (:class:`KernelExit`), never the run; what it changed outside its arguments (the harness's functions, threads
+    left running) is a failure too (``sandbox.tamper``)."""
     with tamper.watched(name):
         try:
             yield
@@ -360,7 +361,7 @@ class KernelAdapter:
     def invoke(self, *args: Any, **kwargs: Any) -> Any:
         """:meth:`call`, as every caller of the kernel makes it: a ``SystemExit`` the kernel raises becomes a
         :class:`KernelExit`, a failure of this call (:meth:`vjp` runs the kernel's gradient the same way)."""
-        with _exit_is_a_failure(self.name):
+        with watched_call(self.name):
             return self.call(*args, **kwargs)
 
     def run(self, problem: Problem) -> np.ndarray:
@@ -475,7 +476,7 @@ class KernelAdapter:
         if fn is None:
             raise NotImplementedError(f"{self.name}: no reverse-mode gradient in this adapter")
         module = type(self).__module__  # a built-in adapter's backward pass is jitted, its executables cached
-        with self.arguments(problem) as (args, kwargs), _exit_is_a_failure(self.name):
+        with self.arguments(problem) as (args, kwargs), watched_call(self.name):
             return autodiff.vjp(fn, self.convention_facts, args, kwargs, cotangent, name=self.name,
                                 cached_in=module if module.startswith(_BUILTIN_ADAPTERS) else None)
 

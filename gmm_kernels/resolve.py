@@ -21,6 +21,7 @@ from typing import Any
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.registry import registry
 from gmm_kernels.runtimes import triton_interpreter
+from gmm_kernels.sandbox.host import HostedFunction
 from gmm_kernels.scope import Scope
 from gmm_kernels.user import RoutedFunctionAdapter, routed_scope, wrap
 from gmm_ref import Numerics, RoutedNumerics, as_tiling, conventions
@@ -144,19 +145,44 @@ def _from_callable(fn: Callable[..., Any], convention: str | None, name: str | N
     return wrap(fn, convention, name=name, numerics=numerics, scope=getattr(fn, "__gmm_scope__", None))
 
 
+def _hosted(spec: str, option: str) -> Any:
+    """The function ``spec`` names, loaded in a process of its own (``gmm_kernels.sandbox.host``) and stood in for
+    here by a ``HostedFunction``; None where ``spec`` names an adapter (its code decides what it takes: it runs in
+    this process)."""
+    from gmm_kernels.sandbox.host import HostedFunction, KernelHost
+
+    host = KernelHost(spec)
+    try:
+        loaded = host.load_as(option)
+    except BaseException:
+        host.close()
+        raise
+    if loaded.get("kind") == "adapter":
+        host.close()
+        return None
+    if loaded.get("kind") != "function":
+        host.close()
+        raise TypeError(f"{option} {spec!r}: expected a function or a KernelAdapter, got {loaded.get('kind')}")
+    return HostedFunction(host, loaded)
+
+
 def resolve_kernel(spec: Any, *, convention: str | None = None, tiling: Any = None, numerics: Numerics | None = None,
                    name: str | None = None, scope: Scope | None = None, option: str = "--kernel",
-                   convention_option: str = "--convention") -> KernelAdapter:
+                   convention_option: str = "--convention", in_process: bool = False) -> KernelAdapter:
     """The adapter ``spec`` names, configured (:func:`configure`) with ``tiling`` (three ints or ``"TM,TK,TN"``),
     ``scope`` and, for a string spec, its origin.
 
-    ``convention``, ``numerics`` and ``name`` apply to plain functions. Errors are
+    A ``pkg.module:fn`` naming a function runs in a process of its own, which this one never imports
+    (``gmm_kernels.sandbox.host``: the verdict is out of the kernel's reach); ``in_process`` imports and calls it
+    here instead (for a debugger; not tamper-proof). A function object, an adapter, and an import path naming an
+    adapter run in this process. ``convention``, ``numerics`` and ``name`` apply to plain functions. Errors are
     ValueError / TypeError / ImportError naming ``option`` / ``convention_option``.
     """
     adapter = _adapter(spec)
     if adapter is None and isinstance(spec, str):
         if ":" in spec:
-            obj = load_object(spec, option=option)
+            hosted = None if in_process else _hosted(spec, option)
+            obj = hosted if hosted is not None else load_object(spec, option=option)
             adapter = _adapter(obj) or _from_callable(obj, convention, name or spec, numerics, option,
                                                       convention_option, spec)
         else:
@@ -168,18 +194,19 @@ def resolve_kernel(spec: Any, *, convention: str | None = None, tiling: Any = No
     elif adapter is None:
         triton_interpreter.use_if_no_gpu()
         adapter = _from_callable(spec, convention, name, numerics, option, convention_option, repr(spec))
-    triton_interpreter.ready(getattr(adapter, "fn", None))  # Triton's interpreter fixed; a stale kernel refused
+    if not isinstance(getattr(adapter, "fn", None), HostedFunction):  # (a hosted one's process does it)
+        triton_interpreter.ready(getattr(adapter, "fn", None))  # Triton's interpreter fixed; a stale kernel refused
     return configure(adapter, origin=spec if isinstance(spec, str) else None, tiling=tiling, scope=scope,
                      option=option)
 
 
 def resolve_kernels(specs: Sequence[Any], *, convention: str | None = None, tiling: Any = None,
                     scope: Scope | None = None, numerics: Numerics | None = None, option: str = "--kernel",
-                    convention_option: str = "--convention") -> list[KernelAdapter]:
+                    convention_option: str = "--convention", in_process: bool = False) -> list[KernelAdapter]:
     """Adapters for ``specs``; every known adapter when ``specs`` is empty."""
     if not specs:
         if scope is not None or numerics is not None:
             raise ValueError(f"{option}: a declared scope or numerics needs the kernel(s) it applies to")
         return registry()
     return [resolve_kernel(s, convention=convention, tiling=tiling, scope=scope, numerics=numerics, option=option,
-                           convention_option=convention_option) for s in specs]
+                           convention_option=convention_option, in_process=in_process) for s in specs]

@@ -17,6 +17,7 @@ from typing import Any
 from gmm_kernels.base import KernelAdapter, RoutedKernelAdapter
 from gmm_kernels.sandbox import inputs
 from gmm_kernels.sandbox.convert import jax_primitives, jax_x64, to_framework, uses_64bit
+from gmm_kernels.sandbox.host import HostedFunction
 from gmm_kernels.scope import Scope
 from gmm_ref import Numerics, Problem, RoutedNumerics, conventions
 from gmm_ref.conventions.base import RoutedConvention
@@ -46,6 +47,8 @@ class FunctionAdapter(KernelAdapter):
         self.convention = conventions.get(convention).name  # type: ignore[misc]
         self.scope = None if scope is None else scope.bind(self.convention_facts)
         self.fn = fn
+        if isinstance(fn, HostedFunction):
+            fn.host.convention = self.convention
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"  # type: ignore[misc]
         self.numerics = numerics
         self.deterministic = deterministic  # type: ignore[misc]
@@ -58,6 +61,8 @@ class FunctionAdapter(KernelAdapter):
     def primitives(self, problem: Problem) -> frozenset[str]:
         """For a jax kernel, the primitives its jaxpr binds on ``problem``'s arguments; for a torch kernel, the
         torch operators it calls on them (``aten._grouped_mm``; ``KernelAdapter.primitives``)."""
+        if isinstance(self.fn, HostedFunction):
+            return self.fn.host.primitives(*inputs.fresh(*self.convention_facts.arguments(self._own(problem))))
         if self.convention_facts.framework != "jax":
             return super().primitives(problem)
         args, kwargs = self.convention_facts.arguments(self._own(problem))
@@ -68,7 +73,23 @@ class FunctionAdapter(KernelAdapter):
     def differentiable_fn(self) -> Any:
         return self.fn
 
+    def vjp(self, problem: Problem, cotangent: Any) -> dict[str, Any]:
+        """``KernelAdapter.vjp``; a kernel in its own process computes its gradients there, on the guarded copies
+        sent to it (``gmm_kernels.sandbox.host``)."""
+        if not isinstance(self.fn, HostedFunction):
+            return super().vjp(problem, cotangent)
+        with self.arguments(problem) as (args, kwargs):
+            return self.fn.host.vjp(args, kwargs, cotangent)
+
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        """``KernelAdapter.invoke``; a kernel in its own process is watched there, where it runs."""
+        if isinstance(self.fn, HostedFunction):
+            return self.fn.host.call(args, kwargs)
+        return super().invoke(*args, **kwargs)
+
     def call(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(self.fn, HostedFunction):  # the guarded copies travel; the output comes back as NumPy
+            return self.fn.host.call(args, kwargs)
         framework = self.convention_facts.framework
         if framework == "torch":
             a, kw = to_framework(framework, args, kwargs)
@@ -107,6 +128,8 @@ class RoutedFunctionAdapter(RoutedKernelAdapter):
         self.convention = conventions.get(convention).name  # type: ignore[misc]
         self.scope = None if scope is None else routed_scope(scope, self.convention_facts)
         self.fn = fn
+        if isinstance(fn, HostedFunction):
+            fn.host.convention = self.convention
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"  # type: ignore[misc]
         self.numerics = numerics
         self.deterministic = deterministic  # type: ignore[misc]
@@ -125,7 +148,15 @@ class RoutedFunctionAdapter(RoutedKernelAdapter):
             return dataclasses.replace(self.numerics, product=super().numerics_for(routing).product)
         return self.numerics
 
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        """``KernelAdapter.invoke``; a kernel in its own process is watched there, where it runs."""
+        if isinstance(self.fn, HostedFunction):
+            return self.fn.host.call(args, kwargs)
+        return super().invoke(*args, **kwargs)
+
     def call(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(self.fn, HostedFunction):
+            return self.fn.host.call(args, kwargs)
         conv = self.convention_facts
         a, kw = to_framework(conv.framework, args, kwargs)
         out = self.fn(*a, **kw)

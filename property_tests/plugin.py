@@ -81,6 +81,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="kernel to check: a built-in adapter name or an import path (repeatable)",
     )
     group.addoption(
+        "--gmm-kernel-in-process", action="store_true", default=False,
+        help="import and call a pkg.module:fn kernel in the test process (for a debugger; not tamper-proof) "
+             "instead of a process of its own",
+    )
+    group.addoption(
         "--gmm-convention", default=None, metavar="CONV",
         help="calling convention of the --gmm-kernel import paths (see gmm_ref.conventions.names())",
     )
@@ -140,7 +145,8 @@ def selected_kernels(config: pytest.Config) -> list[Any]:
     try:
         kernels = resolve_kernels(config.getoption("--gmm-kernel"), convention=config.getoption("--gmm-convention"),
                                   tiling=_tiling(config), option="--gmm-kernel",
-                                  convention_option="--gmm-convention")
+                                  convention_option="--gmm-convention",
+                                  in_process=config.getoption("--gmm-kernel-in-process"))
         fields = scope_fields(_scope_values(config), prefix="--gmm-")
         kernels = [apply_scope(k, fields, prefix="--gmm-") for k in kernels]
         for k in kernels:

@@ -24,7 +24,7 @@ import gmm_ref
 from gmm_kernels import KernelAdapter, Report, Result, Scope, Status, resolve_kernel
 from gmm_kernels.repro import contents_shift
 from gmm_kernels.runtimes import compile_cache
-from gmm_kernels.sandbox import cuda_graph, recycle, tamper
+from gmm_kernels.sandbox import cuda_graph, host, recycle, tamper
 from gmm_kernels.sandbox import device as devices
 from gmm_ref.routed.compare import routed_element
 from property_tests.checks import cell_order, engine, failures, scale, tiers
@@ -101,6 +101,10 @@ def _check_calls(adapter: KernelAdapter, problems: tuple[gmm_ref.Problem, ...], 
         for i, problem in enumerate(problems):
             _check_forward(adapter, problem, mode, before=tuple(p.group_sizes for p in problems[:i]))
     if len(problems) > 1 and adapter.convention_facts.framework == "torch" and devices.on_cuda():
+        if host.hosted(adapter):  # a capture here would record none of the kernel's work: it runs elsewhere
+            raise cuda_graph.NotCapturable("runs in a process of its own, where its CUDA graph capture is not made "
+                                           "yet (its eager calls in the same buffers passed; --in-process captures "
+                                           "it)")
         _check_graph_replays(adapter, problems)
 
 
@@ -453,6 +457,7 @@ def check_kernel(
     device: str | None = None,
     tier: str | None = None,
     budget: float | None = None,
+    in_process: bool = False,
 ) -> Report:
     """Check a kernel in every mode (or ``modes``) its convention allows; one :class:`Result` per mode.
 
@@ -479,6 +484,9 @@ def check_kernel(
     ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``; default: the process's selection,
     ``gmm_kernels.sandbox.device``, else auto) is the device a torch-convention kernel's operands are made on for
     this call; a bad value, or a CUDA device torch does not see, is a ``ValueError`` naming ``device``.
+    A ``"pkg.module:fn"`` kernel runs in a process of its own that holds no reference and no verdict
+    (``gmm_kernels.sandbox.host``, docs/threat-model.md); ``in_process`` imports and calls it in this process
+    instead, for a debugger (not tamper-proof).
 
     Compilations go to the persistent compilation cache that the CLI and the pytest plugin use
     (``gmm_kernels.runtimes.compile_cache``: ``$GMM_HARNESS_COMPILE_CACHE``, else ``~/.cache/gmm-harness/jax``), so a
@@ -492,7 +500,7 @@ def check_kernel(
     t0 = time.perf_counter()
     with contextlib.nullcontext() if device is None else devices.using(device, option="device"):
         adapter = resolve_kernel(kernel, convention=convention, tiling=tiling, numerics=numerics, name=name,
-                                 scope=scope, option="kernel", convention_option="convention")
+                                 scope=scope, option="kernel", convention_option="convention", in_process=in_process)
         _check_options(max_examples, profile, seed, budget)
         plan = chosen(tier, profile, default_profile=DEFAULT_PROFILE)
         order = _modes(modes, plan)

@@ -123,7 +123,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds one cell may run before the kernel is reported as hung (default 900)")
     add_device_option(c.add_argument, action=_Once)
     c.add_argument("-x", "--fail-fast", action="store_true", help="stop a kernel's run at its first failing cell")
-    c.add_argument("--in-process", action="store_true", help="run the kernels in this process (no isolation)")
+    c.add_argument("--in-process", action="store_true",
+                   help="check the kernels in this process, a pkg.module:fn kernel imported and called here too "
+                        "(for a debugger: no isolation, and a kernel can reach the verdict)")
     c.add_argument("--jobs", "-j", type=_positive(int), default=None, action=_Once,
                    help="kernels checked at once, each in its own worker (default: the CPU count, at most one "
                         "per kernel)")
@@ -399,7 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           golden_dir=None if args.golden_dir is None else str(Path(args.golden_dir).resolve()),
                           kernel_version=args.kernel_version, require_own=args.kernel_version is not None,
                           example_db=args.example_db, environ=HOST_ENVIRON, device=args.device,
-                          fail_fast=args.fail_fast, tier=args.tier.name, rounds_from=args.rounds_from)
+                          fail_fast=args.fail_fast, tier=args.tier.name, rounds_from=args.rounds_from,
+                          in_process=args.in_process)
     try:
         kernels = resolve_request(request)
     except (ValueError, TypeError, ImportError) as exc:

@@ -60,6 +60,8 @@ class WorkRequest:
     tier: str = DEFAULT
     #: the first seed of the time budget's rounds (None: the run's seed, or 0)
     rounds_from: int | None = None
+    #: ``--in-process``: a ``pkg.module:fn`` kernel is imported and called in the judging process (no host process)
+    in_process: bool = False
     cells: tuple[TableCell, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -144,7 +146,8 @@ def resolve_request(request: WorkRequest) -> list[KernelAdapter]:
 
     fields = scope_fields(request.scope or {})
     kernels = []
-    for resolved in resolve_kernels(list(request.kernels), convention=request.convention, tiling=request.tiling):
+    for resolved in resolve_kernels(list(request.kernels), convention=request.convention, tiling=request.tiling,
+                                    in_process=request.in_process):
         k = configure(apply_scope(resolved, fields), version=request.kernel_version or None)
         if request.kernels:
             check_known_issue_modes(k, option="--kernel")

@@ -131,15 +131,25 @@ class Supervisor:
         request_path, events_path = self.workdir / "request.json", self.workdir / "events.jsonl"
         request_path.write_text(json.dumps(replace(self.request, cells=tuple(cells)).to_json()))
         events_path.write_text("")
+        # the worker gets the events file as a descriptor of a file no longer named anywhere: nothing the worker
+        # starts (a kernel's host process) inherits it or can open it by name (docs/threat-model.md)
+        events = events_path.open()
+        writer = os.open(events_path, os.O_WRONLY | os.O_APPEND)
+        events_path.unlink()
         state = WorkerState(since=time.monotonic(), started=time.monotonic())
         try:
-            proc = subprocess.Popen([*self.COMMAND, str(request_path), str(events_path)],
+            proc = subprocess.Popen([*self.COMMAND, str(request_path), f"/dev/fd/{writer}"], pass_fds=(writer,),
                                     env={**self.request.environ, **os.environ}, stdin=subprocess.DEVNULL)
         except OSError as exc:
             why = f"crashed: its worker could not be started: {exc}"
         else:
-            with events_path.open() as events:
-                why = self._watch(proc, events, state, len(cells))
+            os.close(writer)
+            writer = -1
+            why = self._watch(proc, events, state, len(cells))
+        finally:
+            if writer >= 0:
+                os.close(writer)
+            events.close()
         if state.done < len(cells):
             state.cell = state.cell or cells[state.done]  # it died before it began the cell
             self._lost(state, why or "crashed: its worker ended before it reported the cell")

@@ -8,8 +8,10 @@ to EVENTS. The main job reads them as they come, and restarts a worker after the
 cell a kernel crashed or hung in. :func:`compute` is the work itself, the same
 whether a worker does it or the main job in its own process (``--in-process``).
 
-Its reports go to EVENTS alone, never to its stdout or stderr (a kernel may
-close them), and it ends with ``os._exit`` once EVENTS is written: threads a
+Its reports go to EVENTS alone (a descriptor of a file named nowhere, ``/dev/fd/N``), never to its stdout or
+stderr (a kernel may close them); it makes itself non-dumpable, so that a kernel's host process
+(``gmm_kernels.sandbox.host``) cannot reach that descriptor through ``/proc``. It ends with ``os._exit`` once
+EVENTS is written: threads a
 kernel left running, or an exit handler, cannot keep it alive.
 """
 
@@ -22,7 +24,7 @@ import sys
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from property_tests.cli.request import WorkerEvent, WorkRequest
 
@@ -51,6 +53,7 @@ def compute(request: WorkRequest, kernels: Mapping[str, KernelAdapter], emit: Ca
     in a worker it ends the worker, whose supervisor names it."""
     from gmm_kernels import Status
     from gmm_kernels.base import observe_calls
+    from gmm_kernels.sandbox.host import HostCrashed
     from property_tests.checks.engine import run_checks
     from property_tests.checks.failures import CheckRun
     from property_tests.cli.cells import CELL_OUTCOMES, run_cell
@@ -60,9 +63,21 @@ def compute(request: WorkRequest, kernels: Mapping[str, KernelAdapter], emit: Ca
     # before it is shrunk
     checks = CheckRun(lambda kernel, where, line: emit(WorkerEvent("found", kernel=kernel, where=where, text=line)))
 
+    crashes: dict[str, int] = {}
+    last: dict[str, str] = {}
+
     def run(cell: TableCell, seed: int | None) -> CellOutcome:
+        from property_tests.cli.supervisor import Supervisor
+
+        if crashes.get(cell.kernel, 0) >= Supervisor.MAX_LOST:  # as the supervisor does with crashed workers
+            return CellOutcome(Status.UNSUPPORTED, f"not run: {cell.kernel} crashed or hung in "
+                                                   f"{crashes[cell.kernel]} cells already (see their notes)")
         try:
             return run_cell(kernels[cell.kernel], cell, request, seed=seed, run=checks)
+        except HostCrashed as exc:  # the kernel's own process ended: this cell's crash; a new one takes the next
+            crashes[cell.kernel] = crashes.get(cell.kernel, 0) + 1
+            what = f"{exc}; the last problem it was given: {last.get(cell.kernel, '(none)')}"
+            return CellOutcome(Status.FAILED, what, details=(f"== {' / '.join(map(str, cell))}\n{what}",))
         except (SystemExit, GeneratorExit) as exc:
             if not contain_exits:
                 raise
@@ -73,8 +88,11 @@ def compute(request: WorkRequest, kernels: Mapping[str, KernelAdapter], emit: Ca
     def _left_out(cell: TableCell, failure: TableCell) -> CellOutcome:
         return not_run(failure)
 
-    forget = observe_calls(lambda adapter, problem: emit(WorkerEvent("problem", kernel=adapter.name,
-                                                                     text=problem.describe())))
+    def observed(adapter: KernelAdapter, problem: Any) -> None:
+        last[adapter.name] = problem.describe()
+        emit(WorkerEvent("problem", kernel=adapter.name, text=last[adapter.name]))
+
+    forget = observe_calls(observed)
     try:  # the deadline is the kernel's time budget: rounds of more examples for its passed cells
         for cell, o, extra in run_checks(request.cells, run, CELL_OUTCOMES, seed=request.seed,
                                          left_out=_left_out if request.fail_fast else None,
@@ -108,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     event naming what ended it)."""
     request_path, events_path = (argv if argv is not None else sys.argv[1:])[:2]
     with open(events_path, "a", buffering=1) as events:
+        from gmm_kernels.sandbox.host import no_ptrace
+
+        no_ptrace()  # a kernel's host process can neither open this one's descriptors nor attach to it
         def emit(event: WorkerEvent) -> None:
             events.write(json.dumps(event.to_json()) + "\n")
             events.flush()

@@ -9,6 +9,7 @@ rejects every cheat with a message saying what it did, and that every honest twi
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import sys
 import threading
@@ -246,6 +247,44 @@ def blinds_the_watcher(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 
 
 #: cheats whose verdict is TAMPERED, and what the report names
+def _log_forgery(line):
+    log = os.environ.get("GMM_TEST_FORGERY_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(line + "\n")
+
+
+def forges_the_workers_report(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Finds the main job's worker (itself, or the process that started it), appends a pass for every cell of the
+    worker's request to the worker's report and ends the process; zeros where it cannot. Every attempt is logged
+    to ``$GMM_TEST_FORGERY_LOG`` (the test reads it)."""
+    import json
+
+    import torch
+
+    for pid in (os.getpid(), os.getppid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode() for a in f.read().split(b"\0") if a]
+            if "property_tests.cli.worker" not in argv:
+                _log_forgery(f"{pid}: not the worker")
+                continue
+            with open(argv[-2]) as f:
+                cells = json.load(f)["cells"]
+            with open(argv[-1].replace("/dev/fd/", f"/proc/{pid}/fd/"), "a") as events:
+                for cell in cells:
+                    events.write(json.dumps({"event": "start", "cell": cell, "extra": False}) + "\n")
+                    events.write(json.dumps({"event": "cell", "cell": cell, "extra": False,
+                                             "outcome": {"status": "pass", "examples": 50}}) + "\n")
+                events.write(json.dumps({"event": "end"}) + "\n")
+            _log_forgery(f"{pid}: forged")
+            os._exit(0)
+        except OSError as exc:
+            _log_forgery(f"{pid}: {type(exc).__name__}")
+    rows = mat_a.shape[0] if offs is not None and mat_a.dim() == 2 else 1
+    return torch.zeros((rows, mat_b.shape[-1]), dtype=out_dtype or mat_a.dtype)
+
+
 TAMPERING = {
     patches_the_comparison: "replaced gmm_ref.assert_matches_reference (put back)",
     patches_numpy: "replaced numpy.allclose (put back)",

@@ -127,5 +127,6 @@ def test_the_main_job_spends_the_budget_and_a_crash_in_a_round_is_a_failure(tmp_
     assert "FAIL" in crashed, out
     first_round = [line for line in proc.stderr.splitlines() if "budgeted:crashes_later" in line]
     assert first_round and "pass (20;" in first_round[0], proc.stderr  # it crashed in a later round
-    assert "FAIL: crashed: the process was killed by SIGSEGV; the last problem it was given: ragged_m" in out
+    assert ("FAIL: crashed: the kernel's process was killed by SIGSEGV during the call; the last problem it was "
+            "given: ragged_m") in out
     assert proc.returncode == 1 and "then rounds of new examples for 12 s a kernel" in out

@@ -56,7 +56,7 @@ def _main_job(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(("kernel", "what", "jobs"), [
-    ("crashy:segv", "crashed: the process was killed by SIGSEGV", "1"),
+    ("crashy:segv", "crashed: the kernel's process was killed by SIGSEGV during the call", "1"),
     ("crashy:hang", "timed out after 10 s", "2"),  # the good kernel checked beside it, in a lane of its own
 ])
 def test_a_crashing_or_hanging_kernel_is_a_failure_and_the_run_goes_on(tmp_path, kernel, what, jobs):
