@@ -133,12 +133,15 @@ def _multiples(value: Mapping[str, int]) -> dict[str, int]:
 
 
 def _axes(name: str, value: Any) -> tuple[str, ...] | None:
-    """Some of the axes ("m", "k", "n"), in that order (None stays None)."""
+    """Some of the axes ("m", "k", "n"), in that order (None stays None); ``"none"`` (as the command line spells
+    it) and ``"m,k"`` are taken as ``()`` and ``("m", "k")``."""
     if value is None:
         return None
-    axes = (value,) if isinstance(value, str) else tuple(value)
+    if isinstance(value, str):
+        value = () if value.strip() == "none" else tuple(a.strip() for a in value.split(",") if a.strip())
+    axes = tuple(value)
     if any(a not in _AXES for a in axes):
-        raise ValueError(f"{name}: expected some of the axes {_AXES}, got {value!r}")
+        raise ValueError(f"{name}: expected some of the axes {_AXES}, none or an empty list, got {value!r}")
     return tuple(a for a in _AXES if a in axes)
 
 

@@ -25,6 +25,19 @@ from gmm_ref.conventions.base import RoutedConvention
 __all__ = ["FunctionAdapter", "RoutedFunctionAdapter", "wrap"]
 
 
+def _interpreted_user_kernel(adapter: KernelAdapter, fn: Any) -> str | None:
+    """The ``large_refusal`` of a user's function that launches Triton kernels where Triton's interpreter is in use
+    (told by its own process for a hosted one): it runs interpreted, and is checked as such (fewer ``scale`` and
+    ``real_k`` cells, no full-size ``large`` cell); else None."""
+    from gmm_kernels.runtimes import triton_interpreter
+
+    if isinstance(fn, HostedFunction):
+        interpreted = fn.__gmm_interpreted__
+    else:
+        interpreted = triton_interpreter.in_use() and triton_interpreter.reaches_triton_kernels(fn)
+    return adapter._runs_interpreted("Triton's interpreter", takes="days") if interpreted else None
+
+
 class FunctionAdapter(KernelAdapter):
     """An adapter around a user function ``fn`` taking ``convention``'s arguments.
 
@@ -53,6 +66,9 @@ class FunctionAdapter(KernelAdapter):
         self.numerics = numerics
         self.deterministic = deterministic  # type: ignore[misc]
         self.default_precision = self.convention_facts.framework == "jax"  # type: ignore[misc]
+
+    def large_refusal(self) -> str | None:
+        return _interpreted_user_kernel(self, self.fn)
 
     def numerics_for(self, problem: Problem) -> Numerics:
         """The declared numerics, else the lenient default (see the class docstring)."""
@@ -133,6 +149,9 @@ class RoutedFunctionAdapter(RoutedKernelAdapter):
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"  # type: ignore[misc]
         self.numerics = numerics
         self.deterministic = deterministic  # type: ignore[misc]
+
+    def large_refusal(self) -> str | None:
+        return super().large_refusal() or _interpreted_user_kernel(self, self.fn)
 
     def dtype_refusal(self, lhs: Any, rhs: Any, out: Any) -> str | None:
         """The convention's refusal, else the declared scope's (tokens ``lhs``, experts ``rhs``, output ``out``)."""

@@ -347,6 +347,21 @@ def stale_kernels(fn: Any) -> list[str]:
     return sorted(stale)
 
 
+def reaches_triton_kernels(fn: Any) -> bool:
+    """Whether ``fn`` can launch a Triton kernel: its module, or a module it holds (``from . import kernels``), binds
+    a ``@triton.jit`` function (an autotuned or heuristics-wrapped one too). Where the interpreter is in use such a
+    user's kernel runs interpreted, and is checked as the built-in interpreted kernels are."""
+    if not _loaded():
+        return False
+    from triton.runtime.jit import KernelInterface
+
+    namespace = getattr(inspect.unwrap(fn), "__globals__", None) if callable(fn) else None
+    spaces = [namespace or {}]
+    spaces += [vars(v) for v in (namespace or {}).values() if inspect.ismodule(v) and not v.__name__.startswith(
+        ("triton", "torch", "jax", "numpy"))]
+    return any(isinstance(v, KernelInterface) for space in spaces for v in list(space.values()))
+
+
 def ready(fn: Any = None) -> None:
     """Make a resolved kernel runnable here: :func:`fix` the interpreter (where Triton is imported and the
     interpreter in use), and refuse a function whose module's Triton kernels were compiled for a GPU

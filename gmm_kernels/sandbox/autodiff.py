@@ -174,11 +174,29 @@ def _jitted(fn: Callable[..., Any], convention: Convention, args: tuple, kwargs:
     return _JITTED[key]
 
 
+def _refused_grad(fn: Callable[..., Any], a: tuple, kw: dict, exc: Exception, name: str) -> None:
+    """A kernel without autograd may refuse inputs that require grad (``.numpy()`` on them, a Triton launch that
+    checks): where it runs on the same inputs without, returning no autograd graph, it has no gradient to check
+    (NotImplementedError, the ``grad`` mode's n/a); else it returns and ``exc`` is the failure."""
+    try:
+        plain = fn(*(t.detach().clone() for t in a[:2]), *a[2:], **kw)
+    except Exception:  # noqa: BLE001 - it fails either way: the first exception is the report
+        return
+    if not getattr(plain, "requires_grad", False):
+        raise NotImplementedError(f"{name}: no gradient: it raised {type(exc).__name__} on inputs that require grad "
+                                  f"({' '.join(str(exc).split())[:200]}), and on others returns no autograd "
+                                  "graph") from None
+
+
 def _torch_vjp(fn: Callable[..., Any], args: tuple, kwargs: dict, cotangent: Any, name: str
                ) -> dict[str, np.ndarray]:
     a, kw = to_framework("torch", args, kwargs)
     lhs, rhs = (t.detach().clone().requires_grad_(True) for t in a[:2])
-    out = fn(lhs, rhs, *a[2:], **kw)
+    try:
+        out = fn(lhs, rhs, *a[2:], **kw)
+    except Exception as exc:
+        _refused_grad(fn, a, kw, exc, name)
+        raise
     _same_shape(out, np.shape(cotangent), name)
     if not getattr(out, "requires_grad", False):
         raise NotImplementedError(f"{name}: its output carries no autograd graph")

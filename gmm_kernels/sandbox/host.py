@@ -257,6 +257,8 @@ class HostedFunction:
         self.__module__, self.__qualname__ = module, qualname or host.spec
         self.__name__ = self.__qualname__.rpartition(".")[2]
         self.__gmm_convention__ = loaded.get("convention")
+        #: whether it launches Triton kernels in Triton's interpreter (``gmm_kernels.user``)
+        self.__gmm_interpreted__ = bool(loaded.get("interpreted"))
         scope = loaded.get("scope")
         self.__gmm_scope__ = None if scope is None else wire.decode_record(scope)
         weakref.finalize(self, host.close)

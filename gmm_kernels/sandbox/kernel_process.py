@@ -86,7 +86,9 @@ class _Host:
         triton_interpreter.ready(obj)
         self.fn = obj
         scope = getattr(obj, "__gmm_scope__", None)
+        interpreted = triton_interpreter.in_use() and triton_interpreter.reaches_triton_kernels(obj)
         return {"kind": "function", "name": f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', '?')}",
+                "interpreted": interpreted,
                 "convention": getattr(obj, "__gmm_convention__", None),
                 "scope": None if scope is None else wire.encode_record(scope)}
 
@@ -264,10 +266,26 @@ def _error_entry(exc: BaseException) -> dict[str, Any]:
 
     base = next((c.__name__ for c in type(exc).__mro__ if c.__name__ in BUILTIN_ERRORS and c.__module__ ==
                  "builtins"), "RuntimeError")
-    tb = traceback.format_exception(exc)
     return {"type": type(exc).__name__, "module": type(exc).__module__, "base": base, "message": str(exc),
             "mismatch": isinstance(exc, Mismatch), "kind": getattr(exc, "kind", None),
-            "traceback": "".join(tb)[-6000:]}
+            "traceback": _kernel_frames(exc)}
+
+
+#: the harness's own packages: their frames are left out of a kernel's traceback
+_HARNESS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), p) + os.sep
+                 for p in ("gmm_kernels", "gmm_ref", "property_tests", "golden"))
+
+
+def _kernel_frames(exc: BaseException, keep: int = 12) -> str:
+    """The traceback of an exception the call raised, its last ``keep`` frames outside the harness's own code (the
+    kernel's, and the libraries it called), and the exception's line; "" where every frame is the harness's (an
+    error of the harness's own checks, whose message says it all)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_HARNESS)]
+    if not frames:
+        return ""
+    shown = "".join(traceback.format_list(frames[-keep:]))
+    more = f"  ... {len(frames) - keep} frames before these\n" if len(frames) > keep else ""
+    return f"Traceback (the kernel's frames, the harness's left out):\n{more}{shown}{type(exc).__name__}: {exc}"[-6000:]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -227,7 +227,7 @@ def one_line(exc: BaseException) -> str:
         pick = f"d/d{wrt}: {pick}"
     if intermittent(exc) is None:  # (an intermittent failure is not the earlier calls' doing)
         pick = _replay_line(getattr(exc, _RECIPE, None) or {}, pick)
-    if not isinstance(exc, AssertionError):
+    if not isinstance(exc, gmm_ref.Mismatch):  # the kernel's own exception (an AssertionError of its own too)
         pick = f"{type(exc).__name__}: {pick}"
         problem = (getattr(exc, _RECIPE, None) or {}).get("problem")
         if problem is not None:  # what provoked it: the (shrunk) problem, group sizes included
@@ -327,13 +327,13 @@ class CheckRun:
     def record_raised(self, adapter: KernelAdapter, exc: BaseException, where: str) -> None:
         """The kernel raised ``exc`` (not a mismatch) in the check ``where``: later checks of the same kernel in
         this run skip the examples that raise it again (still checking the others) and say so in one line."""
-        if not isinstance(exc, (AssertionError, Repeated)):
+        if not isinstance(exc, (gmm_ref.Mismatch, Repeated)):
             self._reported.setdefault((adapter.name, _signature(exc)), (where, one_line(exc)))
 
     def seen_before(self, adapter: KernelAdapter, exc: BaseException) -> str | None:
         """If ``exc`` is an exception the kernel already raised in a check this run reported, that check's
         name."""
-        if isinstance(exc, AssertionError):
+        if isinstance(exc, gmm_ref.Mismatch):
             return None
         found = self._reported.get((adapter.name, _signature(exc)))
         return None if found is None else found[0]

@@ -276,6 +276,10 @@ def _header(kernels: list[KernelAdapter], asked: str, request: WorkRequest, devi
             lines.append(f"{k.name} ({k.convention}) declared scope: {k.scope.describe()}")
         if k.routed and getattr(k, "numerics", None) is not None:  # a routed function's (``--numerics``)
             lines.append(f"{k.name} ({k.convention}) declared numerics: {k.numerics.describe()}")
+        how = k.interpreted() if request.kernels else None
+        if how:  # a user's kernel that launches Triton kernels, here in the interpreter
+            lines.append(f"{k.name} runs interpreted here ({how}): the scale and real_k modes give it their "
+                         "interpreted cells; each call costs milliseconds, --modes narrows a run (docs/speed.md)")
         if k.version and request.kernel_version:
             lines.append(f"{k.name} version {k.version}: its own goldens must match bit for bit")
     if list(request.modes) != list(MODES):

@@ -250,3 +250,14 @@ def test_a_built_in_routed_kernel_refuses_a_declared_scope_with_one_message_on_e
     given, why = str(by_configure.value).split(": ", 1)
     assert given == "scope" and str(by_option.value) == f"--gmm-dtypes: {why}"
     assert "vllm.fused_moe is a routed MoE kernel whose adapter says what it takes" in why
+
+
+def test_zero_extents_are_spelled_alike_everywhere():
+    """``none`` (the command line's word), an empty list and ``"m,k"`` mean in ``declare`` what they mean there."""
+    from property_tests.cli.options import scope_fields
+
+    assert Scope(zero_extents="none").zero_extents == Scope(zero_extents=[]).zero_extents == ()
+    assert Scope(zero_extents="k,m").zero_extents == Scope(zero_extents=["m", "k"]).zero_extents == ("m", "k")
+    assert scope_fields({"zero-extents": "none"})["zero_extents"] == Scope(zero_extents="none").zero_extents
+    with pytest.raises(ValueError, match="zero_extents: expected some of the axes"):
+        Scope(zero_extents="q")

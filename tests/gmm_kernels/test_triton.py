@@ -57,6 +57,16 @@ def test_an_unverified_triton_is_probed_and_its_defects_reported_as_the_interpre
     assert triton_interpreter.defects() == list(triton_interpreter.DEFECTS)  # nothing was patched
 
 
+def test_a_users_triton_kernel_is_checked_as_an_interpreted_one():
+    from gmm_kernels import resolve_kernel
+
+    for kernel in (resolve_kernel(SPEC + "grouped_mm"), resolve_kernel(SPEC + "grouped_mm", in_process=True)):
+        assert kernel.interpreted() == "Triton's interpreter", kernel
+        assert "runs interpreted here (Triton's interpreter)" in kernel.large_refusal()
+    plain = resolve_kernel("tests.corpus.broken_kernels:grouped_mm_correct", convention="torch.grouped_mm")
+    assert plain.interpreted() is None
+
+
 @pytest.mark.parametrize("mode", ["exact", "normal", "poisoned", "all_empty"])
 def test_a_right_triton_kernel_passes(mode):
     kernels = importlib.import_module(SPEC[:-1])  # TRITON_INTERPRET is set (above), as check_kernel would

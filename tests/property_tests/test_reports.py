@@ -5,6 +5,7 @@ known upstream bug of a primitive the kernel calls says so, and check_kernel rai
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+import gmm_kernels
 import gmm_ref
 from gmm_kernels import Status, resolve_kernel
 from gmm_kernels.known_issues import XLA_CPU_NAN_LEAK, xla_nan_leak_issues
@@ -235,3 +237,46 @@ def test_a_kernel_calling_sys_exit_is_a_failure_of_its_example_in_check_kernel_t
     (result,) = check_kernel(exits, convention="ragged_dot", modes=["exact"], raise_on_failure=False)
     assert result.status is Status.FAILED, result
     assert result.detail.startswith("KernelExit: the kernel raised SystemExit(0) (sys.exit) [on ragged_m "), result
+
+
+def _asserts_k_multiple_of_16(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    assert lhs.shape[1] % 16 == 0, "K must be a multiple of 16"
+    return bk.ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type)
+
+
+def test_a_kernels_own_assertion_error_is_its_exception_reported_once():
+    """An ``AssertionError`` the kernel raises is the kernel's exception (named, reported once, the run goes on to
+    the examples that do not raise it), never taken for the harness's own mismatch."""
+    run = failures.CheckRun()
+    adapter = resolve_kernel(_asserts_k_multiple_of_16, convention="ragged_dot")
+    first = check_mode(adapter, "exact", profile="gmm-ci", run=run)
+    assert first.detail.startswith("AssertionError: K must be a multiple of 16 [on ragged_m"), first.detail
+    again = check_mode(adapter, "normal", profile="gmm-ci", run=run)
+    assert again.detail.startswith("raised again in ") and "as in exact" in again.detail, again.detail
+
+
+def test_a_hosted_kernels_exception_shows_its_own_frames_and_not_the_harnesses():
+    result = check_mode(resolve_kernel("tests.property_tests.test_reports:_asserts_k_multiple_of_16",
+                                       convention="ragged_dot"), "exact", profile="gmm-ci")
+    text = result.full_report()
+    assert "AssertionError: K must be a multiple of 16" in result.detail, result.detail
+    frames = text.split("Traceback (the kernel's frames, the harness's left out):")[1]
+    assert "in _asserts_k_multiple_of_16" in frames and "gmm_kernels" not in frames.split("AssertionError")[0], text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed: a torch kernel")
+def test_a_kernel_without_autograd_that_refuses_inputs_requiring_grad_is_n_a_under_grad():
+    def numpy_inside(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+        import torch
+
+        a, b = mat_a.float().numpy(), mat_b.float().numpy()  # raises on a tensor that requires grad
+        ends, start, out = offs.numpy(), 0, np.zeros((a.shape[0], b.shape[-1]), np.float32)
+        for g, end in enumerate(ends):
+            out[start:end] = a[start:end] @ b[g]
+            start = end
+        return torch.from_numpy(out).to(out_dtype or mat_a.dtype)
+
+    result = check_mode(resolve_kernel(numpy_inside, convention="torch.grouped_mm",
+                                       scope=gmm_kernels.Scope(families=["ragged_m"])), "grad", profile="gmm-ci")
+    assert result.status is Status.UNSUPPORTED, result
+    assert "no gradient: it raised RuntimeError on inputs that require grad" in result.detail, result.detail
