@@ -43,6 +43,16 @@ def fused_moe(A, B, C, topk_weights, sorted_token_ids, expert_ids, num_tokens_po
         out[mine] = acc.to(C.dtype)
 
 
+def fused_moe_returning(A, B, C, *args, **kwargs):
+    """Correct, as :func:`fused_moe`, but into a tensor of its own, which it returns (docs/routed.md: a kernel fills
+    C or returns the per-slot output); C is left as it was."""
+    import torch
+
+    mine = torch.zeros(C.shape, dtype=C.dtype, device=C.device)
+    fused_moe(A, B, mine, *args, **kwargs)
+    return mine
+
+
 def grid_capped(kernel: Any) -> Any:
     """``kernel`` whose slots sit on a grid axis of one-slot blocks capped at 65,535: the flat slots
     ``t * top_k + j`` past the 65,535th are never written (the class of

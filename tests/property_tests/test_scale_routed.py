@@ -113,6 +113,12 @@ def test_a_correct_fused_moe_passes_every_cell():
     assert result.examples == n and result.cells == (n, n) and result.detail == ""
 
 
+def test_a_correct_fused_moe_that_returns_its_output_passes_every_cell():
+    """The offsets cell judges what a kernel returns, as every other call does; C only where it returns nothing."""
+    result = check_mode(_torch(bsr.fused_moe_returning), "scale")
+    assert result.status is Status.PASSED, result.detail
+
+
 def _declining(why):
     """The torch fused MoE declining the routings ``why(routing)`` gives a reason for."""
     adapter = _torch()
