@@ -142,7 +142,8 @@ def _from_callable(fn: Callable[..., Any], convention: str | None, name: str | N
     if convention is None:
         raise ValueError(f"{convention_option}: required with {option} {spec!r}; expected one of "
                          f"{conventions.names()}")
-    return wrap(fn, convention, name=name, numerics=numerics, scope=getattr(fn, "__gmm_scope__", None))
+    return wrap(fn, convention, name=name, numerics=numerics or getattr(fn, "__gmm_numerics__", None),
+                scope=getattr(fn, "__gmm_scope__", None))
 
 
 def _hosted(spec: str, option: str) -> Any:

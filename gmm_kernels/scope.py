@@ -340,12 +340,26 @@ class Limits:
 
 def declare(convention: str, **scope: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a kernel function with its convention and :class:`Scope`; ``check_kernel``, the plugin and
-    ``--kernel pkg.module:fn`` then check exactly that scope."""
+    ``--kernel pkg.module:fn`` then check exactly that scope. A routed convention's ``numerics`` is a
+    :class:`gmm_ref.RoutedNumerics` (or the :class:`gmm_ref.Numerics` of its product), kept apart from the scope
+    as ``--numerics`` and ``wrap(numerics=...)`` keep it."""
+    from gmm_ref import RoutedNumerics, conventions
+    from gmm_ref.conventions.base import RoutedConvention
+
+    numerics = None
+    if isinstance(conventions.get(convention), RoutedConvention) and "numerics" in scope:
+        numerics = scope.pop("numerics")
+        if isinstance(numerics, Numerics):
+            numerics = RoutedNumerics(product=numerics)
+        if not isinstance(numerics, RoutedNumerics):
+            raise TypeError(f"numerics: expected a gmm_ref.RoutedNumerics (or the product's Numerics) for the routed "
+                            f"convention {convention!r}, got {type(numerics).__name__}")
     declared = Scope(**scope)
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn.__gmm_convention__ = convention  # type: ignore[attr-defined]
         fn.__gmm_scope__ = declared  # type: ignore[attr-defined]
+        fn.__gmm_numerics__ = numerics  # type: ignore[attr-defined]
         return fn
 
     return mark

@@ -261,6 +261,8 @@ class HostedFunction:
         self.__gmm_interpreted__ = bool(loaded.get("interpreted"))
         scope = loaded.get("scope")
         self.__gmm_scope__ = None if scope is None else wire.decode_record(scope)
+        numerics = loaded.get("numerics")  # a routed kernel's, declared apart from its scope
+        self.__gmm_numerics__ = None if numerics is None else wire.decode_record(numerics)
         weakref.finalize(self, host.close)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

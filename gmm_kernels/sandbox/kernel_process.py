@@ -87,8 +87,10 @@ class _Host:
         self.fn = obj
         scope = getattr(obj, "__gmm_scope__", None)
         interpreted = triton_interpreter.in_use() and triton_interpreter.reaches_triton_kernels(obj)
+        numerics = getattr(obj, "__gmm_numerics__", None)
         return {"kind": "function", "name": f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', '?')}",
                 "interpreted": interpreted,
+                "numerics": None if numerics is None else wire.encode_record(numerics),
                 "convention": getattr(obj, "__gmm_convention__", None),
                 "scope": None if scope is None else wire.encode_record(scope)}
 

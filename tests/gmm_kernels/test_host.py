@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gmm_kernels
 import gmm_ref
 from gmm_kernels import Status, resolve_kernel
 from gmm_kernels.sandbox import wire
@@ -163,3 +164,23 @@ def test_a_hosted_kernel_cannot_write_the_workers_report(tmp_path):
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     row = next(line for line in proc.stdout.splitlines() if line.startswith("tests.corpus.cheating_kernels"))
     assert "pass" not in row and "FAIL" in row, row
+
+
+def test_a_routed_kernel_declares_its_numerics_in_either_process(tmp_path, monkeypatch):
+    """``declare`` takes a routed convention's RoutedNumerics (or its product's Numerics), and the kernel is held to
+    them whether it runs here or in a process of its own."""
+    (tmp_path / "routed_decl.py").write_text(
+        "import gmm_kernels\nimport gmm_ref\n\n\n"
+        "@gmm_kernels.declare('vllm.fused_moe', numerics=gmm_ref.RoutedNumerics(weight='bfloat16'))\n"
+        "def fused(*args, **kwargs):\n    raise NotImplementedError\n\n\n"
+        "@gmm_kernels.declare('vllm.fused_moe', numerics=gmm_ref.Numerics(accumulate='float32'))\n"
+        "def product_only(*args, **kwargs):\n    raise NotImplementedError\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for in_process in (True, False):
+        assert resolve_kernel("routed_decl:fused", in_process=in_process).numerics == \
+            gmm_ref.RoutedNumerics(weight="bfloat16")
+        assert resolve_kernel("routed_decl:product_only", in_process=in_process).numerics == \
+            gmm_ref.RoutedNumerics(product=gmm_ref.Numerics(accumulate="float32"))
+    with pytest.raises(TypeError, match=r"numerics: expected a gmm_ref\.RoutedNumerics"):
+        gmm_kernels.declare("vllm.fused_moe", numerics="float32")
