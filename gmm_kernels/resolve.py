@@ -141,7 +141,7 @@ def _from_callable(fn: Callable[..., Any], convention: str | None, name: str | N
     convention = convention or declared
     if convention is None:
         raise ValueError(f"{convention_option}: required with {option} {spec!r}; expected one of "
-                         f"{conventions.names()}")
+                         f"{conventions.names()} or, for a routed MoE kernel, {conventions.routed_names()}")
     return wrap(fn, convention, name=name, numerics=numerics or getattr(fn, "__gmm_numerics__", None),
                 scope=getattr(fn, "__gmm_scope__", None))
 

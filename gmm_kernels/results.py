@@ -92,8 +92,8 @@ class Result:
         reached, and each relation with its example count ('' when nothing was recorded)."""
         if not self.cells[1]:
             return ""
-        lines = [f"{self.examples} examples in {self.cells[0]} of {self.cells[1]} cells reached "
-                 f"{self.pairs[0]} of {self.pairs[1]} pairs of relations"]
+        pairs = f" reached {self.pairs[0]} of {self.pairs[1]} pairs of relations" if self.pairs[1] else ""
+        lines = [f"{self.examples} examples in {self.cells[0]} of {self.cells[1]} cells{pairs}"]
         lines += [f"  never reached: {m}" for m in self.missing[:20]]
         if len(self.missing) > 20:
             lines.append(f"  ... and {len(self.missing) - 20} more pairs never reached")

@@ -87,7 +87,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--gmm-convention", default=None, metavar="CONV",
-        help="calling convention of the --gmm-kernel import paths (see gmm_ref.conventions.names())",
+        help="calling convention of the --gmm-kernel import paths (gmm_ref.conventions.names(), and the routed MoE "
+             "ones, gmm_ref.conventions.routed_names())",
     )
     group.addoption(
         "--gmm-tiling", default=None, metavar="TM,TK,TN",

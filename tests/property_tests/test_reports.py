@@ -280,3 +280,20 @@ def test_a_kernel_without_autograd_that_refuses_inputs_requiring_grad_is_n_a_und
                                        scope=gmm_kernels.Scope(families=["ragged_m"])), "grad", profile="gmm-ci")
     assert result.status is Status.UNSUPPORTED, result
     assert "no gradient: it raised RuntimeError on inputs that require grad" in result.detail, result.detail
+
+
+def test_a_design_without_pairs_of_relations_does_not_count_them(monkeypatch):
+    """A routed kernel's covering design has cells and no pairs of relations yet: '0 of 0 pairs' says nothing."""
+    from gmm_kernels import Result
+    from property_tests.cli import main
+    from property_tests.cli.table import Table
+
+    table = Table()
+    monkeypatch.setattr(table, "reached", lambda: ((11, 11), (0, 0)))
+    assert main._reached_line(table, "gmm-ci") == ("tier gmm-ci reached 11 of 11 cells of the covering designs "
+                                                    "(docs/coverage.md)")
+    monkeypatch.setattr(table, "reached", lambda: ((3, 4), (5, 6)))
+    assert main._reached_line(table, "gmm-ci").endswith("cells of the covering designs and 5 of 6 pairs of "
+                                                         "relations (docs/coverage.md)")
+    result = Result("k", "exact", Status.PASSED, examples=7, cells=(2, 2), pairs=(0, 0))
+    assert result.coverage_report().splitlines()[0] == "7 examples in 2 of 2 cells"
