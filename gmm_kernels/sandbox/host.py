@@ -32,7 +32,7 @@ import numpy as np
 
 from gmm_kernels.sandbox import tamper, wire
 
-__all__ = ["ENTRY", "HostCrashed", "HostedFunction", "KernelHost", "hosted", "hosted_error", "no_ptrace"]
+__all__ = ["ENTRY", "HostCrashed", "HostedFunction", "KernelHost", "ended", "hosted", "hosted_error", "no_ptrace"]
 
 #: how much an answer may hold beyond what the call sent (an output, gradients): a kernel cannot make the judge
 #: allocate without bound
@@ -64,9 +64,8 @@ def no_ptrace() -> None:
 ENTRY = "import os; from gmm_kernels.sandbox.kernel_process import main; os._exit(main())"
 
 
-def _ended(code: int | None) -> str:
-    if code is None:
-        return "stopped answering"
+def ended(code: int) -> str:
+    """How a process ended, from its exit status (negative: the signal that killed it)."""
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
@@ -180,7 +179,7 @@ class KernelHost:
         self.close()
         if code is None:  # (close stopped it)
             return HostCrashed(f"crashed: the kernel's process broke off the call: {why}")
-        return HostCrashed(f"crashed: the kernel's process {_ended(code)} during the call")
+        return HostCrashed(f"crashed: the kernel's process {ended(code)} during the call")
 
     def _ask(self, header: dict[str, Any], frames: wire.Frames, *, expect: int = 0) -> Any:
         """Send one message and read the answer (its frames in ``self._frames``); the host's error raised here."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,22 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from gmm_kernels import Status
+from gmm_kernels.sandbox.host import ended
 from property_tests.checks.failures import found_line
 from property_tests.cli.request import WorkerEvent, WorkRequest
 from property_tests.cli.shards import TableCell
 from property_tests.cli.table import CellOutcome, Table, failure_line, not_run
 
 __all__ = ["Supervisor", "WorkerState", "ended", "take_event"]
-
-
-def ended(code: int) -> str:
-    """How a process ended, from its exit status (negative: the signal that killed it)."""
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 def take_event(event: WorkerEvent, table: Table, *, verbose: bool) -> None:

@@ -28,6 +28,13 @@ needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed: 
 JAX_KERNELS = "tests.corpus.broken_kernels:"
 
 
+def _kernel_module(tmp_path, monkeypatch, name: str, text: str) -> None:
+    """A user's kernel module ``name`` in a directory of their own, which the test then runs from."""
+    (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+
+
 def _hosted(spec: str, **kw):
     kernel = resolve_kernel(spec, **kw)
     assert isinstance(kernel.fn, HostedFunction), kernel.fn
@@ -35,12 +42,10 @@ def _hosted(spec: str, **kw):
 
 
 def test_the_judge_never_imports_a_hosted_kernel(tmp_path, monkeypatch):
-    (tmp_path / "judged_from_afar.py").write_text(
+    _kernel_module(tmp_path, monkeypatch, "judged_from_afar",
         "import jax\n\ndef ragged(lhs, rhs, group_sizes, precision=None, preferred_element_type=None):\n"
         "    return jax.lax.ragged_dot(lhs, rhs, group_sizes, precision=precision,\n"
         "                              preferred_element_type=preferred_element_type)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
     kernel = _hosted("judged_from_afar:ragged", convention="ragged_dot")
     result = check_mode(kernel, "exact", profile="gmm-ci", max_examples=10)
     assert result.status is Status.PASSED and result.examples > 0, result.detail
@@ -88,15 +93,13 @@ def test_every_cheat_fails_in_its_own_process():
 
 @needs_torch
 def test_a_kernel_that_ends_its_process_fails_the_call_and_the_next_gets_a_new_one(tmp_path, monkeypatch):
-    (tmp_path / "ends_itself.py").write_text(
+    _kernel_module(tmp_path, monkeypatch, "ends_itself",
         "import os\nimport torch\n\n"
         "def once(mat_a, mat_b, offs=None, bias=None, out_dtype=None):\n"
         "    if os.path.exists('ended'):\n"
         "        return torch._grouped_mm(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)\n"
         "    open('ended', 'w').close()\n"
         "    os._exit(3)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
     kernel = _hosted("ends_itself:once", convention="torch.grouped_mm")
     problem = gmm_ref.Problem("ragged_m", np.ones((8, 16), np.float32), np.ones((2, 16, 16), np.float32),
                               np.array([3, 5]), convention="torch.grouped_mm", out_dtype=np.float32)
@@ -169,14 +172,12 @@ def test_a_hosted_kernel_cannot_write_the_workers_report(tmp_path):
 def test_a_routed_kernel_declares_its_numerics_in_either_process(tmp_path, monkeypatch):
     """``declare`` takes a routed convention's RoutedNumerics (or its product's Numerics), and the kernel is held to
     them whether it runs here or in a process of its own."""
-    (tmp_path / "routed_decl.py").write_text(
+    _kernel_module(tmp_path, monkeypatch, "routed_decl",
         "import gmm_kernels\nimport gmm_ref\n\n\n"
         "@gmm_kernels.declare('vllm.fused_moe', numerics=gmm_ref.RoutedNumerics(weight='bfloat16'))\n"
         "def fused(*args, **kwargs):\n    raise NotImplementedError\n\n\n"
         "@gmm_kernels.declare('vllm.fused_moe', numerics=gmm_ref.Numerics(accumulate='float32'))\n"
         "def product_only(*args, **kwargs):\n    raise NotImplementedError\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
     for in_process in (True, False):
         assert resolve_kernel("routed_decl:fused", in_process=in_process).numerics == \
             gmm_ref.RoutedNumerics(weight="bfloat16")
