@@ -300,8 +300,11 @@ def _run_text(seed: int | None, budget: float | None, tier: str = tiers.DEFAULT)
 
 
 def _reached_line(table: Table, tier: str) -> str:
-    """What the run reached: the covering designs' cells run and their pairs of relations reached."""
+    """What the run reached: the covering designs' cells run and their pairs of relations reached ("" where no
+    cell of a design was planned: a run that stopped at its first example, or of cells built apart)."""
     (run, cells), (reached, pairs) = table.reached()
+    if not cells:
+        return ""
     if not pairs:  # a routed kernel's design has cells but no pairs of relations yet: nothing to say of them
         return f"tier {tier} reached {run} of {cells} cells of the covering designs (docs/coverage.md)"
     return (f"tier {tier} reached {run} of {cells} cells of the covering designs and {reached} of {pairs} pairs of "
@@ -346,7 +349,9 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
     else:
         print(render(table.as_rows(), columns))
         print(f"\n{n_pass} passed, {n_fail} failed  ({seconds:.0f} s; {run}; 'n/a' cells give their reason)")
-        print(_reached_line(table, doc.tier))
+        reached = _reached_line(table, doc.tier)
+        if reached:
+            print(reached)
     # a shard may hold only a kernel's n/a cells: whether a kernel was checked at all is the merge's to say
     idle = [] if partial else [name for name in requested if table.checked_nothing(name)]
     if json_path:

@@ -295,5 +295,7 @@ def test_a_design_without_pairs_of_relations_does_not_count_them(monkeypatch):
     monkeypatch.setattr(table, "reached", lambda: ((3, 4), (5, 6)))
     assert main._reached_line(table, "gmm-ci").endswith("cells of the covering designs and 5 of 6 pairs of "
                                                          "relations (docs/coverage.md)")
+    monkeypatch.setattr(table, "reached", lambda: ((0, 0), (0, 0)))
+    assert main._reached_line(table, "gmm-ci") == ""  # nothing of a design to report: no line
     result = Result("k", "exact", Status.PASSED, examples=7, cells=(2, 2), pairs=(0, 0))
     assert result.coverage_report().splitlines()[0] == "7 examples in 2 of 2 cells"
