@@ -137,7 +137,7 @@ class KernelHost:
         self._fds = (from_host_r, to_host_w)
         self.starts += 1
         # the judge's import path, so that what imports here imports there (a test's directory, a tmp module)
-        answer = self._ask({"op": "load", "spec": self.spec, "device": device.selected(), "option": self.option,
+        answer, _ = self._ask({"op": "load", "spec": self.spec, "device": device.selected(), "option": self.option,
                             "path": [p for p in sys.path if isinstance(p, str)]}, [])
         if self.loaded is None:
             self.loaded = answer
@@ -181,8 +181,9 @@ class KernelHost:
             return HostCrashed(f"crashed: the kernel's process broke off the call: {why}")
         return HostCrashed(f"crashed: the kernel's process {ended(code)} during the call")
 
-    def _ask(self, header: dict[str, Any], frames: wire.Frames, *, expect: int = 0) -> Any:
-        """Send one message and read the answer (its frames in ``self._frames``); the host's error raised here."""
+    def _ask(self, header: dict[str, Any], frames: wire.Frames, *, expect: int = 0
+             ) -> tuple[dict[str, Any], list[bytearray]]:
+        """Send one message; the answer's header and frames (the host's error raised here)."""
         if self._proc is None:
             self._start()
         assert self._fds is not None
@@ -193,13 +194,11 @@ class KernelHost:
         except (OSError, EOFError, wire.HostError) as exc:
             raise self._crashed(f"{type(exc).__name__}: {exc}") from None
         if "error" in answer:
-            self._frames = got
             raise hosted_error(answer["error"])
-        self._frames = got
-        return answer
+        return answer, got
 
     # ------------------------------------------------------------------------------------------- calls
-    def _packed(self, op: str, value: Any, **extra: Any) -> tuple[wire.Packed, Any]:
+    def _packed(self, op: str, value: Any, **extra: Any) -> tuple[wire.Packed, Any, list[bytearray]]:
         from gmm_kernels.runtimes import compile_cache
         from gmm_kernels.sandbox import recycle
 
@@ -207,22 +206,20 @@ class KernelHost:
         head, frames = packed.message()
         header = {"op": op, **head, "recycling": recycle.pool() is not None, "convention": self.convention,
                   "compile_cache": os.environ.get(compile_cache.ENV), **extra}
-        answer = self._ask(header, frames, expect=packed.returned_bytes())
-        return packed, answer
+        answer, got = self._ask(header, frames, expect=packed.returned_bytes())
+        return packed, answer, got
 
     def call(self, args: tuple, kwargs: dict) -> np.ndarray:
         """The kernel called on ``args``/``kwargs`` (the convention's NumPy arguments, guarded copies) in the
         host; its output as NumPy. What the host's copies of the arguments hold afterwards is written into these."""
-        packed, answer = self._packed("call", (args, kwargs))
-        frames = self._frames
+        packed, answer, frames = self._packed("call", (args, kwargs))
         out = wire.decode_array(answer.get("out"), frames)
         packed.write_back(frames, answer.get("changed"))
         return out.copy()
 
     def vjp(self, args: tuple, kwargs: dict, cotangent: np.ndarray) -> dict[str, np.ndarray]:
         """The kernel's reverse-mode gradients (``gmm_kernels.sandbox.autodiff.vjp``), computed in the host."""
-        packed, answer = self._packed("vjp", (args, kwargs, np.asarray(cotangent)))
-        frames = self._frames
+        packed, answer, frames = self._packed("vjp", (args, kwargs, np.asarray(cotangent)))
         names = answer.get("grads")
         if not isinstance(names, list) or not all(isinstance(n, list) and len(n) == 2 for n in names):
             raise wire.HostError(f"the kernel's process sent gradients that are not a list: {names!r:.200}")
@@ -232,7 +229,7 @@ class KernelHost:
 
     def primitives(self, args: tuple, kwargs: dict) -> frozenset[str]:
         """The jax primitives or torch operators the kernel calls on these arguments, as the host saw them."""
-        _, answer = self._packed("primitives", (args, kwargs))
+        _, answer, _ = self._packed("primitives", (args, kwargs))
         names = answer.get("primitives")
         return frozenset(str(n)[:200] for n in names) if isinstance(names, list) else frozenset()
 
