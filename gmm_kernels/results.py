@@ -9,7 +9,7 @@ and the goldens.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,11 @@ class Result:
     pairs: tuple[int, int] = field(default=(0, 0), compare=False)
     #: the design's pairs no checked example reached ("family: factor=level & factor=level")
     missing: tuple[str, ...] = field(default=(), compare=False)
+    #: the distinct causes the check shrank, in the order found: each a record of its key, line, check, smallest
+    #: problem, the kernel's raising frame and reproducer (``property_tests.checks.causes``)
+    causes: tuple[Mapping[str, str], ...] = field(default=(), compare=False, repr=False)
+    #: the traits of the problems checked, counted under what each example did (``""``: passed; else a cause's key)
+    evidence: Mapping[str, Mapping[str, int]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def comparison(self) -> Any:
@@ -139,6 +144,10 @@ class Report:
     results: tuple[Result, ...]
     #: the tier the checks ran (``property_tests.checks.tiers``), "" where none was named
     tier: str = ""
+    #: the distinct causes of the kernel's failures over its checks, each with the checks it showed in, its smallest
+    #: problem, reproducer and, for a problem the kernel may simply not take, the declaration that scopes it out
+    #: (``property_tests.checks.causes.summarize``)
+    causes: tuple[Mapping[str, Any], ...] = ()
 
     def __iter__(self) -> Iterator[Result]:
         return iter(self.results)

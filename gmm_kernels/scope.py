@@ -30,11 +30,13 @@ from gmm_ref import FAMILIES, Numerics, Problem
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import has_tail
 from gmm_ref.dtypes import as_dtype
+from gmm_ref.problem import STORAGES
 from gmm_ref.scaled.quantizers import quantizer_from_json, quantizer_to_json
 
 __all__ = ["FEATURES", "KnownIssue", "Limits", "Scope", "declare"]
 
 _AXES = ("m", "k", "n")
+_OPERANDS = ("lhs", "rhs")
 #: the problem features a kernel may take none of (:attr:`Limits.refuses`): sharded groups (``group_offset``,
 #: ``num_local_groups``) and an existing output
 FEATURES = ("sharding", "existing_out")
@@ -132,6 +134,19 @@ def _multiples(value: Mapping[str, int]) -> dict[str, int]:
     return multiples
 
 
+def _operands(name: str, value: Any) -> tuple[str, ...]:
+    """Some of the operands ("lhs", "rhs"), in that order; ``"none"`` (as the command line spells it), an empty list
+    and None are ``()``, ``"lhs,rhs"`` is ``("lhs", "rhs")``."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = () if value.strip() == "none" else tuple(a.strip() for a in value.split(",") if a.strip())
+    ops = tuple(value)
+    if any(o not in _OPERANDS for o in ops):
+        raise ValueError(f"{name}: expected some of the operands {_OPERANDS}, none or an empty list, got {value!r}")
+    return tuple(o for o in _OPERANDS if o in ops)
+
+
 def _axes(name: str, value: Any) -> tuple[str, ...] | None:
     """Some of the axes ("m", "k", "n"), in that order (None stays None); ``"none"`` (as the command line spells
     it) and ``"m,k"`` are taken as ``()`` and ``("m", "k")``."""
@@ -161,9 +176,16 @@ class Scope:
     #: ``(lhs, rhs)`` ``gmm_ref.MXQuantizer`` (or None) of a kernel that quantizes its inputs itself: it is held
     #: to the reference of its inputs quantized so (``gmm_ref.quantize_problem``)
     quantizes: tuple[Any, Any] | None = None
+    #: the operands ("lhs", "rhs") the kernel takes only contiguous (a convention whose arguments carry strides:
+    #: no transposed view, slice or chunk of a larger tensor)
+    contiguous: tuple[str, ...] = ()
+    #: the operands it takes only with a last stride of 1 (no transposed view; a slice or a chunk is fine)
+    unit_stride: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        set_(self, "contiguous", _operands("contiguous", self.contiguous))
+        set_(self, "unit_stride", _operands("unit_stride", self.unit_stride))
         if self.quantizes is not None:
             from gmm_ref import AmaxQuantizer, MXQuantizer
 
@@ -239,7 +261,23 @@ class Scope:
             for axis in _AXES:
                 if getattr(p, axis) == 0 and axis not in self.zero_extents:
                     return f"the declared scope takes no {axis.upper()} = 0"
+        for operand, kind in zip(_OPERANDS, p.storage, strict=True):
+            if kind != "contiguous" and operand in self.contiguous:
+                return f"the declared scope takes {operand} contiguous only, not as a {kind} view"
+            if kind == "transposed" and operand in self.unit_stride:
+                return f"the declared scope takes {operand} with a last stride of 1 only, not as a transposed view"
         return None
+
+    def storages(self) -> dict[str, tuple[str, ...]]:
+        """The storages (``gmm_ref.problem.STORAGES``) of each operand the scope narrows, as
+        ``property_tests.strategies.problems(storages=...)`` takes them."""
+        out = {}
+        for operand in _OPERANDS:
+            if operand in self.contiguous:
+                out[operand] = ("contiguous",)
+            elif operand in self.unit_stride:
+                out[operand] = tuple(k for k in STORAGES if k != "transposed")
+        return out
 
     def to_json(self) -> dict[str, Any]:
         """The declaration as JSON (its known issues stay with the kernel that declares them)."""
@@ -247,7 +285,8 @@ class Scope:
         return {"families": self.families, "dtypes": self.dtypes, "out_dtypes": self.out_dtypes,
                 "multiples": dict(self.multiples), "tail": self.tail,
                 "zero_extents": None if self.zero_extents is None else list(self.zero_extents),
-                "numerics": None if n is None else n.to_json(),
+                "numerics": None if n is None else n.to_json(), "contiguous": list(self.contiguous),
+                "unit_stride": list(self.unit_stride),
                 "quantizes": None if self.quantizes is None else [
                     None if q is None else quantizer_to_json(q) for q in self.quantizes]}
 
@@ -259,7 +298,8 @@ class Scope:
             quantizes = tuple(None if q is None else quantizer_from_json(q) for q in d["quantizes"])
         return cls(families=d.get("families"), dtypes=d.get("dtypes"), out_dtypes=d.get("out_dtypes"),
                    multiples=d.get("multiples") or {}, tail=d.get("tail", True), numerics=numerics,
-                   zero_extents=d.get("zero_extents"), quantizes=quantizes)
+                   zero_extents=d.get("zero_extents"), quantizes=quantizes, contiguous=d.get("contiguous") or (),
+                   unit_stride=d.get("unit_stride") or ())
 
     def describe(self) -> str:
         parts = [f"families {','.join(self.families)}" if self.families else "",
@@ -270,6 +310,8 @@ class Scope:
                  "" if self.zero_extents is None else
                  f"zero extents {','.join(self.zero_extents) or 'none'}",
                  f"numerics {self.numerics}" if self.numerics else "",
+                 f"contiguous {','.join(self.contiguous)}" if self.contiguous else "",
+                 f"unit stride {','.join(self.unit_stride)}" if self.unit_stride else "",
                  "" if self.quantizes is None else "quantizes " + " x ".join(
                      "-" if q is None else q.describe() for q in self.quantizes),
                  f"{len(self.known_issues)} known issue(s)" if self.known_issues else ""]
@@ -308,6 +350,8 @@ class Limits:
     quantizations: tuple[tuple[Any, Any], ...] | None = None
     #: the :data:`FEATURES` it takes none of (``KernelAdapter.option_refusal`` says why)
     refuses: tuple[str, ...] = ()
+    #: operand -> the storages (``gmm_ref.problem.STORAGES``) it takes, where narrowed (:meth:`Scope.storages`)
+    storages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -335,7 +379,10 @@ class Limits:
             multiples[axis] = math.lcm(multiples.get(axis, 1), mult)
         zero = self.zero_extents if scope.zero_extents is None else tuple(
             a for a in scope.zero_extents if self.zero_extents is None or a in self.zero_extents)
-        return replace(self, multiples=multiples, tail=self.tail and scope.tail, zero_extents=zero)
+        storages = dict(self.storages)
+        for operand, kinds in scope.storages().items():
+            storages[operand] = tuple(k for k in storages.get(operand, STORAGES) if k in kinds)
+        return replace(self, multiples=multiples, tail=self.tail and scope.tail, zero_extents=zero, storages=storages)
 
 
 def declare(convention: str, **scope: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

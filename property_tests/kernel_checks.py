@@ -26,17 +26,19 @@ import pytest
 from gmm_kernels import Status
 from golden.judge import check_goldens
 from golden.store import MANIFEST
+from property_tests.checks.causes import declarations
 from property_tests.checks.check import MODE_RESULTS, check_mode
 from property_tests.checks.engine import spend_rounds
 from property_tests.checks.failures import raise_failure
 from property_tests.checks.tiers import examples_in_default_run, first_round_seed
 from property_tests.plugin import tier, tier_modes
 
-__all__ = ["CAUSE", "CHECK", "GOLDEN_DATA", "test_kernel_matches_goldens", "test_kernel_matches_reference"]
+__all__ = ["CAUSE", "CAUSES", "CHECK", "GOLDEN_DATA", "test_kernel_matches_goldens", "test_kernel_matches_reference"]
 
 #: the keys of a kernel check's ``user_properties`` entries, ``(kernel name, mode)`` and a failure's short
-#: cause: the plugin prints a failure as soon as it is reported
-CHECK, CAUSE = "gmm_check", "gmm_cause"
+#: cause: the plugin prints a failure as soon as it is reported; and what it found, by cause
+#: (``property_tests.checks.causes``), which the plugin sums at the end of the run
+CHECK, CAUSE, CAUSES = "gmm_check", "gmm_cause", "gmm_causes"
 #: this repository's goldens, where the tests run from a checkout (the goldens check is skipped otherwise)
 GOLDEN_DATA = Path(__file__).resolve().parents[1] / "golden" / "data"
 
@@ -69,6 +71,10 @@ def test_kernel_matches_reference(gmm_kernel, gmm_mode, request, gmm_check_run):
             pytest.fail(f"{gmm_kernel.name} / {mode}: declared known issue, but the mode is unsupported: "
                         f"{result.detail}")
         pytest.skip(f"{gmm_kernel.name} / {mode}: {result.detail}")
+    if result.causes or result.evidence:  # the plugin sums the run's distinct causes at its end
+        request.node.user_properties.append((CAUSES, {
+            "where": mode, "causes": [dict(c) for c in result.causes], "evidence": dict(result.evidence),
+            "declarations": declarations(gmm_kernel, result.evidence), "convention": gmm_kernel.convention}))
     if result.status.failure:
         cause = result.detail if result.status is Status.FAILED else f"{result.status.value}: {result.detail}"
         request.node.user_properties.append((CAUSE, cause))

@@ -368,6 +368,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError(str(exc)) from None
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The distinct causes of each kernel's failures over the run's kernel checks (under xdist too: they travel in
+    the tests' reports), with the declaration that scopes out a problem a kernel may simply not take."""
+    from property_tests.checks import causes
+
+    found: dict[str, list[dict[str, Any]]] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            properties = dict(getattr(report, "user_properties", ()) or ())
+            if getattr(report, "when", None) == "call" and "gmm_causes" in properties and "gmm_check" in properties:
+                found.setdefault(properties["gmm_check"][0], []).append(properties["gmm_causes"])
+    for kernel, records in found.items():
+        declared = {t: d for r in records for t, d in r["declarations"].items()}
+        summary = causes.summarize(None, [(r["where"], r["causes"], r["evidence"]) for r in records], declared,
+                                   records[0]["convention"])
+        if summary:
+            terminalreporter.write_sep("=", "gmm-harness: distinct causes")
+            terminalreporter.write_line("\n".join(causes.summary_lines(
+                summary, kernel, report=f"the failure of test_kernel_matches_reference[{kernel}-{{}}]")))
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # a kernel check's failure goes to stderr as soon as it is reported (under xdist, on the controller), not
     # only in the summary at the end of the run

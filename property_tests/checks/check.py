@@ -26,17 +26,20 @@ from gmm_kernels.repro import contents_shift
 from gmm_kernels.runtimes import compile_cache
 from gmm_kernels.sandbox import cuda_graph, host, recycle, tamper
 from gmm_kernels.sandbox import device as devices
-from gmm_ref.routed.compare import routed_element
-from property_tests.checks import cell_order, engine, failures, scale, tiers
+from property_tests.checks import causes, cell_order, engine, failures, scale, tiers
 from property_tests.checks import example_db as example_dbs
 from property_tests.checks.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
 from property_tests.checks.profiles import DEFAULT as DEFAULT_PROFILE
 from property_tests.checks.profiles import PROFILES, pinned_constants
 from property_tests.checks.profiles import profile as profile_settings
+from property_tests.checks.routed_run import check_routed, run_routed
 from property_tests.checks.tally import Tally
 from property_tests.checks.tiers import Tier, budgets, cell_settings, chosen, run_setting
 from property_tests.strategies.design import observe
 from property_tests.strategies.problems import Covering, replay_refusal, replays
+
+#: where a failure was found: its cell's place in the order ``_run_property`` runs them
+_POSITION = "_gmm_position"
 
 __all__ = ["MODE_RESULTS", "ModeResults", "check_example", "check_kernel", "check_mode", "cotangent_for", "coverage"]
 
@@ -187,6 +190,7 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: Tally,
             # its notes so far are the checked code's, not Hypothesis'
             failures.left_property(exc, failures.recipe_problem(exc, problems[0]))
             failures.attach_again(exc, lambda: check_example(adapter, mode, problems))
+            tally.evidence.add(problems[0], exc)
             run.found(adapter, mode.name, where, exc)  # said now, before shrinking
             raise
 
@@ -220,8 +224,10 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: Tally,
             if where is None:
                 raise
             tally.repeated.append((where, exc))  # reported once already: not shrunk again
+            tally.evidence.add(problem, exc)
             return
         tally.count(problem, seen, relations)
+        tally.evidence.add(problem)
 
     return prop
 
@@ -229,16 +235,18 @@ def _cell_check(adapter: KernelAdapter, mode: Mode, cov: Covering, tally: Tally,
 def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_examples: int | None,
                   profile: str | None, seed: int | None = None, dry: bool = False,
                   database: ExampleDatabase | None = None, run: failures.CheckRun | None = None,
-                  tier: Tier | None = None) -> Tally:
-    """Run the mode's property over every cell of its covering design (``tier``'s examples a cell, in its order).
-    Raises the (shrunk) failure of the first failing cell, or :class:`failures.Repeated` when examples raised
-    only an exception ``run`` already reported for the kernel, or :class:`Unsupported`."""
+                  tier: Tier | None = None, evidence: causes.Evidence | None = None, start: int = 0) -> Tally:
+    """Run the mode's property over every cell of its covering design (``tier``'s examples a cell, in its order),
+    from its ``start``-th cell in that order; ``evidence`` counts what each example did.
+    Raises the (shrunk) failure of the first failing cell (its place in the order as ``_POSITION``), or
+    :class:`failures.Repeated` when examples raised only an exception ``run`` already reported for the kernel, or
+    :class:`Unsupported`."""
     __tracebackhide__ = True
     try:
         cov = mode_covering(adapter, mode, family)
     except InvalidArgument as exc:  # the strategies cannot draw this mode for this convention
         raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
-    tally = Tally()
+    tally = Tally(evidence)
     run = run if run is not None else failures.CheckRun()
     derandomized = profile_settings(profile).derandomize
     per_cell = budgets(max_examples, profile, adapter.max_examples, len(cov.cells),
@@ -247,7 +255,9 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
     ordered = cell_order.order([c.cell for c in cov.cells]) if tier is not None and tier.ordered_cells \
         else range(len(cov.cells))
     drawn = tier is not None and tier.per_cell is not None and database is None  # a replay comes first otherwise
-    for i, n in zip(ordered, per_cell, strict=False):  # i: the cell's place in the design (its seed)
+    for position, (i, n) in enumerate(zip(ordered, per_cell, strict=False)):  # i: the cell's place (its seed)
+        if position < start:
+            continue
         cc = cov.cells[i]
         # a tuple of problems: one, or one shape with Mode.replays group-size vectors
         prop = given(problem=replays(cov, cc, mode.replays))(_cell_property(
@@ -265,88 +275,12 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
                 prop()
         except InvalidArgument as exc:
             raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
+        except Exception as exc:
+            with contextlib.suppress(AttributeError):
+                setattr(exc, _POSITION, position)
+            raise
     tally.conclude(adapter, "problem")
     tally.summary = tally.pairs(cov)
-    return tally
-
-
-def _routing_note(r: gmm_ref.Routing) -> str:
-    """What a routed failure was drawn on: the routing's static facts and its ids (the values are the drawn ones)."""
-    with np.printoptions(threshold=200, linewidth=120):
-        emap = "none" if r.expert_map is None else np.array2string(r.expert_map, separator=", ")
-        return (f"{r.describe()}\ntopk_ids = {np.array2string(r.topk_ids, separator=', ')}\n"
-                f"expert_map = {emap}")
-
-
-def _check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) -> None:
-    """A routed kernel's output (per slot or combined, as its convention says) against the routed reference
-    (``gmm_ref.assert_routed_matches``: the token, slot and expert of the first wrong element named); run twice
-    for a deterministic kernel in a mode that asks, bit for bit."""
-    __tracebackhide__ = True
-    numerics = adapter.numerics_for(routing)
-    try:
-        with tamper.sealed(routing, adapter.name):
-            out = adapter.run(routing)
-        ref = adapter.reference_for(routing)  # once the kernel has returned (as _check_forward's)
-        output = adapter.convention_facts.output
-        gmm_ref.assert_routed_matches(out, ref, numerics=numerics, kernel=adapter.name, output=output)
-        if mode.deterministic_repeat and adapter.deterministic:
-            again = adapter.run(routing)
-            bits = f"u{out.dtype.itemsize}"
-            differ = np.argwhere(np.ascontiguousarray(out).view(bits) != np.ascontiguousarray(again).view(bits))
-            if differ.size:
-                raise gmm_ref.Mismatch(f"{routed_element(routing, output, differ[0])}: a second call returned other "
-                                       f"bits ({adapter.name} declares itself deterministic)", kind="determinism")
-    except Exception as exc:
-        exc.add_note(_routing_note(routing))
-        raise
-
-
-def _run_routed(adapter: KernelAdapter, mode: Mode, max_examples: int | None, profile: str | None,
-                seed: int | None = None, database: ExampleDatabase | None = None,
-                run: failures.CheckRun | None = None, tier: Tier | None = None) -> Tally:
-    """Run ``mode``'s property on a routed kernel: routings drawn by ``gst.routings`` within its convention and
-    declared limits (``modes.mode_routings``, :class:`Unsupported` where the mode has no routed form), each
-    checked by :func:`_check_routed`. One cell (no covering design of routed relations yet)."""
-    __tracebackhide__ = True
-    strategy = mode_routings(adapter, mode)
-    tally = Tally()
-    tally.cells = (1, 1)
-    run = run if run is not None else failures.CheckRun()
-    quick = tier is not None and tier.routed_examples is not None and max_examples is None  # gmm-quick's examples
-    n = budgets(tier.routed_examples if quick else max_examples, profile, adapter.max_examples, 1)[0]  # type: ignore
-
-    def check(routing: gmm_ref.Routing) -> None:
-        __tracebackhide__ = True
-        reason = adapter.supports(routing)
-        if reason is not None:
-            tally.declined.append(reason)
-            return
-        try:
-            _check_routed(adapter, routing, mode)
-        except Exception as exc:
-            where = run.seen_before(adapter, exc)
-            if where is None:
-                failures.attach_again(exc, lambda: _check_routed(adapter, routing, mode))
-                run.found(adapter, mode.name, f"routed / {mode.name}", exc)  # said now, before shrinking
-                raise
-            tally.repeated.append((where, exc))
-            return
-        tally.checked += 1
-
-    def routed(routing: gmm_ref.Routing) -> None:
-        check(routing)
-
-    prop = given(routing=strategy)(routed)
-    cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} routed"
-    if seed is not None or profile_settings(profile).derandomize:
-        prop = cell_settings(profile, n, True, database, cell)(hypothesis_seed(zlib.crc32(cell.encode()) ^ (seed or 0))(
-            prop))
-    else:
-        prop = cell_settings(profile, n, False, database, cell)(prop)
-    with pinned_constants():
-        prop()
-    tally.conclude(adapter, "routing")
     return tally
 
 
@@ -376,45 +310,86 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
     profile = plan.profile if plan is not None else profile
     common = dict(kernel=adapter.name, check=mode.name, family=family,
                   setting=run_setting(profile, seed, max_examples, plan))
-    try:
-        if mode.cells:  # a routed kernel's cells are routings (property_tests.checks.scale_routed)
+    if mode.cells:  # problems built for the kernel (a routed kernel's: routings, property_tests.checks.scale_routed)
+        try:
             checked, left_out = (mode.cell_runner or scale.run_cells)(
-                adapter, mode, family, _check_routed if adapter.routed else _check_forward)
-            return Result(status=Status.PASSED, examples=checked, seconds=time.perf_counter() - t0,
-                          cells=(checked, checked + sum(map(len, left_out.values()))),
-                          detail=scale.cells_detail(left_out), **common)
-        elif adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
-            tally = _run_routed(adapter, mode, max_examples, profile, seed, database=database, run=run, tier=plan)
+                adapter, mode, family, check_routed if adapter.routed else _check_forward)
+        except Unsupported as exc:
+            return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
+        except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
+            result = failures.failed_result(adapter, mode.name, caught, run, common, t0)
+            return dataclasses.replace(result, causes=(causes.cause_of(result.error, _where(mode, family)),))
+        return Result(status=Status.PASSED, examples=checked, seconds=time.perf_counter() - t0,
+                      cells=(checked, checked + sum(map(len, left_out.values()))), detail=scale.cells_detail(left_out),
+                      **common)
+
+    def search(evidence: causes.Evidence, start: int) -> Tally:
+        if adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
+            return run_routed(adapter, mode, mode_routings(adapter, mode), Tally(evidence), max_examples, profile, seed,
+                              database=database, run=run, tier=plan)
+        return _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run,
+                             tier=plan, evidence=evidence, start=start)
+
+    try:
+        return _every_cause(adapter, mode, search, run, common, t0)
+    finally:
+        run.check_ended()  # the next check judges its wrong outputs afresh
+
+
+def _where(mode: Mode, family: str | None) -> str:
+    return mode.name + (f" [{family}]" if family else "")
+
+
+def _every_cause(adapter: KernelAdapter, mode: Mode, search: Callable[[causes.Evidence, int], Tally],
+                 run: failures.CheckRun, common: dict[str, Any], t0: float) -> Result:
+    """Run ``search`` (the check's examples, from a cell on) until it passes; after each cause it shrinks, that
+    cause is no longer a failure (``run``: the kernel's exception reported, a wrong output of its kind looked past)
+    and the search goes on from the cell it was found in, for another, up to ``causes.MAX_CAUSES``."""
+    evidence = causes.Evidence()
+    found: list[tuple[Result, dict[str, str]]] = []  # each cause the check shrank, and its result
+    start = 0
+    while True:
+        try:
+            tally = search(evidence, start)
+        except Unsupported as exc:
+            if found:  # the cells after a cause's declined every example: the causes found stand
+                break
+            return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
+        except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
+            result = failures.failed_result(adapter, mode.name, caught, run, common, t0)
+            if isinstance(result.error, failures.Repeated):  # nothing but causes already reported
+                if found:
+                    break
+                return dataclasses.replace(result, evidence=evidence.to_json())
+            found.append((result, causes.cause_of(result.error, _where(mode, common["family"]))))  # type: ignore
+            position = getattr(caught, _POSITION, None)
+            if (result.status is Status.FAILED and causes.goes_on(result.error)  # type: ignore[arg-type]
+                    and position is not None and len(found) < causes.MAX_CAUSES):
+                run.look_past(result.error, found[-1][1]["where"])  # type: ignore[arg-type]
+                start = position
+                continue
+            break
         else:
-            tally = _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run,
-                                  tier=plan)
-    except Unsupported as exc:
-        return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
-    except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
-        exc, distinct = failures.primary(caught)
-        known = adapter.known_issue(mode.name)
-        # the failing example checked again: one that also passes is intermittent, whatever Hypothesis saw
-        flaky = not known and not isinstance(exc, failures.Repeated) \
-            and failures.check_again(exc, flaky=failures.is_flaky(caught))
-        failures.name_guarded_reads(adapter, exc)
-        hints = failures.finish(exc, adapter, mode.name)
-        where = mode.name + (f" [{family}]" if family else "")
-        run.record_raised(adapter, exc, where)
-        line = str(exc) if isinstance(exc, failures.Repeated) else failures.one_line(exc)
-        line += f" (+{distinct - 1} other distinct failure{'s' * (distinct > 2)})" if distinct > 1 else ""
-        line += "".join(f"; matches a known upstream bug of {h} (-v says which)" for h in hints)
-        if known:
-            status, detail = Status.KNOWN_BUG, f"{known} (caught: {line})"
-        elif getattr(exc, "kind", None) == "tampered":
-            status, detail = Status.TAMPERED, line
-        elif flaky:
-            failed, made = failures.intermittent(exc)  # type: ignore[misc]
-            status, detail = Status.INTERMITTENT, f"failed {failed} of {made} calls of the same problem: {line}"
-        else:
-            status, detail = Status.FAILED, line
-        failures.note(exc, f"Checked under the {common['setting']}.")
-        return Result(status=status, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
-    return Result(status=Status.PASSED, seconds=time.perf_counter() - t0, **tally.reached_fields(), **common)
+            if not found:
+                return Result(status=Status.PASSED, seconds=time.perf_counter() - t0, **tally.reached_fields(),
+                              evidence=evidence.to_json(), **common)
+            break
+    return _with_causes(found, evidence, t0)
+
+
+def _with_causes(found: list[tuple[Result, dict[str, str]]], evidence: causes.Evidence, t0: float) -> Result:
+    """The first cause's result, naming the others the check went on to find (their reports in its own)."""
+    first = found[0][0]
+    others = [r for r, _ in found[1:]]
+    detail = first.detail
+    if others:
+        detail += f" (+{len(others)} other cause{'s' * (len(others) > 1)} in this check: " \
+                  + "; ".join(r.detail[:200] for r in others) + ")"
+        for r in others:
+            failures.note(first.error, "Another cause this check found once the one above was reported:\n"  # type: ignore
+                          + r.full_report())
+    return dataclasses.replace(first, detail=detail, seconds=time.perf_counter() - t0,
+                               causes=tuple(c for _, c in found), evidence=evidence.to_json())
 
 
 def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,
@@ -466,7 +441,10 @@ def check_kernel(
     may return a jax array, torch tensor or NumPy array), a built-in adapter
     name, ``"pkg.module:fn"`` or a ``KernelAdapter``. With ``raise_on_failure``
     (the default) the first failing mode raises its exception (a
-    :class:`gmm_ref.Mismatch` after shrinking); otherwise failures are results.
+    :class:`gmm_ref.Mismatch` after shrinking; the other causes that mode went on to
+    find are in its notes); otherwise failures are results, and the report's
+    ``causes`` lists the distinct causes over every mode, with the declaration
+    that scopes out a problem the kernel may simply not take (docs/check-your-kernel.md).
     ``scope`` (a ``gmm_kernels.Scope``; a function decorated with ``gmm_kernels.declare`` brings
     its own) says what the kernel supports: exactly that is checked.
     ``tier`` names what the run checks (``property_tests.checks.tiers``, docs/speed.md): ``"gmm-quick"`` (pull
@@ -528,7 +506,9 @@ def check_kernel(
             reasons = "; ".join(f"{r.check}: {r.detail}" for r in results.values())
             raise ValueError(f"kernel: every mode of {adapter.name} is unsupported, so nothing was checked "
                              f"({reasons}); check its convention, tiling and declared scope")
-        return Report(adapter.name, tuple(results[m] for m in order), tier=plan.name if plan is not None else "")
+        found = causes.summarize(adapter, [(r.check, r.causes, r.evidence) for r in results.values()])
+        return Report(adapter.name, tuple(results[m] for m in order), tier=plan.name if plan is not None else "",
+                      causes=tuple(found))
 
 
 def _fail_known_bugs_not_caught(adapter: KernelAdapter, results: dict[str, Result], raise_on_failure: bool) -> None:

@@ -50,6 +50,8 @@ def limits_options(limits: Limits) -> dict[str, Any]:
         opts["zero_extents"] = limits.zero_extents
     if limits.quantizations is not None:
         opts["quantizations"] = limits.quantizations
+    if limits.storages:
+        opts["storages"] = dict(limits.storages)
     opts.update((f, False) for f in limits.refuses)  # a feature's name is the problems() keyword that draws it
     return opts
 

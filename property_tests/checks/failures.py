@@ -28,7 +28,7 @@ import numpy as np
 from hypothesis.errors import FlakyFailure, HypothesisException
 
 import gmm_ref
-from gmm_kernels import KernelAdapter
+from gmm_kernels import KernelAdapter, Result, Status
 from gmm_kernels.known_issues import matching
 from gmm_kernels.repro import kernel_reproducer
 from gmm_kernels.runtimes import triton_interpreter
@@ -42,6 +42,7 @@ __all__ = [
     "attach",
     "attach_again",
     "check_again",
+    "failed_result",
     "finish",
     "forget",
     "found_line",
@@ -56,6 +57,7 @@ __all__ = [
     "raise_failure",
     "recipe_problem",
     "replayed",
+    "signature",
 ]
 
 _RECIPE = "_gmm_recipe"
@@ -292,7 +294,8 @@ def finish(exc: BaseException, adapter: KernelAdapter, mode: str) -> list[str]:
 
 
 # ------------------------------------------------------- the same exception
-def _signature(exc: BaseException) -> str:
+def signature(exc: BaseException) -> str:
+    """An exception's type and first line, digits masked: what makes two of a kernel's exceptions the same."""
     first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
     return f"{type(exc).__qualname__}: {re.sub(r'[0-9]+', '#', first)}"
 
@@ -309,6 +312,8 @@ class CheckRun:
         #: before Hypothesis shrinks it (default: :func:`log_found`)
         self.announce = announce if announce is not None else log_found
         self._found: set[tuple[str, str]] = set()
+        #: the wrong outputs the check now running already reported, by kind: it goes on looking for another cause
+        self._wrong: dict[str, str] = {}
 
     def found(self, adapter: KernelAdapter, mode: str, where: str, exc: BaseException) -> None:
         """A check of ``mode`` (``where``: ``MODE`` or ``FAMILY / MODE``) of the kernel has a failing example:
@@ -328,15 +333,53 @@ class CheckRun:
         """The kernel raised ``exc`` (not a mismatch) in the check ``where``: later checks of the same kernel in
         this run skip the examples that raise it again (still checking the others) and say so in one line."""
         if not isinstance(exc, (gmm_ref.Mismatch, Repeated)):
-            self._reported.setdefault((adapter.name, _signature(exc)), (where, one_line(exc)))
+            self._reported.setdefault((adapter.name, signature(exc)), (where, one_line(exc)))
+
+    def look_past(self, exc: BaseException, where: str) -> None:
+        """The check now running (``where``) reported the wrong output ``exc``: its other examples of that kind are
+        no longer failures of it, until :meth:`check_ended`."""
+        if isinstance(exc, gmm_ref.Mismatch):
+            self._wrong.setdefault(exc.kind, where)
+
+    def check_ended(self) -> None:
+        """The check now running ended: a wrong output is a failure again (another check's verdict is its own)."""
+        self._wrong.clear()
 
     def seen_before(self, adapter: KernelAdapter, exc: BaseException) -> str | None:
-        """If ``exc`` is an exception the kernel already raised in a check this run reported, that check's
-        name."""
+        """If ``exc`` is an exception the kernel already raised in a check this run reported, or a wrong output of
+        a kind the check now running reported, that check's name."""
         if isinstance(exc, gmm_ref.Mismatch):
-            return None
-        found = self._reported.get((adapter.name, _signature(exc)))
+            return self._wrong.get(exc.kind)
+        found = self._reported.get((adapter.name, signature(exc)))
         return None if found is None else found[0]
+
+
+def failed_result(adapter: KernelAdapter, mode: str, caught: BaseException, run: CheckRun, common: dict[str, Any],
+                  t0: float) -> Result:
+    """The result of a check that raised ``caught``: its failure shrunk, checked again, named and reported."""
+    exc, distinct = primary(caught)
+    known = adapter.known_issue(mode)
+    # the failing example checked again: one that also passes is intermittent, whatever Hypothesis saw
+    flaky = not known and not isinstance(exc, Repeated) \
+        and check_again(exc, flaky=is_flaky(caught))
+    name_guarded_reads(adapter, exc)
+    hints = finish(exc, adapter, mode)
+    family = common["family"]
+    run.record_raised(adapter, exc, mode + (f" [{family}]" if family else ""))
+    line = str(exc) if isinstance(exc, Repeated) else one_line(exc)
+    line += f" (+{distinct - 1} other distinct failure{'s' * (distinct > 2)})" if distinct > 1 else ""
+    line += "".join(f"; matches a known upstream bug of {h} (-v says which)" for h in hints)
+    if known:
+        status, detail = Status.KNOWN_BUG, f"{known} (caught: {line})"
+    elif getattr(exc, "kind", None) == "tampered":
+        status, detail = Status.TAMPERED, line
+    elif flaky:
+        failed, made = intermittent(exc)  # type: ignore[misc]
+        status, detail = Status.INTERMITTENT, f"failed {failed} of {made} calls of the same problem: {line}"
+    else:
+        status, detail = Status.FAILED, line
+    note(exc, f"Checked under the {common['setting']}.")
+    return Result(status=status, detail=detail, error=exc, seconds=time.perf_counter() - t0, **common)
 
 
 #: the logger :func:`log_found` writes to (its WARNING reaches stderr unless the application configures logging)

@@ -118,6 +118,13 @@ def refusal(adapter: KernelAdapter, cell: StridedCell) -> str | None:
         return f"{adapter.name} copies its strided operands contiguous first ({adapter.copies_strided})"
     if families.get(cell.family).groups == families.ALIGNED:
         return f"the {cell.family} layout's cells are not built yet (groups aligned to the tile)"
+    kinds = adapter.limits().storages.get(cell.operand, ("slice", "transposed"))
+    if "slice" not in kinds:  # the view's other axes are those of a wider allocation: a slice of it
+        return f"{adapter.name} declares it takes {cell.operand} contiguous only"
+    lt, rt, _ = adapter.convention_facts.layouts_of(cell.family)[0]
+    last = families.DIMS[cell.operand][0 if {"lhs": lt, "rhs": rt}.get(cell.operand) else 1]
+    if "transposed" not in kinds and cell.axis == last:
+        return f"{adapter.name} declares it takes {cell.operand} with a last stride of 1 only"
     return None
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import gmm_ref
 from gmm_kernels import KernelAdapter
 from property_tests.checks import failures
+from property_tests.checks.causes import Evidence
 from property_tests.checks.declared import Unsupported
 from property_tests.strategies.design import pairs_of
 from property_tests.strategies.problems import Covering
@@ -23,7 +24,9 @@ __all__ = ["Tally"]
 class Tally:
     """What a mode's cells found so far: examples checked, declined and repeated, relations reached."""
 
-    def __init__(self) -> None:
+    def __init__(self, evidence: Evidence | None = None) -> None:
+        #: what each example did, by the traits of its problem (``property_tests.checks.causes``)
+        self.evidence = evidence if evidence is not None else Evidence()
         self.checked = 0
         self.declined: list[str] = []
         self.repeated: list[tuple[str, BaseException]] = []

@@ -77,7 +77,8 @@ def run_cell(kernel: KernelAdapter, cell: TableCell, request: WorkRequest, *, se
     extendable = result.status is Status.PASSED and result.examples > 0 and ALL_MODES[column].draws_examples
     return CellOutcome(result.status, shorten(result.detail) if failed else result.detail, result.examples,
                        time.perf_counter() - t0, details, covered, result.cells, extendable=extendable,
-                       pairs=result.pairs)
+                       pairs=result.pairs, causes=tuple(dict(c) for c in result.causes),
+                       evidence={k: dict(v) for k, v in result.evidence.items()})
 
 
 

@@ -97,6 +97,8 @@ class RunDocument:
     reached: dict[str, list[int]] | None = None
     shards: tuple[tuple[int, int], ...] | None = None
     shard_seconds: tuple[float | None, ...] | None = None
+    #: kernel -> the distinct causes of its failures (``property_tests.checks.causes.summarize``)
+    causes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def same_every_run(self) -> bool:
@@ -122,7 +124,7 @@ class RunDocument:
             "checked": self.checked, "cells": list(self.cells), "failures": list(self.failures),
             "coverage": list(self.coverage), "passed": self.passed, "failed": self.failed,
             "seconds": round(self.seconds, 1), "checked_nothing": list(self.checked_nothing), "reached": self.reached,
-            "verdict": run_verdict(self.cells)}
+            "verdict": run_verdict(self.cells), "causes": self.causes}
         if self.shards is not None:
             doc.update(shards=[list(s) for s in self.shards], shard_seconds=list(self.shard_seconds or ()))
         return doc
@@ -149,7 +151,8 @@ class RunDocument:
             seconds=float(doc.get("seconds", 0.0)), checked_nothing=tuple(doc.get("checked_nothing", ())),
             reached=doc.get("reached"),
             shards=None if shards is None else tuple((int(s[0]), int(s[1])) for s in shards),
-            shard_seconds=None if shards is None else tuple(doc.get("shard_seconds", ())))
+            shard_seconds=None if shards is None else tuple(doc.get("shard_seconds", ())),
+            causes={str(k): list(v) for k, v in (doc.get("causes") or {}).items()})
 
 
 def load_shards(paths: Sequence[str], error: Callable[[str], NoReturn]) -> RunDocument:

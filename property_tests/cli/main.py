@@ -44,7 +44,7 @@ from gmm_kernels.runtimes.process import HOST_ENVIRON, prepare_process
 from gmm_kernels.sandbox import device
 from gmm_ref import conventions
 from gmm_ref.names import did_you_mean
-from property_tests.checks import example_db, large, paths, tiers
+from property_tests.checks import causes, example_db, large, paths, tiers
 from property_tests.checks.modes import ALL_MODES, MODES
 from property_tests.cli import coverage, document, shards
 from property_tests.cli.document import KernelEntry, RunDocument
@@ -348,6 +348,8 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
               "--json file says so, and gmm-harness merge joins it with the other shards")
     else:
         print(render(table.as_rows(), columns))
+        for kernel, found in doc.causes.items():
+            print("\n" + "\n".join(causes.summary_lines(found, kernel)))
         print(f"\n{n_pass} passed, {n_fail} failed  ({seconds:.0f} s; {run}; 'n/a' cells give their reason)")
         reached = _reached_line(table, doc.tier)
         if reached:
@@ -442,7 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         modes=request.modes, plan=tuple(plan), requested=bool(args.kernel), goldens=not args.no_goldens,
         max_examples=request.max_examples, seed=request.seed, budget=args.budget, tier=request.tier,
         rounds_from=request.rounds_from, golden_dir=request.golden_dir, shard=args.shard, checked=len(cells),
-        cells=tuple(_json_cells(table, cells)))
+        cells=tuple(_json_cells(table, cells)),
+        causes={k.name: found for k in kernels if (found := causes.summarize(k, table.causes(k.name)))})
     return _finish(parser, table, columns, requested=[k.name for k in kernels] if args.kernel else [],
                    seconds=time.perf_counter() - t0, run=_run_text(args.seed, args.budget, request.tier),
                    verbose=args.verbose,

@@ -1,8 +1,8 @@
 """The scope options the main job and the pytest plugin share (the plugin's carry a ``--gmm-`` prefix).
 
 ``--families ragged_m --dtypes bfloat16 --out-dtypes float32 --multiple k=32 --no-tail
---zero-extents none --numerics accumulate=float32,flush --quantizes mx:float8_e4m3fn:32:rceil`` declare what a
-kernel supports
+--zero-extents none --contiguous lhs --unit-stride rhs --numerics accumulate=float32,flush
+--quantizes mx:float8_e4m3fn:32:rceil`` declare what a kernel supports
 (``gmm_kernels.Scope``): they narrow the scope the kernel already declares
 (``gmm_kernels.declare``) field by field, and one that leaves nothing to check
 is a usage error naming the option. The command-line forms are parsed here
@@ -43,6 +43,10 @@ SCOPE_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
                       help="an extent the kernel needs a multiple of, e.g. k=32 (repeatable)")),
     ("no-tail", dict(action="store_true", help="every row is in a group: no rows past the last group")),
     ("zero-extents", dict(metavar="AXES", help="the axes whose extent may be 0: some of m,k,n, or none")),
+    ("contiguous", dict(metavar="OPS", help="the operands the kernel takes only contiguous (no view: transposed, a "
+                                            "slice, a chunk): some of lhs,rhs, or none")),
+    ("unit-stride", dict(metavar="OPS", help="the operands the kernel takes only with a last stride of 1 (no "
+                                             "transposed view): some of lhs,rhs, or none")),
     ("numerics", dict(metavar="SPEC", help="the kernel's arithmetic: accumulate=DTYPE[,multiply=DTYPE][,flush]; a "
                                            "routed kernel's also [,weight=accumulator|output|DTYPE]"
                                            "[,combine=accumulator|DTYPE] (docs/routed.md)")),
@@ -99,6 +103,13 @@ def scope_fields(values: Mapping[str, Any], prefix: str = "--") -> dict[str, Any
         if any(a not in AXES for a in axes):
             raise ValueError(f"{prefix}zero-extents: expected some of m,k,n or none, got {zero!r}")
         fields["zero_extents"] = tuple(axes)
+    for name in ("contiguous", "unit-stride"):
+        if values.get(name) is not None:
+            try:
+                fields[name.replace("-", "_")] = getattr(Scope(**{name.replace("-", "_"): values[name]}),
+                                                         name.replace("-", "_"))
+            except ValueError as exc:
+                raise ValueError(f"{prefix}{exc}") from None
     numerics = parse_declared_numerics(values.get("numerics"), option=prefix + "numerics")
     if numerics is not None:
         fields["numerics"] = numerics

@@ -84,6 +84,10 @@ class CellOutcome:
     failed_round: FailedRound | None = None
     goldens: GoldenTally | None = None
     pairs: tuple[int, int] = (0, 0)
+    #: the distinct causes the cell's check shrank and the traits of its examples by what they did
+    #: (``gmm_kernels.Result.causes``, ``Result.evidence``; ``property_tests.checks.causes``)
+    causes: tuple[dict[str, str], ...] = ()
+    evidence: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -122,7 +126,8 @@ class CellOutcome:
                 "details": list(self.details), "coverage": self.coverage, "cells": list(self.cells),
                 "rounds": self.rounds, "extendable": self.extendable,
                 "failed_round": None if self.failed_round is None else list(self.failed_round),
-                "goldens": None if self.goldens is None else self.goldens.to_json(), "pairs": list(self.pairs)}
+                "goldens": None if self.goldens is None else self.goldens.to_json(), "pairs": list(self.pairs),
+                "causes": [dict(c) for c in self.causes], "evidence": {k: dict(v) for k, v in self.evidence.items()}}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CellOutcome:
@@ -135,4 +140,7 @@ class CellOutcome:
                    rounds=int(doc.get("rounds", 1)), extendable=bool(doc.get("extendable", False)),
                    failed_round=None if failed is None else FailedRound(*failed),
                    goldens=None if goldens is None else GoldenTally.from_json(goldens),
-                   pairs=tuple(doc.get("pairs", (0, 0))))
+                   pairs=tuple(doc.get("pairs", (0, 0))),
+                   causes=tuple({str(k): str(v) for k, v in c.items()} for c in doc.get("causes", ())),
+                   evidence={str(k): {str(t): int(n) for t, n in v.items()}
+                             for k, v in doc.get("evidence", {}).items()})

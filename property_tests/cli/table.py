@@ -138,6 +138,12 @@ class Table:
                 self.details.append(f"== {kernel} / {mode}\n{note}:\n{modes[mode]}")
         return failed
 
+    def causes(self, kernel: str) -> list[tuple[str, tuple[dict[str, str], ...], dict[str, dict[str, int]]]]:
+        """``kernel``'s cells as ``property_tests.checks.causes.summarize`` reads them: each cell's check, the causes
+        it shrank and the evidence of its examples."""
+        return [(f"{column} [{f}]", o.causes, o.evidence) for (k, f), row in self.rows.items() if k == kernel
+                for column, o in row.items() if o.causes or o.evidence]
+
     def checked_nothing(self, kernel: str) -> bool:
         return all(o.status is Status.UNSUPPORTED for (k, _), row in self.rows.items() if k == kernel
                    for o in row.values())

@@ -14,7 +14,7 @@ from gmm_ref import dtypes as _dt
 from gmm_ref import families as family_records
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import TRANSPOSES, packed_layouts
-from gmm_ref.problem import RAGGED_FAMILIES
+from gmm_ref.problem import RAGGED_FAMILIES, STORAGES
 from property_tests.strategies._common import (
     MAX_EXTENT,
     MAX_GROUPS,
@@ -173,7 +173,7 @@ def _shapes(shapes: Any, shp: Any, rules: Convention, convention: str | None, fa
 def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling: Any, min_groups: Any,
            max_groups: Any, max_extent: Any, max_batch_dims: Any, sharding: Any, max_shards: Any,
            existing_out: Any, shapes: Any, max_buckets: Any, vary_out_dtype: Any, multiple_of: Any = None,
-           zero_extents: Any = None, quantizations: Any = None) -> Config:
+           zero_extents: Any = None, quantizations: Any = None, storages: Any = None) -> Config:
     """The validated :class:`Config` of ``problems()``'s arguments (strategy arguments drawn in order)."""
     rules = rules_of(convention)
     fams = _families(families, rules, convention)
@@ -221,7 +221,23 @@ def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling
             raise InvalidArgument(f"quantizations={quantizations!r}, but convention={convention!r} takes none of them "
                                   f"in families={families!r}")
     return Config(convention, rules, multiples, fams, pairs, t, given_t, counts, lo, hi, me, mbd, sh, ms, ex, shp, mb,
-                  zero, quants)
+                  zero, quants, _storages(storages))
+
+
+def _storages(value: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``{"lhs": kinds, "rhs": kinds}`` (an operand not named: every storage) as (lhs kinds, rhs kinds)."""
+    if value is None:
+        return (STORAGES, STORAGES)
+    if not isinstance(value, Mapping) or set(value) - {"lhs", "rhs"}:
+        raise InvalidArgument(f"storages={value!r}, but it must map 'lhs' and/or 'rhs' to some of {STORAGES}")
+    out = []
+    for operand in ("lhs", "rhs"):
+        kinds = value.get(operand, STORAGES)
+        kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+        if not kinds or any(k not in STORAGES for k in kinds):
+            raise InvalidArgument(f"storages[{operand!r}]={value.get(operand)!r}, but it must be some of {STORAGES}")
+        out.append(tuple(k for k in STORAGES if k in kinds))
+    return out[0], out[1]
 
 
 def _quantizations(value: Any, rules: Convention, convention: str | None) -> tuple[tuple[Any, Any], ...] | None:

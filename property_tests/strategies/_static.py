@@ -15,6 +15,7 @@ from hypothesis.strategies import SearchStrategy
 
 from gmm_ref import families
 from gmm_ref.conventions import Convention
+from gmm_ref.problem import STORAGES
 from property_tests.strategies._common import BOOLEANS, Extents, cached_extents, extent_candidates, integers, sampled
 
 __all__ = ["MAX_ELEMENTS", "Config", "Static", "axis_multiple", "draw_free_static", "fits", "walked_buckets"]
@@ -67,6 +68,9 @@ class Config:
     zero_extents: tuple[str, ...] = ("m", "k", "n")
     #: the (lhs, rhs) quantizations drawn, narrowed from the convention's (None: all of them)
     quantizations: tuple[tuple[Any, Any], ...] | None = None
+    #: the storages (``gmm_ref.problem.STORAGES``) each operand, lhs then rhs, may be drawn in (a convention whose
+    #: arguments carry strides)
+    storages: tuple[tuple[str, ...], tuple[str, ...]] = (STORAGES, STORAGES)
 
 
 def axis_multiple(cfg: Config, axis: str, family: str, in_dtype: Any) -> int:

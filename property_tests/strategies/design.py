@@ -49,7 +49,7 @@ import numpy as np
 
 from gmm_ref import families
 from gmm_ref.conventions.base import has_tail
-from gmm_ref.problem import STORAGES, Problem
+from gmm_ref.problem import Problem
 from property_tests.strategies._static import Config, Static, axis_multiple, fits
 
 __all__ = ["EXTENT_LEVELS", "SPAN_LEVELS", "Cell", "Design", "Factor", "design", "observe", "pairs_of", "static_levels",
@@ -152,7 +152,7 @@ class _Space:
         if facts.takes_sizes and not self.all_empty:
             out.append(Factor("span", SPAN_LEVELS, False))
         if rules.strided:
-            out += [Factor("lhs_storage", STORAGES, False), Factor("rhs_storage", STORAGES, False)]
+            out += [Factor("lhs_storage", cfg.storages[0], False), Factor("rhs_storage", cfg.storages[1], False)]
         return tuple(out)
 
     # ------------------------------------------------------------- extents

@@ -18,7 +18,6 @@ from hypothesis.strategies import SearchStrategy
 
 import gmm_ref
 from gmm_ref import families
-from gmm_ref.problem import STORAGES
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, integers, resolve, sampled
 from property_tests.strategies._config import config
 from property_tests.strategies._static import Config, Static, draw_free_static, walked_buckets
@@ -59,6 +58,7 @@ def problems(
     multiple_of: Mapping[str, int] | None = None,
     zero_extents: Sequence[str] | None = None,
     quantizations: Sequence[tuple[Any, Any]] | None = None,
+    storages: Mapping[str, Sequence[str]] | None = None,
 ) -> SearchStrategy[gmm_ref.Problem]:
     """:class:`gmm_ref.Problem` instances that ``convention``'s real kernel takes.
 
@@ -92,6 +92,9 @@ def problems(
     to its convention's. ``quantizations`` narrows a scaled convention's
     ``(lhs, rhs)`` :class:`gmm_ref.Quantization` pairs to those a kernel takes
     (``(None, None)``: unscaled operands, where the convention takes them).
+    ``storages`` (``{"rhs": ("contiguous", "slice", "chunk")}``) narrows how the
+    operands of a convention whose arguments carry strides lie in memory, each to
+    some of ``gmm_ref.problem.STORAGES`` (an operand not named: any of them).
     ``all_empty=True``: every group empty; where the sum must equal the
     extent (``allow_tail=False``), every group but one, which holds it all.
 
@@ -108,7 +111,7 @@ def problems(
                      max_batch_dims=max_batch_dims, sharding=sharding, max_shards=max_shards,
                      existing_out=existing_out, values=values, allow_tail=allow_tail, all_empty=all_empty,
                      vary_out_dtype=vary_out_dtype, shapes=shapes, max_buckets=max_buckets, multiple_of=multiple_of,
-                     zero_extents=zero_extents, quantizations=quantizations)
+                     zero_extents=zero_extents, quantizations=quantizations, storages=storages)
 
     @st.composite
     def _draw(draw: Any) -> gmm_ref.Problem:
@@ -180,11 +183,11 @@ def _drawer(*, convention: Any = None, families: Any = None, dtypes: Any = None,
             sharding: Any = None, max_shards: Any = 4, existing_out: Any = None,
             values: Any = ("exact", "normal", "wide", "poisoned"), allow_tail: Any = None, all_empty: Any = False,
             vary_out_dtype: Any = None, shapes: Any = None, max_buckets: Any = 8, multiple_of: Any = None,
-            zero_extents: Any = None, quantizations: Any = None) -> _Drawer:
+            zero_extents: Any = None, quantizations: Any = None, storages: Any = None) -> _Drawer:
     """A drawer for ``problems()``'s arguments, checked where they are values."""
     config_args = (convention, families, dtypes, tiling, min_groups, max_groups, max_extent,
                    max_batch_dims, sharding, max_shards, existing_out, shapes, max_buckets, vary_out_dtype,
-                   multiple_of, zero_extents, quantizations)
+                   multiple_of, zero_extents, quantizations, storages)
     drawer = _Drawer(config_args, values, check_bool("allow_tail", allow_tail, allow_none=True),
                      check_bool("all_empty", all_empty))
     if drawer.fixed:
@@ -315,7 +318,8 @@ def _sizes(draw: Any, cfg: Config, s: Static, kind: str, tail_ok: bool, all_empt
 
 
 def _storages(cfg: Config, operand: str, rows: int, in_dtype: Any) -> tuple[str, ...]:
-    return tuple(x for x in STORAGES if not cfg.rules.storage_refusal(operand, x, rows, in_dtype))
+    allowed = cfg.storages[0 if operand == "lhs" else 1]
+    return tuple(x for x in allowed if not cfg.rules.storage_refusal(operand, x, rows, in_dtype))
 
 
 def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: bool, all_empty: bool,

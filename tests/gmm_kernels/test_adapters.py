@@ -275,7 +275,7 @@ def test_strategy_options_draw_problems_the_adapter_takes(adapter):
 
     if adapter.available():
         pytest.skip(adapter.available())
-    if adapter.routed:  # one cell of routings per mode (property_tests.checks.check._run_routed)
+    if adapter.routed:  # one cell of routings per mode (property_tests.checks.routed_run.run_routed)
         _routings_are_taken(adapter)
         return
     declined, drawn = [], []

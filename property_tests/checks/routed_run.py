@@ -1,0 +1,115 @@
+"""A routed MoE kernel's checks: routings drawn by ``property_tests.strategies.routing`` within its convention and
+declared limits, each judged against the routed reference (the token, slot and expert of the first wrong element
+named). ``check_mode`` runs a routed kernel's drawn modes here, in one cell of routings each; the ``scale`` cells
+judge through :func:`check_routed` too.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import TYPE_CHECKING
+
+import numpy as np
+from hypothesis import given
+from hypothesis import seed as hypothesis_seed
+from hypothesis.database import ExampleDatabase
+
+import gmm_ref
+from gmm_kernels import KernelAdapter
+from gmm_kernels.sandbox import tamper
+from gmm_ref.routed.compare import routed_element
+from property_tests.checks import failures
+from property_tests.checks.profiles import pinned_constants
+from property_tests.checks.profiles import profile as profile_settings
+from property_tests.checks.tiers import budgets, cell_settings
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from property_tests.checks.modes import Mode
+    from property_tests.checks.tally import Tally
+    from property_tests.checks.tiers import Tier
+
+__all__ = ["check_routed", "run_routed"]
+
+
+def _routing_note(r: gmm_ref.Routing) -> str:
+    """What a routed failure was drawn on: the routing's static facts and its ids (the values are the drawn ones)."""
+    with np.printoptions(threshold=200, linewidth=120):
+        emap = "none" if r.expert_map is None else np.array2string(r.expert_map, separator=", ")
+        return (f"{r.describe()}\ntopk_ids = {np.array2string(r.topk_ids, separator=', ')}\n"
+                f"expert_map = {emap}")
+
+
+def check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) -> None:
+    """A routed kernel's output (per slot or combined, as its convention says) against the routed reference
+    (``gmm_ref.assert_routed_matches``: the token, slot and expert of the first wrong element named); run twice
+    for a deterministic kernel in a mode that asks, bit for bit."""
+    __tracebackhide__ = True
+    numerics = adapter.numerics_for(routing)
+    try:
+        with tamper.sealed(routing, adapter.name):
+            out = adapter.run(routing)
+        ref = adapter.reference_for(routing)  # once the kernel has returned (as _check_forward's)
+        output = adapter.convention_facts.output
+        gmm_ref.assert_routed_matches(out, ref, numerics=numerics, kernel=adapter.name, output=output)
+        if mode.deterministic_repeat and adapter.deterministic:
+            again = adapter.run(routing)
+            bits = f"u{out.dtype.itemsize}"
+            differ = np.argwhere(np.ascontiguousarray(out).view(bits) != np.ascontiguousarray(again).view(bits))
+            if differ.size:
+                raise gmm_ref.Mismatch(f"{routed_element(routing, output, differ[0])}: a second call returned other "
+                                       f"bits ({adapter.name} declares itself deterministic)", kind="determinism")
+    except Exception as exc:
+        exc.add_note(_routing_note(routing))
+        raise
+
+
+def run_routed(adapter: KernelAdapter, mode: Mode, strategy: SearchStrategy[gmm_ref.Routing], tally: Tally,
+               max_examples: int | None, profile: str | None, seed: int | None = None,
+               database: ExampleDatabase | None = None, run: failures.CheckRun | None = None,
+               tier: Tier | None = None) -> Tally:
+    """Run ``mode``'s property on a routed kernel: routings of ``strategy`` (``modes.mode_routings``: drawn by
+    ``gst.routings`` within its convention and declared limits), each checked by :func:`check_routed` and counted in
+    ``tally``. One cell (no covering design of routed relations yet)."""
+    __tracebackhide__ = True
+    tally.cells = (1, 1)
+    run = run if run is not None else failures.CheckRun()
+    quick = tier is not None and tier.routed_examples is not None and max_examples is None  # gmm-quick's examples
+    n = budgets(tier.routed_examples if quick else max_examples, profile, adapter.max_examples, 1)[0]  # type: ignore
+
+    def check(routing: gmm_ref.Routing) -> None:
+        __tracebackhide__ = True
+        reason = adapter.supports(routing)
+        if reason is not None:
+            tally.declined.append(reason)
+            return
+        try:
+            check_routed(adapter, routing, mode)
+        except Exception as exc:
+            where = run.seen_before(adapter, exc)
+            if where is None:
+                tally.evidence.add(routing, exc)
+                failures.attach_again(exc, lambda: check_routed(adapter, routing, mode))
+                run.found(adapter, mode.name, f"routed / {mode.name}", exc)  # said now, before shrinking
+                raise
+            tally.repeated.append((where, exc))
+            tally.evidence.add(routing, exc)
+            return
+        tally.checked += 1
+        tally.evidence.add(routing)
+
+    def routed(routing: gmm_ref.Routing) -> None:
+        check(routing)
+
+    prop = given(routing=strategy)(routed)
+    cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} routed"
+    if seed is not None or profile_settings(profile).derandomize:
+        prop = cell_settings(profile, n, True, database, cell)(hypothesis_seed(zlib.crc32(cell.encode()) ^ (seed or 0))(
+            prop))
+    else:
+        prop = cell_settings(profile, n, False, database, cell)(prop)
+    with pinned_constants():
+        prop()
+    tally.conclude(adapter, "routing")
+    return tally
