@@ -14,7 +14,7 @@ import numpy as np
 from gmm_kernels.base import KernelAdapter
 from gmm_kernels.registry import names as builtin_names
 from gmm_kernels.resolve import load_object
-from gmm_kernels.user import FunctionAdapter
+from gmm_kernels.user import FunctionAdapter, RoutedFunctionAdapter
 from gmm_ref import Numerics, Problem
 from gmm_ref.repro import numerics_source, problem_source
 
@@ -40,7 +40,7 @@ def locate(adapter: KernelAdapter) -> str | None:
     was resolved from, a built-in name, or the import path of its function or class; None if none."""
     if adapter.origin is not None:
         return adapter.origin
-    if isinstance(adapter, FunctionAdapter):
+    if isinstance(adapter, (FunctionAdapter, RoutedFunctionAdapter)):
         fn = adapter.fn
         spec = f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', '')}"
         return spec if "<" not in spec and not spec.startswith("__main__") and _importable(spec, fn) else None
@@ -56,7 +56,7 @@ def locate(adapter: KernelAdapter) -> str | None:
 def _kernel_lines(adapter: KernelAdapter) -> list[str]:
     spec = locate(adapter)
     options = ""
-    if isinstance(adapter, FunctionAdapter):
+    if isinstance(adapter, (FunctionAdapter, RoutedFunctionAdapter)):
         options += f", convention={adapter.convention!r}"
     if adapter.tiling is not None:
         options += f", tiling={tuple(adapter.tiling)!r}"
@@ -90,6 +90,11 @@ def kernel_reproducer(adapter: KernelAdapter, problem: Problem, *, numerics: Num
     label = adapter.name if wrt is None else f"{adapter.name} d/d{wrt}"
     call = f"calls the kernel with {adapter.convention}'s arguments, gmm_ref.arguments(problem)"
     calls = []
+    if not isinstance(problem, Problem):  # a routing: the routed reference, compared as the check compares it
+        calls += [f"out = kernel.run(problem)  # calls the kernel with {adapter.convention}'s arguments",
+                  f"gmm_ref.assert_routed_matches(out, kernel.reference_for(problem), numerics=numerics, "
+                  f"kernel={label!r}, output=kernel.convention_facts.output)"]
+        return "\n".join([*head, *imports, *lines, *calls])
     if before:  # the harness's call j had the first call's operands rotated by contents_shift(j) elements
         imports = [*imports, "import numpy as np", "from gmm_kernels.sandbox.recycle import recycling"]
         roll = "np.roll(problem.{0}, max(j - 1, 0) - " + str(contents_shift(len(before))) + ")"

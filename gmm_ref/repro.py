@@ -153,6 +153,8 @@ def problem_source(problem: Problem, *, extra: Mapping[str, np.ndarray] | None =
     """(import lines, lines binding ``problem`` and each ``extra`` name): literals for a small problem,
     else a load of the ``.npz`` written to ``directory`` (default :func:`repro_directory`)."""
     extra = {k: np.asarray(v) for k, v in (extra or {}).items()}
+    if not isinstance(problem, Problem):  # a routing (gmm_ref.Routing): small once shrunk, written out whole
+        return _literal(problem, extra)
     nbytes = sum(a.nbytes for a in [*(getattr(problem, f.name) for f in dataclasses.fields(problem)),
                                     *extra.values()] if isinstance(a, np.ndarray))
     if nbytes > MAX_SAVED_BYTES:
@@ -171,6 +173,11 @@ def problem_source(problem: Problem, *, extra: Mapping[str, np.ndarray] | None =
                  "problem = gmm_ref.load_problem(DATA)"]
         lines += [f"{name} = gmm_ref.load_array(DATA, {name!r})" for name in extra]
         return ["import gmm_ref"], lines
+    return _literal(problem, extra)
+
+
+def _literal(problem: Any, extra: Mapping[str, np.ndarray]) -> tuple[list[str], list[str]]:
+    """(imports, lines) binding ``problem`` (a ``gmm_ref.Problem`` or ``gmm_ref.Routing``) and ``extra`` as literals."""
     imports = ["import numpy as np", "import gmm_ref"]
     dtypes = [getattr(problem, f.name) for f in dataclasses.fields(problem)]
     dtypes = [d.dtype if isinstance(d, np.ndarray) else d for d in [*dtypes, *extra.values()]]
@@ -180,7 +187,7 @@ def problem_source(problem: Problem, *, extra: Mapping[str, np.ndarray] | None =
               if isinstance(a, np.ndarray) and (a.dtype.kind == "f" or str(a.dtype) in _ML_DTYPES)]
     nonfinite = any(not np.isfinite(a.astype(np.float64)).all() for a in floats)
     lines = ["nan, inf = np.nan, np.inf"] if nonfinite else []
-    lines.append("problem = gmm_ref.Problem(")
+    lines.append(f"problem = gmm_ref.{type(problem).__name__}(")
     for f in dataclasses.fields(problem):
         v = getattr(problem, f.name)
         if isinstance(v, np.ndarray):
@@ -197,9 +204,13 @@ def problem_source(problem: Problem, *, extra: Mapping[str, np.ndarray] | None =
     return imports, lines
 
 
-def numerics_source(numerics: Numerics) -> str:
-    """``gmm_ref.Numerics(...)`` as source."""
-    return numerics.source()
+def numerics_source(numerics: Any) -> str:
+    """``gmm_ref.Numerics(...)`` (or a routed kernel's ``gmm_ref.RoutedNumerics(...)``) as source."""
+    if isinstance(numerics, Numerics):
+        return numerics.source()
+    product = "None" if numerics.product is None else numerics.product.source()
+    return (f"gmm_ref.RoutedNumerics(product={product}, weight={str(numerics.weight)!r}, "
+            f"combine={str(numerics.combine)!r})")
 
 
 def fenced(source: str) -> str:

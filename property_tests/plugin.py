@@ -62,6 +62,9 @@ from property_tests.cli.options import SCOPE_OPTIONS, add_device_option, add_sco
 
 __all__: list[str] = []
 
+#: the libraries whose own DeprecationWarnings a run that uses the plugin does not show
+THIRD_PARTY = ("torch", "jax", "jaxlib", "triton", "hypothesis", "ml_dtypes")
+
 #: the harness's kernel checks, which the plugin collects itself with --gmm-kernel
 _CHECKS = Path(__file__).resolve().parent / "kernel_checks.py"
 
@@ -237,6 +240,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_EXAMPLE_DB] = example_db.describe(os.environ.get(example_db.ENV))
     if not in_use(config):
         return
+    # what the libraries a kernel runs on say of their own deprecated parts (torch.jit's, at import) is not the
+    # kernel's concern: a run shows what is (a deprecation your own code triggers is attributed to your module)
+    for library in THIRD_PARTY:
+        config.addinivalue_line("filterwarnings", f"ignore::DeprecationWarning:{library}.*")
     from gmm_kernels.runtimes.process import prepare_process
 
     try:  # the interpreter before collection imports a Triton kernel; the cache the main job and check_kernel use

@@ -28,7 +28,7 @@ from gmm_ref.compare import REPRODUCE
 from gmm_ref.conventions.base import has_tail
 from property_tests.checks import failures
 
-__all__ = ["MAX_CAUSES", "TOTAL", "Evidence", "cause_of", "declarations", "goes_on", "key_of", "summarize",
+__all__ = ["MAX_CAUSES", "STOPS", "TOTAL", "Evidence", "cause_of", "declarations", "goes_on", "key_of", "summarize",
            "summary_lines", "traits"]
 
 #: the most causes one check reports: after the kernel's own exception it goes on looking for another, this many
@@ -95,11 +95,16 @@ class Evidence:
         return {key: dict(counts) for key, counts in self.counts.items()}
 
 
+#: the failures after which a check stops: a kernel that writes where it must not (past a buffer, into an input)
+#: may, on the next example, write where no guard region catches it; one that tampered is not called again
+STOPS = ("wrote_out_of_bounds", "modified_input", "donated_input", "tampered")
+
+
 def goes_on(exc: BaseException) -> bool:
     """Whether a check that shrank ``exc`` goes on looking for another cause: after the kernel's own exception (no
     longer a failure once reported, ``failures.CheckRun``) or a wrong output (of its kind, no longer one in this
-    check), not after a repeat or tampering."""
-    return not isinstance(exc, failures.Repeated) and getattr(exc, "kind", None) != "tampered"
+    check), not after a repeat or a failure of :data:`STOPS`."""
+    return not isinstance(exc, failures.Repeated) and getattr(exc, "kind", None) not in STOPS
 
 
 def _frame(exc: BaseException) -> str:

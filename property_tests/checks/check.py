@@ -29,6 +29,7 @@ from gmm_kernels.sandbox import device as devices
 from property_tests.checks import causes, cell_order, engine, failures, scale, tiers
 from property_tests.checks import example_db as example_dbs
 from property_tests.checks.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
+from property_tests.checks.poison_source import name_poison_source
 from property_tests.checks.profiles import DEFAULT as DEFAULT_PROFILE
 from property_tests.checks.profiles import PROFILES, pinned_constants
 from property_tests.checks.profiles import profile as profile_settings
@@ -317,7 +318,7 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         except Unsupported as exc:
             return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
         except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
-            result = failures.failed_result(adapter, mode.name, caught, run, common, t0)
+            result = failures.failed_result(adapter, mode.name, caught, run, common, t0, explain=name_poison_source)
             return dataclasses.replace(result, causes=(causes.cause_of(result.error, _where(mode, family)),))
         return Result(status=Status.PASSED, examples=checked, seconds=time.perf_counter() - t0,
                       cells=(checked, checked + sum(map(len, left_out.values()))), detail=scale.cells_detail(left_out),
@@ -347,6 +348,7 @@ def _every_cause(adapter: KernelAdapter, mode: Mode, search: Callable[[causes.Ev
     and the search goes on from the cell it was found in, for another, up to ``causes.MAX_CAUSES``."""
     evidence = causes.Evidence()
     found: list[tuple[Result, dict[str, str]]] = []  # each cause the check shrank, and its result
+    extra: list[dict[str, str]] = []  # the causes shrunk beside one of those
     start = 0
     while True:
         try:
@@ -356,16 +358,25 @@ def _every_cause(adapter: KernelAdapter, mode: Mode, search: Callable[[causes.Ev
                 break
             return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
         except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
-            result = failures.failed_result(adapter, mode.name, caught, run, common, t0)
+            result = failures.failed_result(adapter, mode.name, caught, run, common, t0, explain=name_poison_source)
             if isinstance(result.error, failures.Repeated):  # nothing but causes already reported
                 if found:
                     break
                 return dataclasses.replace(result, evidence=evidence.to_json())
-            found.append((result, causes.cause_of(result.error, _where(mode, common["family"]))))  # type: ignore
+            where = _where(mode, common["family"])  # type: ignore[arg-type]
+            found.append((result, causes.cause_of(result.error, where)))  # type: ignore[arg-type]
+            # the other distinct failures Hypothesis shrank with it are causes too, reported once
+            others = [e for e in failures.leaves(caught)
+                      if e is not result.error and not isinstance(e, failures.Repeated)]
+            for other in others:
+                failures.finish(other, adapter, mode.name)
+                run.record_raised(adapter, other, where)
+                extra.append(causes.cause_of(other, where))
             position = getattr(caught, _POSITION, None)
             if (result.status is Status.FAILED and causes.goes_on(result.error)  # type: ignore[arg-type]
                     and position is not None and len(found) < causes.MAX_CAUSES):
-                run.look_past(result.error, found[-1][1]["where"])  # type: ignore[arg-type]
+                for exc in (result.error, *others):
+                    run.look_past(exc, where)  # type: ignore[arg-type]
                 start = position
                 continue
             break
@@ -374,10 +385,11 @@ def _every_cause(adapter: KernelAdapter, mode: Mode, search: Callable[[causes.Ev
                 return Result(status=Status.PASSED, seconds=time.perf_counter() - t0, **tally.reached_fields(),
                               evidence=evidence.to_json(), **common)
             break
-    return _with_causes(found, evidence, t0)
+    return _with_causes(found, extra, evidence, t0)
 
 
-def _with_causes(found: list[tuple[Result, dict[str, str]]], evidence: causes.Evidence, t0: float) -> Result:
+def _with_causes(found: list[tuple[Result, dict[str, str]]], extra: list[dict[str, str]], evidence: causes.Evidence,
+                 t0: float) -> Result:
     """The first cause's result, naming the others the check went on to find (their reports in its own)."""
     first = found[0][0]
     others = [r for r, _ in found[1:]]
@@ -389,7 +401,7 @@ def _with_causes(found: list[tuple[Result, dict[str, str]]], evidence: causes.Ev
             failures.note(first.error, "Another cause this check found once the one above was reported:\n"  # type: ignore
                           + r.full_report())
     return dataclasses.replace(first, detail=detail, seconds=time.perf_counter() - t0,
-                               causes=tuple(c for _, c in found), evidence=evidence.to_json())
+                               causes=(*(c for _, c in found), *extra), evidence=evidence.to_json())
 
 
 def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = None,

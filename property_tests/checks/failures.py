@@ -48,11 +48,14 @@ __all__ = [
     "found_line",
     "intermittent",
     "is_flaky",
+    "leaves",
     "left_property",
     "log_found",
     "name_guarded_reads",
     "note",
     "one_line",
+    "poison_source",
+    "poisoned_from",
     "primary",
     "raise_failure",
     "recipe_problem",
@@ -65,6 +68,7 @@ _LEFT = "_gmm_left_property"  # (the exception's notes as it left the property, 
 _NOTES = "_gmm_notes"  # the notes the harness added since
 _AGAIN = "_gmm_again"  # a callable that checks the failing example again
 _INTERMITTENT = "_gmm_intermittent"  # (calls that failed, calls made) once the example was checked again
+_POISON = "_gmm_poison_source"  # the regions whose NaN/Inf reached a poisoned failure's output
 
 #: how many times a failing example is checked again to tell an intermittent failure from a steady one, and
 #: the seconds those calls may take together (a slow kernel makes fewer)
@@ -129,6 +133,18 @@ def check_again(exc: BaseException, *, flaky: bool, clock: Callable[[], float] =
     note(exc, f"Intermittent: the same problem failed {failed} of {made} calls (the report is of one that failed); "
               "a race, uninitialized memory or state kept between calls? The reproducer calls it until it fails.")
     return True
+
+
+def poisoned_from(exc: BaseException, regions: list[str]) -> None:
+    """Remember the regions (in words) whose NaN/Inf reached ``exc``'s output (``poison_source``): its line says the
+    first."""
+    with contextlib.suppress(AttributeError):
+        setattr(exc, _POISON, list(regions))
+
+
+def poison_source(exc: BaseException) -> list[str]:
+    """The regions :func:`poisoned_from` remembered for ``exc`` (empty: none found)."""
+    return list(getattr(exc, _POISON, None) or ())
 
 
 def intermittent(exc: BaseException) -> tuple[int, int] | None:
@@ -197,23 +213,24 @@ def forget(exc: BaseException) -> None:
 
 
 # --------------------------------------------------------------- one failure
-def _leaves(exc: BaseException) -> list[BaseException]:
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The failures in ``exc``: itself, or those of the group Hypothesis raises when it found several."""
     group = getattr(exc, "exceptions", None)
     if isinstance(group, (list, tuple)) and group and all(isinstance(e, BaseException) for e in group):
-        return [leaf for e in group for leaf in _leaves(e)]
+        return [leaf for e in group for leaf in leaves(e)]
     return [exc]
 
 
 def primary(exc: BaseException) -> tuple[BaseException, int]:
     """(the failure to report, how many distinct failures Hypothesis found). Hypothesis raises a group
     when it found several; the first mismatch of the group stands for it, with a note listing the others."""
-    leaves = _leaves(exc)
-    if len(leaves) == 1:
-        return leaves[0], 1
-    first = next((e for e in leaves if isinstance(e, gmm_ref.Mismatch)), leaves[0])
-    note(first, f"Hypothesis found {len(leaves)} distinct failures; this is one of them. The others:\n"
-         + "\n".join(f"  - {one_line(e)}" for e in leaves if e is not first))
-    return first, len(leaves)
+    found = leaves(exc)
+    if len(found) == 1:
+        return found[0], 1
+    first = next((e for e in found if isinstance(e, gmm_ref.Mismatch)), found[0])
+    note(first, f"Hypothesis found {len(found)} distinct failures; this is one of them. The others:\n"
+         + "\n".join(f"  - {one_line(e)}" for e in found if e is not first))
+    return first, len(found)
 
 
 def one_line(exc: BaseException) -> str:
@@ -227,6 +244,8 @@ def one_line(exc: BaseException) -> str:
     wrt = (getattr(exc, _RECIPE, None) or {}).get("wrt")
     if isinstance(exc, gmm_ref.Mismatch) and wrt:
         pick = f"d/d{wrt}: {pick}"
+    if poison_source(exc):
+        pick += f" (NaN/Inf from {poison_source(exc)[0]})"
     if intermittent(exc) is None:  # (an intermittent failure is not the earlier calls' doing)
         pick = _replay_line(getattr(exc, _RECIPE, None) or {}, pick)
     if not isinstance(exc, gmm_ref.Mismatch):  # the kernel's own exception (an AssertionError of its own too)
@@ -282,7 +301,7 @@ def finish(exc: BaseException, adapter: KernelAdapter, mode: str) -> list[str]:
         else:
             notes.append(REPRODUCE + fenced(script))
     hints = []
-    if recipe is not None:
+    if recipe is not None and isinstance(recipe["problem"], gmm_ref.Problem):  # a routing's kernels call none
         for issue in matching(adapter, mode, exc, recipe["problem"]):
             hints.append(issue.primitive)
             what = (f"torch's {issue.primitive} operator" if issue.primitive.startswith("aten.")
@@ -355,13 +374,16 @@ class CheckRun:
 
 
 def failed_result(adapter: KernelAdapter, mode: str, caught: BaseException, run: CheckRun, common: dict[str, Any],
-                  t0: float) -> Result:
-    """The result of a check that raised ``caught``: its failure shrunk, checked again, named and reported."""
+                  t0: float, explain: Callable[[KernelAdapter, BaseException, str], None] | None = None) -> Result:
+    """The result of a check that raised ``caught``: its failure shrunk, checked again, named and reported;
+    ``explain(adapter, failure, mode)`` adds what reruns of the example tell (``poison_source``)."""
     exc, distinct = primary(caught)
     known = adapter.known_issue(mode)
     # the failing example checked again: one that also passes is intermittent, whatever Hypothesis saw
     flaky = not known and not isinstance(exc, Repeated) \
         and check_again(exc, flaky=is_flaky(caught))
+    if explain is not None and not isinstance(exc, Repeated) and not flaky:
+        explain(adapter, exc, mode)
     name_guarded_reads(adapter, exc)
     hints = finish(exc, adapter, mode)
     family = common["family"]

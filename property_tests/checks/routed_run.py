@@ -62,6 +62,7 @@ def check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) -
                                        f"bits ({adapter.name} declares itself deterministic)", kind="determinism")
     except Exception as exc:
         exc.add_note(_routing_note(routing))
+        failures.attach(exc, problem=routing, numerics=numerics)  # its reproducer
         raise
 
 

@@ -56,3 +56,19 @@ def ragged_dot_refusal_declared(lhs, rhs, group_sizes, precision=None, preferred
     """The honest twin: the same assertion, declared, and every row right."""
     assert np.asarray(lhs).shape[-1] > 0, "K must be positive"
     return ragged_dot_correct(lhs, rhs, group_sizes, precision, preferred_element_type)
+
+
+def moe_experts_two_causes(hidden_states, weight, topk_ids, topk_weights, expert_map=None):
+    """torch.moe_experts that refuses top_k = 1 (its own exception) and drops every token's last slot."""
+    import torch
+
+    t, top_k = topk_ids.shape
+    if top_k == 1:
+        raise NotImplementedError("top_k = 1 is not supported")
+    out = torch.zeros((t, weight.shape[1]), dtype=torch.float32)
+    for i in range(t):
+        for j in range(top_k - 1):
+            e = int(topk_ids[i, j]) if expert_map is None else int(expert_map[int(topk_ids[i, j])])
+            if e >= 0:
+                out[i] += float(topk_weights[i, j]) * (weight[e].float() @ hidden_states[i].float())
+    return out.to(hidden_states.dtype)

@@ -146,3 +146,70 @@ def test_a_check_goes_on_only_after_the_kernels_own_exception():
     adapter = resolve_kernel(ragged_dot_last_row_next_expert, convention="ragged_dot")
     result = check_mode(adapter, "exact", profile="gmm-ci")
     assert result.status is Status.FAILED and len(result.causes) == 1 and "other cause" not in result.detail
+
+
+def test_a_poisoned_failure_names_the_region_its_nan_came_from():
+    pytest.importorskip("torch")
+    # the next expert's weights, read in the K loop: an expert with no rows poisons its neighbour's rows
+    report = check_kernel(sc.grouped_mm_three_causes, convention="torch.grouped_mm", modes=["poisoned"],
+                          scope=Scope(zero_extents=("m", "k"), unit_stride=("rhs",)), raise_on_failure=False)
+    (result,) = report.results
+    assert "(NaN/Inf from rhs of group " in result.detail, result.detail
+    note = next(n for n in result.error.__notes__ if n.startswith("Where the NaN/Inf came from"))
+    assert "an expert with no rows" in note and "alone, they make" in note, note
+
+
+def test_the_rows_of_no_group_are_named_where_a_mask_multiplies_them():
+    pytest.importorskip("jax")
+    from tests.corpus.broken_kernels import ragged_dot_nan_leak_masking
+
+    report = check_kernel(ragged_dot_nan_leak_masking, convention="ragged_dot", modes=["poisoned"],
+                          raise_on_failure=False)
+    (result,) = report.results
+    assert result.status is Status.FAILED
+    assert "(NaN/Inf from rhs of group " in result.detail and "an expert with no rows)" in result.detail, \
+        result.detail
+
+
+def test_a_kernel_that_makes_its_nan_itself_is_given_no_source():
+    import numpy as np
+
+    from gmm_kernels import resolve_kernel
+    from property_tests.checks.poison_source import name_poison_source
+
+    pytest.importorskip("jax")
+    rng = np.random.default_rng(0)
+    lhs = rng.standard_normal((6, 4)).astype(np.float32)
+    lhs[5] = np.nan  # a row of no group
+    p = gmm_ref.Problem("ragged_m", lhs, rng.standard_normal((2, 4, 3)).astype(np.float32), [2, 3],
+                        convention="ragged_dot")
+    out = np.zeros((6, 3), np.float32)
+    out[0, 0] = np.nan
+    bad = np.zeros(out.shape, bool)
+    bad[0, 0] = True
+    exc = gmm_ref.Mismatch("group 0: got nan", comparison=gmm_ref.compare.Comparison(False, "nonfinite", "", bad=bad),
+                           output=out)
+    from property_tests.checks import failures
+
+    failures.attach(exc, problem=p)
+    name_poison_source(resolve_kernel(sc.ragged_dot_refusal_declared), exc, "poisoned", run=lambda q: out)
+    assert not failures.poison_source(exc) and not any("came from" in n for n in getattr(exc, "__notes__", ()))
+    # the same output, made NaN by the row of no group: named
+    name_poison_source(resolve_kernel(sc.ragged_dot_refusal_declared), exc, "poisoned",
+                       run=lambda q: np.where(np.isfinite(q.lhs).all(), 0.0, out))
+    assert failures.poison_source(exc) == ["lhs where no group reads (past the last group, or padding)"]
+
+
+def test_a_routed_failure_has_a_reproducer_that_raises_the_same_report(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    report = check_kernel(sc.moe_experts_two_causes, convention="torch.moe_experts", modes=["normal"],
+                          raise_on_failure=False)
+    lines = {c["line"].split(":")[0]: c for c in report.causes}
+    assert "NotImplementedError" in lines and len(report.causes) == 2, report.causes
+    wrong = next(c for c in report.causes if c["key"].startswith("wrong:"))
+    script = wrong["reproducer"].removeprefix("```python\n").removesuffix("\n```")
+    assert "problem = gmm_ref.Routing(" in script and "gmm_ref.assert_routed_matches(" in script, script
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        exec(compile(script, "reproducer.py", "exec"), {})
+    assert wrong["line"].split(": ", 1)[1].split(" (")[0] in str(info.value), (wrong["line"], str(info.value))
