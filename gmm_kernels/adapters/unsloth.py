@@ -100,16 +100,10 @@ class UnslothGroupedGemm(RoutedKernelAdapter):
 
     def numerics_for(self, routing: Any) -> Any:
         """The product rounded once to X's dtype; with ``fuse_mul_post`` the weight cast to it and multiplied in
-        it (``RoutedNumerics(weight="output")``). float32 on a GPU: ``tl.dot``'s default TF32 inputs (declared as
-        bfloat16 products, a sound, slightly looser bound)."""
-        import dataclasses
-
+        it (``RoutedNumerics(weight="output")``). float32: ``tl.dot``'s default TF32 inputs (the base class's)."""
         from gmm_ref import RoutedNumerics
 
-        rn = super().numerics_for(routing)
-        product = rn.product
-        if device.on_cuda() and str(routing.tokens.dtype) == "float32":
-            product = dataclasses.replace(product, multiply="bfloat16")
+        product = super().numerics_for(routing).product
         if routing.mul_routed_weight:
             return RoutedNumerics(product=product, weight="output", combine=routing.out_dtype)
         return RoutedNumerics(product=product)
@@ -163,15 +157,10 @@ class _UnslothBackward(RoutedKernelAdapter):
 
     def numerics_for(self, routing: Any) -> Any:
         """Exact products into a float32 accumulator, one rounding to the gradient's dtype (subnormals possibly
-        flushed); float32 on a GPU: ``tl.dot``'s default TF32 inputs (declared as bfloat16 products)."""
-        import dataclasses
-
+        flushed); float32: ``tl.dot``'s default TF32 inputs (the base class's)."""
         from gmm_ref import RoutedNumerics
 
-        product = super().numerics_for(routing).product
-        if device.on_cuda() and str(routing.tokens.dtype) == "float32":
-            product = dataclasses.replace(product, multiply="bfloat16")
-        return RoutedNumerics(product=product)
+        return RoutedNumerics(product=super().numerics_for(routing).product)
 
     def _launch(self, kernel: Any, grid: tuple[int], *tensors: Any, num_stages: int = 2, **args: Any) -> None:
         if device.on_cuda():

@@ -147,16 +147,16 @@ class VllmBatchedMoE(KernelAdapter):
     def numerics_for(self, problem: Problem) -> Numerics:
         """FP8: each K tile's ``tl.dot`` of codes in the tensor cores (about 14 bits kept on Hopper), promoted into
         the float32 accumulator with its scales (the block path; the per-tensor and per-token paths are declared
-        the same, which a first run on a GPU confirms or refutes). float32 on a GPU: ``tl.dot``'s default
-        input precision is TF32 (declared as bfloat16 products, a sound, slightly looser bound); Triton's
-        interpreter multiplies float32 exactly."""
+        the same, which a first run on a GPU confirms or refutes). float32: ``tl.dot``'s default input precision
+        is TF32, on a GPU as in the harness's interpreter (declared as bfloat16 products, a sound, slightly looser
+        bound)."""
         base = super().numerics_for(problem)
         if self.scope is not None and self.scope.numerics is not None:
             return base
         if problem.scaled:
             tk = (problem.tiling or self.convention_facts.default_tiling)[1]
             return dataclasses.replace(base, promote_every=tk, partial_accumulate=2.0 ** -13)
-        if device.on_cuda() and str(problem.lhs.dtype) == "float32":
+        if str(problem.lhs.dtype) == "float32":
             return dataclasses.replace(base, multiply="bfloat16")
         return base
 

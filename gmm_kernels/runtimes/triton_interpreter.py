@@ -5,7 +5,7 @@ drivers``); Triton's interpreter runs it instead, on NumPy, when ``TRITON_INTERP
 the kernel's module is imported (``@triton.jit`` reads it). :func:`use_if_no_gpu` sets it: the main
 job and its workers, the pytest plugin and the resolver (before it imports ``pkg.module:fn``) call it.
 
-The interpreter has seven defects that real kernels hit, each fixed here by patching
+The interpreter has eight defects that real kernels hit, each fixed here by patching
 ``triton.runtime.interpreter`` at runtime (:func:`fix`), for the Triton versions in :data:`VERIFIED`:
 
 * ``bf16_dot``: ``tl.dot`` of bfloat16 blocks multiplies their raw uint16 bit patterns (bfloat16 is
@@ -20,7 +20,10 @@ The interpreter has seven defects that real kernels hit, each fixed here by patc
   two bfloat16 blocks multiplies the bits (unsloth's ``FUSE_MUL_POST``: the weight times the rounded product);
 * ``int_annotation``: a scalar argument annotated with an integer type (``stride_cm: tl.int64``) is typed by its
   value (int32 below 2**31), where compiled code types it as annotated: ``row * stride`` wraps in int32 past
-  2**31 - 1 where a GPU computes it in int64 (vLLM's batched experts, the large mode's strided cells).
+  2**31 - 1 where a GPU computes it in int64 (vLLM's batched experts, the large mode's strided cells);
+* ``tf32_dot``: ``tl.dot`` of float32 blocks under ``input_precision="tf32"`` (Triton's default for float32)
+  multiplies full float32 values, where NVIDIA tensor cores read TF32 (the low 13 mantissa bits dropped, unless
+  the kernel rounds them itself): a float32 kernel passing on the CPU said nothing of its TF32 numerics.
 
 For any other version nothing is patched: :func:`defects` runs a tiny probe kernel per defect
 (``gmm_kernels.runtimes.triton_probes``) and :func:`fix` raises :class:`InterpreterDefect` naming those found,
@@ -54,6 +57,8 @@ DEFECTS = {
     "bf16_arith": "elementwise arithmetic and comparisons of two bfloat16 blocks act on their uint16 bits",
     "int_annotation": "a scalar argument annotated tl.int64 is typed by its value (int32 below 2**31), not as "
                       "annotated: its products wrap in int32",
+    "tf32_dot": "tl.dot of float32 blocks under input_precision 'tf32' (Triton's default) multiplies full float32 "
+                "values, where a GPU's tensor cores read 10 of their 23 mantissa bits (triton-lang/triton#4574)",
 }
 _NO_DRIVER = "0 active drivers"
 _saved: dict[str, Any] = {}  # the interpreter's own functions, while fixed
@@ -146,7 +151,7 @@ def _version() -> str:
 
 
 def fix() -> list[str]:
-    """Patch the interpreter's seven defects (once per process) where Triton is imported, the interpreter is
+    """Patch the interpreter's eight defects (once per process) where Triton is imported, the interpreter is
     in use and its version is in :data:`VERIFIED`; the names of the defects fixed. An unverified version is
     probed instead: any defect found raises :class:`InterpreterDefect` naming it."""
     if not _loaded() or not in_use():
@@ -205,6 +210,11 @@ def _patch() -> None:
         return np.where(handle.data & np.uint8(0x7F) == np.uint8(0x7F), np.float32("nan"), value.astype(np.float32))
 
     def create_dot(self: Any, a: Any, b: Any, d: Any, input_precision: Any, max_num_imprecise_acc: Any) -> Any:
+        if a.dtype.scalar == tl.float32 and b.dtype.scalar == tl.float32 and getattr(input_precision, "name", "") \
+                == "TF32":  # the tensor cores' operands: float32 with its low 13 mantissa bits dropped
+            with np.errstate(all="ignore"):
+                acc = np.matmul(_tf32(np, a.data), _tf32(np, b.data), dtype=np.float32) + d.data
+            return ti.TensorHandle(acc.astype(d.data.dtype), d.dtype.scalar)
         if not {tl.bfloat16, tl.float8e4nv} & {a.dtype.scalar, b.dtype.scalar, d.dtype.scalar}:
             return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         with np.errstate(all="ignore"):  # NaN and infinity propagate, as on a GPU, without a warning
@@ -234,6 +244,14 @@ def _patch() -> None:
     ti._patch_lang_core = patch_lang_core
     ti._implicit_cvt, ti.InterpretedFunction.run = _annotated_ints(_saved["module._implicit_cvt"],
                                                                    _saved["InterpretedFunction.run"])
+
+
+def _tf32(np: Any, x: Any) -> Any:
+    """float32 values as NVIDIA tensor cores read them under TF32 when the kernel does not round them itself: the
+    low 13 mantissa bits dropped (toward zero); NaN and Inf as they are."""
+    x = np.asarray(x, dtype=np.float32)
+    cut = (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    return np.where(np.isfinite(x), cut, x)
 
 
 class _AnnotatedInt(int):

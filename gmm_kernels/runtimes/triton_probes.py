@@ -105,6 +105,13 @@ def _probe_bf16_arith() -> bool:
     return bool(torch.equal(z.view(torch.int16), (x * y).view(torch.int16)))  # torch rounds the product to even
 
 
+def _probe_tf32() -> bool:
+    a = torch.full((16, 16), 1 + 2**-20, dtype=torch.float32)  # 1 to a tensor core under TF32
+    c = torch.zeros((16, 16), dtype=torch.float32)
+    _interpreted(_dot)[(1,)](a, torch.ones((16, 16), dtype=torch.float32), c, BLOCK=16)
+    return bool(torch.equal(c, torch.full((16, 16), 16.0)))
+
+
 def _probe_int_annotation() -> bool:
     y = torch.zeros(1, dtype=torch.int64)
     _interpreted(_wide)[(1,)](y, 3, 2**30)  # n int32, stride annotated int64: a GPU's i64 product is 3 * 2**30
@@ -114,6 +121,7 @@ def _probe_int_annotation() -> bool:
 #: defect name -> its probe (True: the interpreter computes what a GPU does)
 PROBES: dict[str, Callable[[], bool]] = {
     "bf16_dot": _probe_dot, "bf16_cast": _probe_cast, "bool_splat": _probe_splat, "range_int": _probe_range,
-    "fp8_nan_dot": _probe_fp8_nan, "bf16_arith": _probe_bf16_arith, "int_annotation": _probe_int_annotation}
+    "fp8_nan_dot": _probe_fp8_nan, "bf16_arith": _probe_bf16_arith, "int_annotation": _probe_int_annotation,
+    "tf32_dot": _probe_tf32}
 
 

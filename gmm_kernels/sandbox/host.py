@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -74,6 +75,13 @@ def ended(code: int) -> str:
     return f"exited with status {code}"
 
 
+@functools.lru_cache(maxsize=256)
+def _error_type(name: str, module: str, base: type[BaseException]) -> type[BaseException]:
+    """One class per kernel exception type: the same exception rebuilt twice is of the same type (Hypothesis tells
+    failures apart by their type; a new class per call would make one steady failure several, and flaky)."""
+    return type(name, (base,), {"__module__": module})
+
+
 def hosted_error(entry: Any) -> BaseException:
     """The exception the host reported, rebuilt in the judge: ``gmm_ref.Mismatch`` (with its kind) and
     ``KernelExit`` as themselves, another type as a builtin base of it carrying its name, the host's traceback
@@ -94,7 +102,7 @@ def hosted_error(entry: Any) -> BaseException:
         if module == "builtins" and name == base.__name__:
             exc = base(message)
         else:
-            exc = type(name if name.isidentifier() else "KernelError", (base,), {"__module__": module})(message)
+            exc = _error_type(name if name.isidentifier() else "KernelError", module, base)(message)
     tb = str(entry.get("traceback", ""))[-6000:]
     if tb:
         exc.add_note(f"in the kernel's own process:\n{tb.rstrip()}")

@@ -112,7 +112,7 @@ def _frame(exc: BaseException) -> str:
     Hypothesis and the standard library (from a hosted kernel's traceback note where it ran apart), else ""."""
     found = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(exc.__traceback__)]
     for note in getattr(exc, "__notes__", ()):
-        if note.startswith("Traceback (the kernel's frames"):
+        if "Traceback (the kernel's frames" in note:
             found += [(f, int(n), fn) for f, n, fn in re.findall(r'File "([^"]+)", line (\d+), in (\S+)', note)]
     own = [f for f in found if not _library(f[0])]
     own = [f for f in own if not _core(f[0])] or own  # a kernel of torch or jax itself: where it raised in them

@@ -28,8 +28,8 @@ from gmm_kernels.sandbox import cuda_graph, host, recycle, tamper
 from gmm_kernels.sandbox import device as devices
 from property_tests.checks import causes, cell_order, engine, failures, scale, tiers
 from property_tests.checks import example_db as example_dbs
+from property_tests.checks.explain import explain
 from property_tests.checks.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
-from property_tests.checks.poison_source import name_poison_source
 from property_tests.checks.profiles import DEFAULT as DEFAULT_PROFILE
 from property_tests.checks.profiles import PROFILES, pinned_constants
 from property_tests.checks.profiles import profile as profile_settings
@@ -318,7 +318,7 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         except Unsupported as exc:
             return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
         except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
-            result = failures.failed_result(adapter, mode.name, caught, run, common, t0, explain=name_poison_source)
+            result = failures.failed_result(adapter, mode.name, caught, run, common, t0, explain=explain)
             return dataclasses.replace(result, causes=(causes.cause_of(result.error, _where(mode, family)),))
         return Result(status=Status.PASSED, examples=checked, seconds=time.perf_counter() - t0,
                       cells=(checked, checked + sum(map(len, left_out.values()))), detail=scale.cells_detail(left_out),
@@ -358,7 +358,7 @@ def _every_cause(adapter: KernelAdapter, mode: Mode, search: Callable[[causes.Ev
                 break
             return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
         except Exception as caught:  # noqa: BLE001 - a kernel may raise anything; it is this check's failure
-            result = failures.failed_result(adapter, mode.name, caught, run, common, t0, explain=name_poison_source)
+            result = failures.failed_result(adapter, mode.name, caught, run, common, t0, explain=explain)
             if isinstance(result.error, failures.Repeated):  # nothing but causes already reported
                 if found:
                     break

@@ -383,7 +383,8 @@ def failed_result(adapter: KernelAdapter, mode: str, caught: BaseException, run:
     flaky = not known and not isinstance(exc, Repeated) \
         and check_again(exc, flaky=is_flaky(caught))
     if explain is not None and not isinstance(exc, Repeated) and not flaky:
-        explain(adapter, exc, mode)
+        with contextlib.suppress(Exception):  # an explanation never changes a verdict
+            explain(adapter, exc, mode)
     name_guarded_reads(adapter, exc)
     hints = finish(exc, adapter, mode)
     family = common["family"]

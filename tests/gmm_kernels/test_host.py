@@ -120,6 +120,11 @@ def test_an_exception_from_the_host_keeps_its_name_base_and_traceback():
     assert isinstance(mismatch, gmm_ref.Mismatch) and mismatch.kind == "tampered"
     assert isinstance(hosted_error({"type": "ValueError", "module": "builtins", "base": "ValueError"}), ValueError)
     assert isinstance(hosted_error("junk"), RuntimeError)
+    # the same exception twice is of one type: Hypothesis tells failures apart by type, and a steady failure
+    # rebuilt as a new class every call would look like several, and flaky
+    again = hosted_error({"type": "CompilationError", "module": "triton.compiler.errors", "base": "RuntimeError",
+                          "message": "at 3:4: bad"})
+    assert type(again) is type(exc)
 
 
 def test_nothing_the_host_sends_builds_anything_but_arrays_and_the_harness_records():

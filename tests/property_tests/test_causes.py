@@ -175,7 +175,7 @@ def test_a_kernel_that_makes_its_nan_itself_is_given_no_source():
     import numpy as np
 
     from gmm_kernels import resolve_kernel
-    from property_tests.checks.poison_source import name_poison_source
+    from property_tests.checks.explain import name_poison_source
 
     pytest.importorskip("jax")
     rng = np.random.default_rng(0)

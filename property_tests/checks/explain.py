@@ -1,15 +1,19 @@
-"""Where a poisoned failure's NaN came from: the region of an operand whose NaN/Inf reached the output.
+"""What a shrunk failure's example tells when rerun, or what the harness knows of the kernel: :func:`explain`.
 
-The poisoned mode places NaN and Inf itself: in every element no group reads (an expert with no rows, rows past
-the last group) and in a few elements inside groups, which must stay within their group's output. Once such a
-failure is shrunk, its example is rerun with every region's non-finite values made 0 (a control: if the wrong
-elements are still non-finite, the kernel made them itself and no region is named), then with every region's but
-one: a region whose NaN/Inf alone make wrong output elements non-finite is where they came from (where none does
-alone, each region is cleared in turn instead, naming those without which fewer are). A region is the elements of one
-operand that one local group's block reads (``gmm_ref.layouts.blocks``), or those no group reads, by the group of
-the operand's leading axis where it has one (an expert with no rows), else together (past the last group). A
+Where a poisoned failure's NaN came from (:func:`name_poison_source`): the region of an operand whose NaN/Inf
+reached the output. The poisoned mode places NaN and Inf itself: in every element no group reads (an expert with no
+rows, rows past the last group) and in a few elements inside groups, which must stay within their group's output.
+Once such a failure is shrunk, its example is rerun with every region's non-finite values made 0 (a control: if the
+wrong elements are still non-finite, the kernel made them itself and no region is named), then with every region's
+but one: a region whose NaN/Inf alone make wrong output elements non-finite is where they came from (where none does
+alone, each region is cleared in turn instead, naming those without which fewer are). A region is the elements of
+one operand that one local group's block reads (``gmm_ref.layouts.blocks``), or those no group reads, by the group
+of the operand's leading axis where it has one (an expert with no rows), else together (past the last group). A
 correct kernel's output never depends on what no group reads, so it is never blamed; the reruns cost nothing on a
 passing call (only a failure is explained).
+
+A Triton kernel's float32 failure beyond the bound (:func:`tf32_hint`): ``tl.dot`` of float32 blocks defaults to
+TF32 inputs, on a GPU as in the harness's interpreter; the report says how to declare that, or to turn it off.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from gmm_kernels import KernelAdapter
 from gmm_ref.layouts import blocks
 from property_tests.checks import failures
 
-__all__ = ["name_poison_source", "regions"]
+__all__ = ["explain", "name_poison_source", "regions", "tf32_hint"]
 
 #: the most regions tried (each a call of the kernel)
 MAX_REGIONS = 24
@@ -126,3 +130,26 @@ def name_poison_source(adapter: KernelAdapter, exc: BaseException, mode: str,
         failures.note(exc, "Where the NaN/Inf came from (the example rerun with the NaN/Inf of every region but one "
                            "made 0):\n"
                       + "\n".join(f"  - {f}" for f in found))
+
+
+def tf32_hint(adapter: KernelAdapter, exc: BaseException, mode: str) -> None:
+    """A note on a wrong-values failure of float32 inputs by a kernel that runs Triton (interpreted here): its
+    ``tl.dot`` multiplies float32 blocks in TF32 unless told otherwise, and its declared numerics say exact
+    products."""
+    problem = failures.recipe_problem(exc, None)
+    if not isinstance(exc, gmm_ref.Mismatch) or exc.kind != "values" or problem is None:
+        return
+    tokens = problem.lhs if isinstance(problem, gmm_ref.Problem) else getattr(problem, "tokens", None)
+    if tokens is None or str(tokens.dtype) != "float32" or "Triton" not in (adapter.interpreted() or ""):
+        return
+    failures.note(exc, "This kernel runs Triton's tl.dot: on float32 blocks its default input_precision is TF32 (10 "
+                       "mantissa bits a product), on a GPU as in the harness's interpreter, beyond the bound of exact "
+                       "float32 products. If that is intended, declare it: numerics=gmm_ref.Numerics(multiply="
+                       "\"bfloat16\") (a sound stand-in for TF32; --numerics accumulate=float32,multiply=bfloat16); "
+                       "else pass input_precision=\"ieee\" to tl.dot.")
+
+
+def explain(adapter: KernelAdapter, exc: BaseException, mode: str) -> None:
+    """Every note this module adds to the shrunk failure ``exc`` of ``adapter`` in ``mode``."""
+    name_poison_source(adapter, exc, mode)
+    tf32_hint(adapter, exc, mode)
