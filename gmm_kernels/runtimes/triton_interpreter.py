@@ -35,13 +35,14 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import re
 import sys
 from collections.abc import Callable, MutableMapping
 from glob import glob
 from typing import Any
 
 __all__ = ["DEFECTS", "ENV", "VERIFIED", "InterpreterDefect", "defects", "explain", "fix", "imported_too_early",
-           "in_use", "ready",
+           "in_use", "ready", "removed_features",
            "stale_kernels", "unfix", "unrunnable", "use_if_no_gpu"]
 
 ENV = "TRITON_INTERPRET"
@@ -365,6 +366,55 @@ def stale_kernels(fn: Any) -> list[str]:
     return sorted(stale)
 
 
+def _kernels_of(fn: Any) -> list[tuple[str, str]]:
+    """(name, source) of each ``@triton.jit`` function ``fn``'s module, or a module it holds, binds (compiled or
+    interpreted, unwrapped from an autotuner)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction, KernelInterface
+
+    namespace = getattr(inspect.unwrap(fn), "__globals__", None) if callable(fn) else None
+    spaces = [namespace or {}]
+    spaces += [vars(v) for v in (namespace or {}).values() if inspect.ismodule(v) and not v.__name__.startswith(
+        ("triton", "torch", "jax", "numpy"))]
+    found = []
+    for value in (v for space in spaces for v in list(space.values())):
+        while isinstance(value, KernelInterface) and not isinstance(value, (JITFunction, InterpretedFunction)) \
+                and hasattr(value, "fn"):
+            value = value.fn
+        if isinstance(value, (JITFunction, InterpretedFunction)):
+            try:
+                source = getattr(value, "src", None) or inspect.getsource(value.fn)
+            except (OSError, TypeError):
+                source = ""
+            found.append((getattr(value.fn, "__name__", "?"), source))
+    return found
+
+
+#: a Triton feature a kernel's source may use that the installed Triton may have removed: (what to look for, its
+#: name, what replaces it)
+_REMOVED = ((re.compile(r"\bmake_block_ptr\b|\btl\.advance\b"), "block pointers (tl.make_block_ptr, tl.advance)",
+             "tl.make_tensor_descriptor"),)
+
+
+def removed_features(fn: Any) -> list[str]:
+    """Why ``fn``'s Triton kernels cannot run with the installed Triton: each feature their source uses that it
+    removed (block pointers, gone in Triton 3.9), naming the kernels; empty where none."""
+    if not _loaded():
+        return []
+    import triton.language as tl
+
+    out = []
+    for pattern, what, instead in _REMOVED:
+        if "removed" not in (tl.make_block_ptr.__doc__ or ""):  # this Triton still has them
+            continue
+        users = sorted({name for name, source in _kernels_of(fn) if pattern.search(source)})
+        if users:
+            out.append(f"{', '.join(users)} use{'s' * (len(users) == 1)} {what}, which Triton {_version()} (installed "
+                       f"here) removed in favour of {instead}: check it with a Triton that has them (3.6 and "
+                       f"earlier, as on a GPU machine), or port it")
+    return out
+
+
 def reaches_triton_kernels(fn: Any) -> bool:
     """Whether ``fn`` can launch a Triton kernel: its module, or a module it holds (``from . import kernels``), binds
     a ``@triton.jit`` function (an autotuned or heuristics-wrapped one too). Where the interpreter is in use such a
@@ -388,6 +438,9 @@ def ready(fn: Any = None) -> None:
     library imported Triton."""
     if fn is not None or (_loaded() and _version() in VERIFIED):
         fix()
+    removed = removed_features(fn)
+    if removed:
+        raise ValueError(f"{getattr(fn, '__module__', '?')}: " + "; ".join(removed))
     stale = stale_kernels(fn)
     if stale:
         message = str(explain(RuntimeError(_NO_DRIVER)))

@@ -218,3 +218,36 @@ def test_the_golden_command_checks_interpreted_kernels_after_a_library_imported_
     assert done.returncode == 0, out[-3000:]
     assert "PASSED      ejkernel.grouped_matmul[xla] :: gmm-bf16-aligned" in out, out[-3000:]
     assert "PASSED      vllm.fused_moe :: moe-vllm-f32-t1" in out, out[-3000:]
+
+
+BLOCK_POINTERS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy(x, y, n, BLOCK: tl.constexpr):
+    p = tl.make_block_ptr(x, (n,), (1,), (0,), (BLOCK,), (0,))
+    q = tl.make_block_ptr(y, (n,), (1,), (0,), (BLOCK,), (0,))
+    tl.store(q, tl.load(p, boundary_check=(0,)), boundary_check=(0,))
+
+
+def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    _copy[(1,)](mat_a, mat_a, 4, BLOCK=4)
+    return None
+'''
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_a_kernel_with_block_pointers_is_refused_by_name_where_triton_removed_them(tmp_path, monkeypatch, in_process):
+    import triton.language as tl
+
+    from gmm_kernels import resolve_kernel
+
+    if "removed" not in (tl.make_block_ptr.__doc__ or ""):
+        pytest.skip("this Triton has block pointers: the kernel runs")
+    (tmp_path / "bp_kernel.py").write_text(BLOCK_POINTERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"bp_kernel: _copy uses block pointers \(tl.make_block_ptr, tl.advance\), "
+                                         r"which Triton .* removed in favour of tl.make_tensor_descriptor"):
+        resolve_kernel("bp_kernel:grouped_mm", convention="torch.grouped_mm", in_process=in_process)
