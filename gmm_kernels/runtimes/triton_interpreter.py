@@ -41,6 +41,8 @@ from collections.abc import Callable, MutableMapping
 from glob import glob
 from typing import Any
 
+from gmm_kernels.runtimes import triton_bounds
+
 __all__ = ["DEFECTS", "ENV", "VERIFIED", "InterpreterDefect", "defects", "explain", "fix", "imported_too_early",
            "in_use", "ready", "removed_features",
            "stale_kernels", "unfix", "unrunnable", "use_if_no_gpu"]
@@ -175,7 +177,8 @@ def unfix() -> None:
     """Undo :func:`fix` (for tests that show each defect)."""
     from triton.runtime import interpreter as ti
 
-    owners = {"module": ti, "InterpreterBuilder": ti.InterpreterBuilder, "InterpretedFunction": ti.InterpretedFunction}
+    owners = {"module": ti, "InterpreterBuilder": ti.InterpreterBuilder, "InterpretedFunction": ti.InterpretedFunction,
+              "GridExecutor": ti.GridExecutor}
     for name, value in _saved.items():
         owner, attr = name.split(".")
         setattr(owners[owner], attr, value)
@@ -245,6 +248,7 @@ def _patch() -> None:
     ti._patch_lang_core = patch_lang_core
     ti._implicit_cvt, ti.InterpretedFunction.run = _annotated_ints(_saved["module._implicit_cvt"],
                                                                    _saved["InterpretedFunction.run"])
+    triton_bounds.install(_saved)  # every load and store checked against the launch's tensors
 
 
 def _tf32(np: Any, x: Any) -> Any:

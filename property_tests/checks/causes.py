@@ -36,6 +36,8 @@ __all__ = ["MAX_CAUSES", "STOPS", "TOTAL", "Evidence", "cause_of", "declarations
 MAX_CAUSES = 4
 #: the fewest examples of a cause from which the traits they share are named
 MIN_EVIDENCE = 8
+#: the least share of the examples having a trait that must show a raised cause for it to be offered a declaration
+REFUSAL_SHARE = 0.8
 #: the count of examples under each key of :class:`Evidence`
 TOTAL = "#"
 _PASSED = ""
@@ -153,7 +155,8 @@ def cause_of(exc: BaseException, where: str) -> dict[str, str]:
     problem = failures.recipe_problem(exc, None)
     script = next((n[len(REPRODUCE):] for n in getattr(exc, "__notes__", ()) if n.startswith(REPRODUCE)), "")
     if isinstance(exc, gmm_ref.Mismatch):
-        line = f"{_KINDS.get(exc.kind, exc.kind.replace('_', ' '))}: {failures.one_line(exc)}"
+        words, line = _KINDS.get(exc.kind, exc.kind.replace("_", " ")), failures.one_line(exc)
+        line = line if words in line else f"{words}: {line}"
     else:
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
         line = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
@@ -181,9 +184,10 @@ def _merged(records: Iterable[tuple[str, Sequence[Mapping[str, str]], Mapping[st
     return causes, counts
 
 
-def _size(cause: Mapping[str, Any]) -> tuple[bool, int]:
-    """The smaller cause record of two: one with a problem recorded (a drawn one), then the shorter problem."""
-    return not cause["problem"], len(cause["problem"])
+def _size(cause: Mapping[str, Any]) -> tuple[bool, int, str, str]:
+    """The smaller cause record of two: one with a problem recorded (a drawn one), then the shorter problem (then
+    the first in order: the same whatever order the checks ran in)."""
+    return not cause["problem"], len(cause["problem"]), cause["problem"], cause["where"]
 
 
 def _words(trait: str) -> str:
@@ -198,8 +202,9 @@ def _rank(trait: str) -> int:
     return next(i for i, (prefix, _) in enumerate(_TRAITS) if trait.startswith(prefix))
 
 
-def _common(key: str, counts: Mapping[str, Counter[str]]) -> list[str]:
-    """The traits every example of ``key`` had and some example that did not show it lacked, most telling first."""
+def _common(key: str, counts: Mapping[str, Counter[str]]) -> list[tuple[str, float]]:
+    """The traits every example of ``key`` had and some example that did not show it lacked, most telling first,
+    each with the share of the examples having it that showed the cause."""
     mine = counts.get(key, Counter())
     others: Counter[str] = Counter()
     for k, n in counts.items():
@@ -211,7 +216,15 @@ def _common(key: str, counts: Mapping[str, Counter[str]]) -> list[str]:
     shared -= {f"view:{t.partition(':')[2]}" for t in shared if t.startswith("transposed_view:")}  # implied
     # of two traits alike (N = 0 and K = 0 where shrinking took both to 0), first the one whose examples showed the
     # cause most often: a K = 0 that passed with N > 0 is not what the kernel refuses
-    return sorted(shared, key=lambda t: (_rank(t), others[t] / (mine[t] + others[t]), t))
+    # the share leaves out the examples another refusal stopped first: they could not show this one
+    shown = Counter(mine)
+    for k, n in counts.items():
+        if k != key and not k.startswith("raised:"):
+            shown.update(n)
+    share = {t: mine[t] / max(shown[t], 1) for t in shared}
+    # a dtype or a family every example of a cause had, that most of its examples passed in, says little
+    share = {t: s for t, s in share.items() if s >= REFUSAL_SHARE or not t.startswith(("dtype:", "family:"))}
+    return sorted(share.items(), key=lambda ts: (_rank(ts[0]), -ts[1], ts[0]))
 
 
 def _declaration(trait: str, adapter: KernelAdapter) -> tuple[str, str] | None:
@@ -254,10 +267,10 @@ def summarize(adapter: KernelAdapter | None,
               records: Iterable[tuple[str, Sequence[Mapping[str, str]], Mapping[str, Mapping[str, int]]]],
               declared: Mapping[str, Sequence[str]] | None = None, convention: str = "") -> list[dict[str, Any]]:
     """The distinct causes of a kernel's failures over ``records`` (each check's name, the causes it shrank, its
-    :class:`Evidence` as JSON), in the order found: each with the checks it showed in, its examples, the smallest
-    problem it was shrunk to, its reproducer, the traits every example of it had, and (for an exception) the
-    declaration that scopes the first of them out: ``{"cli": ..., "plugin": ..., "declare": ...}``, from ``adapter``
-    or, without it, from ``declared`` (:func:`declarations`) and ``convention``."""
+    :class:`Evidence` as JSON), those in the most checks first: each with the checks it showed in, its examples,
+    the smallest problem it was shrunk to, its reproducer, the traits every example of it had, and (for an
+    exception) the declaration that scopes the first of them out: ``{"cli": ..., "plugin": ..., "declare":
+    ...}``, from ``adapter`` or, without it, from ``declared`` (:func:`declarations`) and ``convention``."""
     records = list(records)
     if adapter is not None:
         declared = {t: d for _, _, ev in records for t, d in declarations(adapter, ev).items()}
@@ -267,16 +280,21 @@ def summarize(adapter: KernelAdapter | None,
     out = []
     for key, cause in causes.items():
         shared = _common(key, counts)
-        entry = {**cause, "examples": counts.get(key, Counter())[TOTAL], "traits": [_words(t) for t in shared],
-                 "declaration": None}
-        if key.startswith("raised:"):
-            decl = next((declared[t] for t in shared if t in declared), None)
+        entry = {**cause, "examples": counts.get(key, Counter())[TOTAL], "declaration": None,
+                 "traits": [_words(t) + ("" if share == 1 else f" ({share:.0%} of the examples with it showed it)")
+                            for t, share in shared]}
+        # a refusal goes with a trait most examples having it show (a dtype that fails by chance does not), and
+        # never with what the harness itself found (an access out of bounds)
+        if key.startswith("raised:") and "OutOfBounds" not in key:
+            decl = next((declared[t] for t, share in shared if t in declared and share >= REFUSAL_SHARE), None)
             if decl is not None:
                 option, keyword = decl
                 entry["declaration"] = {"cli": f"--{option}", "plugin": f"--gmm-{option}",
                                         "declare": f"@gmm_kernels.declare({convention!r}, {keyword})"}
+        entry["checks"] = sorted(entry["checks"])
         out.append(entry)
-    return out
+    # the same list whatever order the checks ran in (a run split into shards and merged gives the unsplit one's)
+    return sorted(out, key=lambda c: (-len(c["checks"]), c["key"]))
 
 
 def summary_lines(causes: Sequence[Mapping[str, Any]], kernel: str, report: str = "the -v report of {}") -> list[str]:

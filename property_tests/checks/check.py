@@ -324,12 +324,15 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
                       cells=(checked, checked + sum(map(len, left_out.values()))), detail=scale.cells_detail(left_out),
                       **common)
 
-    def search(evidence: causes.Evidence, start: int) -> Tally:
+    def search(evidence: causes.Evidence, start: int | None) -> Tally:
+        # a search going on past a cause (``start`` given) leaves the example database alone: its examples of the
+        # cause, looked past now, would pass and be dropped from it
+        db = database if start is None else None
         if adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
             return run_routed(adapter, mode, mode_routings(adapter, mode), Tally(evidence), max_examples, profile, seed,
-                              database=database, run=run, tier=plan)
-        return _run_property(adapter, mode, family, max_examples, profile, seed, database=database, run=run,
-                             tier=plan, evidence=evidence, start=start)
+                              database=db, run=run, tier=plan)
+        return _run_property(adapter, mode, family, max_examples, profile, seed, database=db, run=run,
+                             tier=plan, evidence=evidence, start=start or 0)
 
     try:
         return _every_cause(adapter, mode, search, run, common, t0)
@@ -341,7 +344,7 @@ def _where(mode: Mode, family: str | None) -> str:
     return mode.name + (f" [{family}]" if family else "")
 
 
-def _every_cause(adapter: KernelAdapter, mode: Mode, search: Callable[[causes.Evidence, int], Tally],
+def _every_cause(adapter: KernelAdapter, mode: Mode, search: Callable[[causes.Evidence, int | None], Tally],
                  run: failures.CheckRun, common: dict[str, Any], t0: float) -> Result:
     """Run ``search`` (the check's examples, from a cell on) until it passes; after each cause it shrinks, that
     cause is no longer a failure (``run``: the kernel's exception reported, a wrong output of its kind looked past)
@@ -349,7 +352,7 @@ def _every_cause(adapter: KernelAdapter, mode: Mode, search: Callable[[causes.Ev
     evidence = causes.Evidence()
     found: list[tuple[Result, dict[str, str]]] = []  # each cause the check shrank, and its result
     extra: list[dict[str, str]] = []  # the causes shrunk beside one of those
-    start = 0
+    start: int | None = None
     while True:
         try:
             tally = search(evidence, start)

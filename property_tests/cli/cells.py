@@ -15,6 +15,7 @@ from golden import GoldenStore, check_goldens
 from golden.cli import default_directory
 from golden.judge import scope_reasons
 from golden.staleness import contents
+from property_tests.checks.causes import declarations
 from property_tests.checks.check import check_mode
 from property_tests.checks.engine import shorten
 from property_tests.checks.failures import CheckRun
@@ -78,7 +79,8 @@ def run_cell(kernel: KernelAdapter, cell: TableCell, request: WorkRequest, *, se
     return CellOutcome(result.status, shorten(result.detail) if failed else result.detail, result.examples,
                        time.perf_counter() - t0, details, covered, result.cells, extendable=extendable,
                        pairs=result.pairs, causes=tuple(dict(c) for c in result.causes),
-                       evidence={k: dict(v) for k, v in result.evidence.items()})
+                       evidence={k: dict(v) for k, v in result.evidence.items()},
+                       declarations=declarations(kernel, result.evidence))
 
 
 

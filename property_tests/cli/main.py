@@ -328,6 +328,17 @@ def _json_cells(table: Table, cells: list[TableCell]) -> list[dict[str, Any]]:
     return out
 
 
+def _causes(table: Table, doc: RunDocument) -> dict[str, list[dict[str, Any]]]:
+    """Each kernel's distinct causes of failure over its cells (``property_tests.checks.causes.summarize``)."""
+    out = {}
+    for k in doc.kernels:
+        records, declared = table.causes(k.name)
+        found = causes.summarize(None, records, declared, k.convention)
+        if found:
+            out[k.name] = found
+    return out
+
+
 def _write_json(path: str, doc: RunDocument) -> None:
     Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)  # checked before the run
     Path(path).expanduser().write_text(json.dumps(doc.to_json(), indent=2) + "\n")
@@ -341,6 +352,7 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
     # a declared known bug no longer caught, where the examples are the same every run: a failure
     if not partial and doc.same_every_run and table.known_bugs_not_caught(doc.declared_bugs()):
         doc = doc.replace(cells=tuple(_json_cells(table, list(doc.plan))))  # the JSON says it too
+    doc = doc.replace(causes=_causes(table, doc))
     n_fail = sum(table.count(s) for s in Status if s.failure)
     n_pass = table.count(Status.PASSED)
     if partial and doc.checked == 0 and doc.shard is not None:
@@ -348,12 +360,12 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
               "--json file says so, and gmm-harness merge joins it with the other shards")
     else:
         print(render(table.as_rows(), columns))
-        for kernel, found in doc.causes.items():
-            print("\n" + "\n".join(causes.summary_lines(found, kernel)))
         print(f"\n{n_pass} passed, {n_fail} failed  ({seconds:.0f} s; {run}; 'n/a' cells give their reason)")
         reached = _reached_line(table, doc.tier)
         if reached:
             print(reached)
+        for kernel, found in doc.causes.items():
+            print("\n" + "\n".join(causes.summary_lines(found, kernel)))
     # a shard may hold only a kernel's n/a cells: whether a kernel was checked at all is the merge's to say
     idle = [] if partial else [name for name in requested if table.checked_nothing(name)]
     if json_path:
@@ -444,8 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         modes=request.modes, plan=tuple(plan), requested=bool(args.kernel), goldens=not args.no_goldens,
         max_examples=request.max_examples, seed=request.seed, budget=args.budget, tier=request.tier,
         rounds_from=request.rounds_from, golden_dir=request.golden_dir, shard=args.shard, checked=len(cells),
-        cells=tuple(_json_cells(table, cells)),
-        causes={k.name: found for k in kernels if (found := causes.summarize(k, table.causes(k.name)))})
+        cells=tuple(_json_cells(table, cells)))
     return _finish(parser, table, columns, requested=[k.name for k in kernels] if args.kernel else [],
                    seconds=time.perf_counter() - t0, run=_run_text(args.seed, args.budget, request.tier),
                    verbose=args.verbose,

@@ -88,6 +88,8 @@ class CellOutcome:
     #: (``gmm_kernels.Result.causes``, ``Result.evidence``; ``property_tests.checks.causes``)
     causes: tuple[dict[str, str], ...] = ()
     evidence: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: trait -> the declaration that scopes it out of the kernel's checks (``causes.declarations``)
+    declarations: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -127,7 +129,8 @@ class CellOutcome:
                 "rounds": self.rounds, "extendable": self.extendable,
                 "failed_round": None if self.failed_round is None else list(self.failed_round),
                 "goldens": None if self.goldens is None else self.goldens.to_json(), "pairs": list(self.pairs),
-                "causes": [dict(c) for c in self.causes], "evidence": {k: dict(v) for k, v in self.evidence.items()}}
+                "causes": [dict(c) for c in self.causes], "evidence": {k: dict(v) for k, v in self.evidence.items()},
+                "declarations": {k: list(v) for k, v in self.declarations.items()}}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CellOutcome:
@@ -143,4 +146,5 @@ class CellOutcome:
                    pairs=tuple(doc.get("pairs", (0, 0))),
                    causes=tuple({str(k): str(v) for k, v in c.items()} for c in doc.get("causes", ())),
                    evidence={str(k): {str(t): int(n) for t, n in v.items()}
-                             for k, v in doc.get("evidence", {}).items()})
+                             for k, v in doc.get("evidence", {}).items()},
+                   declarations={str(k): [str(x) for x in v] for k, v in doc.get("declarations", {}).items()})

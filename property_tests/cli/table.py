@@ -138,11 +138,13 @@ class Table:
                 self.details.append(f"== {kernel} / {mode}\n{note}:\n{modes[mode]}")
         return failed
 
-    def causes(self, kernel: str) -> list[tuple[str, tuple[dict[str, str], ...], dict[str, dict[str, int]]]]:
-        """``kernel``'s cells as ``property_tests.checks.causes.summarize`` reads them: each cell's check, the causes
-        it shrank and the evidence of its examples."""
-        return [(f"{column} [{f}]", o.causes, o.evidence) for (k, f), row in self.rows.items() if k == kernel
-                for column, o in row.items() if o.causes or o.evidence]
+    def causes(self, kernel: str) -> tuple[list[tuple[str, Any, Any]], dict[str, list[str]]]:
+        """``kernel``'s cells as ``property_tests.checks.causes.summarize`` reads them (each cell's check, the causes
+        it shrank and the evidence of its examples), and the declarations of the traits they saw."""
+        cells = [(f"{column} [{f}]", o) for (k, f), row in self.rows.items() if k == kernel
+                 for column, o in row.items() if o.causes or o.evidence]
+        return ([(where, o.causes, o.evidence) for where, o in cells],
+                {t: d for _, o in cells for t, d in o.declarations.items()})
 
     def checked_nothing(self, kernel: str) -> bool:
         return all(o.status is Status.UNSUPPORTED for (k, _), row in self.rows.items() if k == kernel

@@ -15,7 +15,8 @@ import gmm_kernels
 from gmm_kernels.sandbox.guards import torch_empty
 
 __all__ = ["grouped_mm", "grouped_mm_boundary_off_by_one", "grouped_mm_int32_offsets", "grouped_mm_no_k_tail",
-           "grouped_mm_reads_past_a", "grouped_mm_writes_past_out"]
+           "grouped_mm_reads_a_row_past", "grouped_mm_reads_its_rows", "grouped_mm_reads_past_a",
+           "grouped_mm_writes_past_out"]
 
 _BLOCK = 32
 LAUNCHES = [0]  # kernel launches so far: a check whose every problem was empty launched nothing
@@ -108,6 +109,33 @@ def grouped_mm_writes_past_out(mat_a, mat_b, offs=None, bias=None, out_dtype=Non
     written (and rewritten by the next group, or undefined past the last); those past the output's last row land
     past the end of the buffer it allocated (through ``gmm_kernels.sandbox.guards.torch_empty``)."""
     return _launch(mat_a, mat_b, offs, out_dtype, mask_store_end=False)
+
+
+@triton.jit
+def _touch_rows(a_ptr, m, K: tl.constexpr, BLOCK_M: tl.constexpr, PAST: tl.constexpr):
+    """Loads rows of mat_a and keeps nothing: ``PAST`` rows past its last one too."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ks = tl.arange(0, K)
+    tl.load(a_ptr + rows[:, None] * K + ks[None, :], mask=(rows < m + PAST)[:, None])
+
+
+@gmm_kernels.declare("torch.grouped_mm", families=["ragged_m"], dtypes=["bfloat16"], multiples={"k": 16})
+def grouped_mm_reads_a_row_past(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Wrong: a prologue loads one row past mat_a's last (a row count off by one) and uses it for nothing the
+    output shows: no output comparison can see it; on a GPU it reads a neighbour's memory, or faults."""
+    m, k = mat_a.shape
+    if m and k <= 64 and mat_a.is_contiguous():
+        _touch_rows[(triton.cdiv(m + 1, _BLOCK),)](mat_a, m, K=k, BLOCK_M=_BLOCK, PAST=1)
+    return _launch(mat_a, mat_b, offs, out_dtype)
+
+
+@gmm_kernels.declare("torch.grouped_mm", families=["ragged_m"], dtypes=["bfloat16"], multiples={"k": 16})
+def grouped_mm_reads_its_rows(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """The honest twin: the same prologue, its rows only."""
+    m, k = mat_a.shape
+    if m and k <= 64 and mat_a.is_contiguous():
+        _touch_rows[(triton.cdiv(m + 1, _BLOCK),)](mat_a, m, K=k, BLOCK_M=_BLOCK, PAST=0)
+    return _launch(mat_a, mat_b, offs, out_dtype)
 
 
 @gmm_kernels.declare("torch.grouped_mm", families=["ragged_m"], dtypes=["bfloat16"])

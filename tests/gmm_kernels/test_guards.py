@@ -198,14 +198,25 @@ class TestTriton:
     def test_an_unmasked_load_past_mat_a_is_named(self):
         with pytest.raises(gmm_ref.Mismatch) as info:
             check_kernel(self.SPEC + "grouped_mm_reads_past_a", modes=["exact"], max_examples=20)
+        # the interpreter checks every masked-in lane against the launch's tensors (gmm_kernels.runtimes.triton_bounds)
         assert info.value.kind == "read_out_of_bounds"
-        assert "read past the end of mat_a (its NaN guard reached the output" in str(info.value)
+        assert "read out of bounds: a Triton load reached memory outside every tensor of the launch" in str(info.value)
+        assert "past the end of a_ptr (a [" in str(info.value), str(info.value)
+
+    def test_a_load_past_mat_a_that_no_output_shows_is_named(self):
+        with pytest.raises(gmm_ref.Mismatch) as info:
+            check_kernel(self.SPEC + "grouped_mm_reads_a_row_past", modes=["exact"], max_examples=10)
+        assert info.value.kind == "read_out_of_bounds"
+        assert "1 element(s) past the end of a_ptr" in str(info.value), str(info.value)
+        twin = check_kernel(self.SPEC + "grouped_mm_reads_its_rows", modes=["exact", "poisoned"], max_examples=10)
+        assert twin.ok, twin.summary()
 
     def test_an_unmasked_store_past_its_output_is_named(self):
         with pytest.raises(gmm_ref.Mismatch) as info:
             check_kernel(self.SPEC + "grouped_mm_writes_past_out", modes=["exact"], max_examples=10)
         assert info.value.kind == "wrote_out_of_bounds"
-        assert "elements past the end of out" in str(info.value)
+        assert "a Triton store reached memory outside every tensor of the launch" in str(info.value)
+        assert "past the end of c_ptr (a [" in str(info.value), str(info.value)
 
     def test_the_right_kernel_stays_silent(self):
         report = check_kernel(self.SPEC + "grouped_mm", modes=["exact", "poisoned"], max_examples=10)

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from gmm_kernels import Status, resolve_kernel
+from property_tests.checks import failures
 from property_tests.checks.check import check_mode
 from property_tests.cli import shards
 from tests.corpus import broken_kernels
@@ -236,7 +237,8 @@ def test_a_failure_saved_by_one_run_is_the_first_failing_example_of_the_next(whe
     spec = str(tmp_path / "examples") if where == "directory" else request.getfixturevalue("redis_url")
     first, calls = _recording_run(spec)
     assert first.status is Status.FAILED
-    shown = [args for args, failed in calls if failed][-1]  # the shrunk example, run last for the report
+    shrunk = failures.recipe_problem(first.error, None)  # the example the report is of
+    shown = (shrunk.lhs, shrunk.group_sizes)
     first_failing = next(args for args, failed in calls if failed)
     assert not _same(first_failing, shown), "precondition: the first run's first failure is not its shrunk one"
     # the next run sharing the database (another machine, a later run) meets the saved example first
