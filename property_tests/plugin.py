@@ -390,7 +390,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         declared = {t: d for r in records for t, d in r["declarations"].items()}
         summary = causes.summarize(None, [(r["where"], r["causes"], r["evidence"]) for r in records], declared,
                                    records[0]["convention"])
-        if summary:
+        if len(summary) > 1 or any(c["declaration"] for c in summary):  # else the failure's report says it all
             terminalreporter.write_sep("=", "gmm-harness: distinct causes")
             terminalreporter.write_line("\n".join(causes.summary_lines(
                 summary, kernel, report=f"the failure of test_kernel_matches_reference[{kernel}-{{}}]")))

@@ -364,8 +364,9 @@ def _finish(parser: argparse.ArgumentParser, table: Table, columns: list[str], *
         reached = _reached_line(table, doc.tier)
         if reached:
             print(reached)
-        for kernel, found in doc.causes.items():
-            print("\n" + "\n".join(causes.summary_lines(found, kernel)))
+        for kernel, found in doc.causes.items():  # one cause without a declaration: the table's note says it all
+            if len(found) > 1 or any(c["declaration"] for c in found):
+                print("\n" + "\n".join(causes.summary_lines(found, kernel)))
     # a shard may hold only a kernel's n/a cells: whether a kernel was checked at all is the merge's to say
     idle = [] if partial else [name for name in requested if table.checked_nothing(name)]
     if json_path:
