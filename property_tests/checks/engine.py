@@ -36,8 +36,13 @@ LINE_WIDTH = 110
 
 
 def shorten(text: str) -> str:
-    """``text``, cut to :data:`LINE_WIDTH` (ending in ``...`` where it was cut)."""
-    return text if len(text) <= LINE_WIDTH else text[: LINE_WIDTH - 3] + "..."
+    """``text``, cut to :data:`LINE_WIDTH` at a word's end (ending in ``...`` where it was cut; mid-word only where
+    no space lies in its second half)."""
+    if len(text) <= LINE_WIDTH:
+        return text
+    cut = text[: LINE_WIDTH - 3]
+    space = cut.rfind(" ")
+    return (cut[:space].rstrip(" ,;:([") if space > LINE_WIDTH // 2 else cut) + "..."
 
 
 def run_rank(mode: str) -> int:

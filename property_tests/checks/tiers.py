@@ -92,9 +92,12 @@ class Tier:
     dated_rounds: bool = False
     example_db: bool = False
 
-    def describe(self) -> str:
-        """One line: what the tier runs."""
-        if self.per_cell is not None:
+    def describe(self, max_examples: int | None = None) -> str:
+        """One line: what the tier runs (``max_examples``: the examples a mode a run asked for instead)."""
+        if max_examples is not None:
+            parts = [f"at most {max_examples} example{'s' * (max_examples != 1)} a mode (--max-examples), spread over "
+                     "the covering design's cells (fewer than two a cell: the first cells only)"]
+        elif self.per_cell is not None:
             parts = [f"{self.per_cell} example{'s' * (self.per_cell != 1)} a cell of every mode's covering design"
                      + (", the cells most likely to fail first" if self.ordered_cells else "")]
         else:

@@ -285,8 +285,8 @@ def _header(kernels: list[KernelAdapter], asked: str, request: WorkRequest, devi
     if list(request.modes) != list(MODES):
         lines.append(f"modes: {', '.join(request.modes)}")
     tier = tiers.tier_of(request.tier)
-    lines.append(f"tier {tier.describe()}" + (f"; rounds of new examples from seed {request.rounds_from}"
-                                                 if request.rounds_from is not None else ""))
+    rounds = f"; rounds of new examples from seed {request.rounds_from}" if request.rounds_from is not None else ""
+    lines.append(f"tier {tier.describe(request.max_examples)}{rounds}")
     return "\n".join(lines)
 
 

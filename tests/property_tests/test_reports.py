@@ -299,3 +299,22 @@ def test_a_design_without_pairs_of_relations_does_not_count_them(monkeypatch):
     assert main._reached_line(table, "gmm-ci") == ""  # nothing of a design to report: no line
     result = Result("k", "exact", Status.PASSED, examples=7, cells=(2, 2), pairs=(0, 0))
     assert result.coverage_report().splitlines()[0] == "7 examples in 2 of 2 cells"
+
+
+def test_a_one_line_note_is_cut_at_a_words_end():
+    from property_tests.checks.engine import LINE_WIDTH, shorten
+
+    text = "group 1 (rows [31, 62), size 31): 1984 wrong " + "because a word of some length " * 6
+    cut = shorten(text)
+    assert len(cut) <= LINE_WIDTH and cut.endswith("...")
+    assert text.startswith(cut[:-3]) and text[len(cut) - 3] == " ", cut  # the next character was a space
+    assert shorten("x" * 200) == "x" * (LINE_WIDTH - 3) + "..."  # no space to cut at: mid-word
+    assert shorten("short") == "short"
+
+
+def test_the_tier_line_says_the_examples_a_run_asked_for():
+    from property_tests.checks.tiers import tier_of
+
+    assert "the gmm-ci profile's 50 examples a mode" in tier_of("gmm-ci").describe()
+    asked = tier_of("gmm-ci").describe(7)
+    assert "at most 7 examples a mode (--max-examples)" in asked and "50" not in asked
