@@ -57,16 +57,11 @@ def watched_call(name: str) -> Iterator[None]:
     """The context of every call of the kernel ``name``: a ``SystemExit`` it raises fails the problem it was given
     (:class:`KernelExit`), never the run; what it changed outside its arguments (the harness's functions, threads
     left running) is a failure too (``sandbox.tamper``)."""
-    with tamper.watched(name):
+    with tamper.watched(name), triton_bounds.reported(name):  # an access out of bounds: the harness's finding
         try:
             yield
         except SystemExit as exc:
             raise KernelExit(f"the kernel raised SystemExit({exc.code!r}) (sys.exit)") from exc
-        except Exception as exc:  # an interpreted Triton access out of bounds: the harness's finding, not a refusal
-            found = triton_bounds.as_mismatch(exc, name)
-            if found is None:
-                raise
-            raise found from exc
 
 
 def _observed(adapter: Any, problem: Any) -> None:

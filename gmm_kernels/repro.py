@@ -70,12 +70,14 @@ def _kernel_lines(adapter: KernelAdapter) -> list[str]:
 def kernel_reproducer(adapter: KernelAdapter, problem: Problem, *, numerics: Numerics, wrt: str | None = None,
                       cotangent: np.ndarray | None = None, determinism: bool = False,
                       before: tuple[list[int], ...] = (), until_it_fails: tuple[int, int] | None = None,
+                      before_routings: tuple[Any, ...] = (),
                       directory: str | os.PathLike[str] | None = None) -> str:
     """The script for a failure of ``adapter`` on ``problem``: its forward output (``determinism``: two runs
     compared bit for bit), or with ``wrt`` and ``cotangent`` its gradient w.r.t. ``wrt``. ``before``: the group
     sizes of the calls made first on the same kernel with the same operands (a kernel that keeps its first
     call's group sizes fails only after them). ``until_it_fails``: (calls that failed, calls made) of an
-    intermittent failure; the script then repeats the calls until one fails, or says that none did."""
+    intermittent failure; the script then repeats the calls until one fails, or says that none did.
+    ``before_routings``: a routed kernel's routings of the same shape called first (the graph mode)."""
     extra = {"cotangent": cotangent} if wrt is not None and cotangent is not None else {}
     imports, lines = problem_source(problem, extra=extra, directory=directory)
     imports = [*imports, "import gmm_kernels"]
@@ -91,6 +93,10 @@ def kernel_reproducer(adapter: KernelAdapter, problem: Problem, *, numerics: Num
     call = f"calls the kernel with {adapter.convention}'s arguments, gmm_ref.arguments(problem)"
     calls = []
     if not isinstance(problem, Problem):  # a routing: the routed reference, compared as the check compares it
+        for j, earlier in enumerate(before_routings):  # the calls the failing one came after, on the same kernel
+            _, built = problem_source(earlier, directory=directory)
+            lines += [line.replace("problem = gmm_ref.Routing(", f"call_{j + 1} = gmm_ref.Routing(") for line in built]
+            calls.append(f"kernel.run(call_{j + 1})  # call {j + 1}, which passed")
         calls += [f"out = kernel.run(problem)  # calls the kernel with {adapter.convention}'s arguments",
                   f"gmm_ref.assert_routed_matches(out, kernel.reference_for(problem), numerics=numerics, "
                   f"kernel={label!r}, output=kernel.convention_facts.output)"]

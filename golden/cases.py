@@ -29,6 +29,8 @@ kernels compile once per shape (interpreted Pallas costs about a second each):
   per-slot input gradient of ``unsloth.grouped_gemm_dX`` (bf16 with a token listing one expert twice, float32
   exact) and the experts' gradient of ``unsloth.grouped_gemm_dW`` (fp16 with experts no slot routes to, T = 1
   exact) and of ``unsloth.grouped_gemm_dW_accumulate`` (bf16, added into a seeded existing gradient);
+- ``torch.moe_slots`` (routed, per slot, the router's global ids): bf16 weighted through a scattered expert map,
+  float32 top_k 4 exact and unweighted;
 - ``torch.moe_experts`` (routed, the combined ``[T, N]`` output): bf16 top_k 8 with a peaked router and tokens whose
   slots repeat one expert (what a combine summing in bf16 loses), float32 top_k 4, fp16 with an ``expert_map`` and
   poison, T = 1 with exact values.
@@ -61,6 +63,7 @@ UNSLOTH = dict(convention="unsloth.grouped_gemm", family="routed")
 UNSLOTH_DX = dict(convention="unsloth.grouped_gemm_dX", family="routed")
 UNSLOTH_DW = dict(convention="unsloth.grouped_gemm_dW", family="routed")
 TORCH_MOE = dict(convention="torch.moe_experts", family="routed", mul_routed_weight=True)
+TORCH_SLOTS = dict(convention="torch.moe_slots", family="routed")
 VB = dict(convention="vllm.batched_moe", family="masked", m=32, k=256, n=48, rhs_transposed=True,
           dtype="float8_e4m3fn", out_dtype="bfloat16", tiling=(16, 128, 32))
 
@@ -251,6 +254,12 @@ CASES: list[Case] = [
          tags=("routed", "combined", "top_k_2", "expert_map", "foreign", "poison", "weighted")),
     Case("moe-torch-f32-t1-exact", **TORCH_MOE, m=1, k=8, n=4, groups=32, top_k=4, kind="int", int_range=2, seed=234,
          tags=("routed", "combined", "t1", "top_k_4", "exact", "empty_expert", "weighted")),
+    # ------------------------------- torch MoE slots: per slot, the router's global ids through a scattered expert map
+    Case("moe-slots-bf16-scattered-map-weighted", **TORCH_SLOTS, m=9, k=16, n=8, groups=8, top_k=2,
+         dtype="bfloat16", mul_routed_weight=True, expert_map=[-1, 2, -1, 0, -1, 1, -1, -1], seed=240,
+         tags=("routed", "top_k_2", "expert_map", "foreign", "weighted")),
+    Case("moe-slots-f32-top4-unweighted", **TORCH_SLOTS, m=7, k=16, n=8, groups=6, top_k=4, kind="int",
+         int_range=3, seed=241, tags=("routed", "top_k_4", "exact")),
     # ---------------------------------------------------- TransformerEngine (reference only)
     Case("te-m-f32-lhs-last-packed", **TE, family="ragged_m", m=24, k=8, n=8, lhs_transposed=True,
          packed=True, group_sizes=[5, 0, 19], seed=100, tags=("packed", "transposed", "empty_middle")),

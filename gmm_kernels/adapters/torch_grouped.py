@@ -39,6 +39,7 @@ from gmm_kernels.sandbox import device, guards
 from gmm_kernels.sandbox.convert import to_framework
 from gmm_kernels.scope import KnownIssue, Limits, Scope
 from gmm_ref import MXQuantizer, Numerics, Problem
+from gmm_ref.conventions.base import has_tail
 
 __all__ = ["GMM_BF16_2D3D_CONFIG", "GMM_BF16_INT32_OFFSETS", "GroupedMMBf16", "GroupedMMBf16RaggedN", "TorchGroupedMM",
            "TorchaoMXFP8GroupedMM"]
@@ -219,6 +220,20 @@ GMM_BF16_INT32_OFFSETS = KnownIssue(
 )
 
 
+#: found by the interpreter's checked loads (``gmm_kernels.runtimes.triton_bounds``): the columns past the last group
+#: are undefined in the convention, so no output comparison sees the read, but a GPU reads past mat_a (or faults).
+#: Not a mode's known bug (every mode draws tails): such problems are refused where it applies, with this text.
+GMM_BF16_3D2D_TAIL = KnownIssue(
+    modes=("exact",),
+    text=("upstream bug, grouped_mm_bf16/kernels.py _grouped_mm_3d2d_kernel: a column past the last group (ragged "
+          "N with a tail) gets g = G from the binary search of offs and loads mat_a[G], one group past mat_a's end, "
+          "unmasked (the 2d3d kernel guards g with valid_g and g_safe; 3d2d does not): an out-of-bounds read. "
+          "Repro: grouped_mm_3d2d(mat_a [1, 1, 32] bfloat16, mat_b [32, 2], offs [1], out) reads 32 elements past "
+          "mat_a for column 1"),
+    versions={"grouped-mm-bf16": "<=0.1.7"},
+)
+
+
 class GroupedMMBf16(KernelAdapter):
     """grouped-mm-bf16's Triton ``grouped_mm`` (its kernel functions in Triton's interpreter where no GPU is)."""
 
@@ -255,6 +270,14 @@ class GroupedMMBf16(KernelAdapter):
     def large_refusal(self) -> str | None:
         return None if device.on_cuda() else self._runs_interpreted("Triton's interpreter", takes="days")
 
+    def _refusal(self, problem: Problem) -> str | None:
+        """Ragged N with columns past the last group, where its 3d2d kernel reads past mat_a (``GMM_BF16_3D2D_TAIL``,
+        on the versions it is known on)."""
+        # 3d x 2d (mat_a holds the groups) with columns past the last group
+        if problem.family_facts.is_grouped("lhs") and has_tail(problem) and GMM_BF16_3D2D_TAIL.applies():
+            return GMM_BF16_3D2D_TAIL.describe()
+        return None
+
     def _limits(self) -> Limits:
         """Ragged M, ragged K and batch (2d3d, 2d2d, 3d3d), extents up to 64 (two of the convention's 32-wide
         tiles; the interpreter's cost grows with the grid), K up to a real layer's (its loop runs inside each
@@ -285,7 +308,9 @@ class GroupedMMBf16RaggedN(GroupedMMBf16):
 
     def _limits(self) -> Limits:
         """Ragged N (3d2d) only, extents up to 48 (K up to a real layer's) and at most 6 groups."""
-        return Limits(families=("ragged_n",), max_extent=48, max_k=_REAL_K, max_groups=6)
+        # no columns past the last group where its kernel reads past mat_a for them (GMM_BF16_3D2D_TAIL)
+        return Limits(families=("ragged_n",), max_extent=48, max_k=_REAL_K, max_groups=6,
+                      tail=not GMM_BF16_3D2D_TAIL.applies())
 
 
 def _torch_release(version: str) -> tuple[int, int]:

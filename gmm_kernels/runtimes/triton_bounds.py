@@ -12,11 +12,13 @@ turns off are not checked (their addresses may be anything, as on a GPU).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["OutOfBounds", "as_mismatch", "install", "span"]
+__all__ = ["OutOfBounds", "as_mismatch", "install", "reported", "span"]
 
 #: the spans of the launch running now, innermost last: (argument name, first byte, one past the last byte, shape,
 #: dtype)
@@ -113,6 +115,18 @@ def as_mismatch(exc: BaseException, kernel: str) -> Any:
                                     kind="wrote_out_of_bounds" if wrote else "read_out_of_bounds")
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+@contextlib.contextmanager
+def reported(kernel: str) -> Iterator[None]:
+    """Raise an :class:`OutOfBounds` that a call of ``kernel`` in it raised as :func:`as_mismatch`'s failure."""
+    try:
+        yield
+    except Exception as exc:
+        found = as_mismatch(exc, kernel)
+        if found is None:
+            raise
+        raise found from exc
 
 
 def install(saved: dict[str, Any]) -> None:

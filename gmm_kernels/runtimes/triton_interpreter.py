@@ -214,11 +214,8 @@ def _patch() -> None:
         return np.where(handle.data & np.uint8(0x7F) == np.uint8(0x7F), np.float32("nan"), value.astype(np.float32))
 
     def create_dot(self: Any, a: Any, b: Any, d: Any, input_precision: Any, max_num_imprecise_acc: Any) -> Any:
-        if a.dtype.scalar == tl.float32 and b.dtype.scalar == tl.float32 and getattr(input_precision, "name", "") \
-                == "TF32":  # the tensor cores' operands: float32 with its low 13 mantissa bits dropped
-            with np.errstate(all="ignore"):
-                acc = np.matmul(_tf32(np, a.data), _tf32(np, b.data), dtype=np.float32) + d.data
-            return ti.TensorHandle(acc.astype(d.data.dtype), d.dtype.scalar)
+        if {a.dtype.scalar, b.dtype.scalar} == {tl.float32} and getattr(input_precision, "name", "") == "TF32":
+            return _tf32_dot(np, ti, a, b, d)  # the tensor cores' operands: the low 13 mantissa bits dropped
         if not {tl.bfloat16, tl.float8e4nv} & {a.dtype.scalar, b.dtype.scalar, d.dtype.scalar}:
             return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         with np.errstate(all="ignore"):  # NaN and infinity propagate, as on a GPU, without a warning
@@ -249,6 +246,13 @@ def _patch() -> None:
     ti._implicit_cvt, ti.InterpretedFunction.run = _annotated_ints(_saved["module._implicit_cvt"],
                                                                    _saved["InterpretedFunction.run"])
     triton_bounds.install(_saved)  # every load and store checked against the launch's tensors
+
+
+def _tf32_dot(np: Any, ti: Any, a: Any, b: Any, d: Any) -> Any:
+    """``a @ b + d`` of float32 blocks as tensor cores compute it under TF32 (:func:`_tf32` operands)."""
+    with np.errstate(all="ignore"):
+        acc = np.matmul(_tf32(np, a.data), _tf32(np, b.data), dtype=np.float32) + d.data
+    return ti.TensorHandle(acc.astype(d.data.dtype), d.dtype.scalar)
 
 
 def _tf32(np: Any, x: Any) -> Any:

@@ -29,7 +29,7 @@ from gmm_ref.conventions.ragged_dot import RAGGED_DOT, RAGGED_DOT_GENERAL
 from gmm_ref.conventions.sglang import FUSED_MOE as SGLANG_FUSED_MOE
 from gmm_ref.conventions.te import TE_GROUPED_GEMM, TE_SCALED_GROUPED_GEMM
 from gmm_ref.conventions.torch_grouped import GROUPED_MM
-from gmm_ref.conventions.torch_moe import MOE_EXPERTS
+from gmm_ref.conventions.torch_moe import MOE_EXPERTS, MOE_SLOTS
 from gmm_ref.conventions.torch_scaled import SCALED_GROUPED_MM, SCALED_GROUPED_MM_V2
 from gmm_ref.conventions.torchao import NVFP4_GROUPED_MM
 from gmm_ref.conventions.unsloth import GROUPED_GEMM as UNSLOTH_GROUPED_GEMM
@@ -50,7 +50,7 @@ BUILTIN = (RAGGED_DOT, RAGGED_DOT_GENERAL, GMM, TGMM, GROUPED_MM, TE_GROUPED_GEM
 #: the routed MoE conventions (a kernel taking a ``gmm_ref.Routing``, docs/routed.md): looked up by :func:`get`,
 #: listed by :func:`routed_names`, not by :func:`names` (whose conventions express grouped ``Problem`` s)
 ROUTED = (FUSED_MOE, SGLANG_FUSED_MOE, UNSLOTH_GROUPED_GEMM, UNSLOTH_GROUPED_GEMM_DX, UNSLOTH_GROUPED_GEMM_DW,
-          UNSLOTH_GROUPED_GEMM_DW_ACCUMULATE, MOE_EXPERTS)
+          UNSLOTH_GROUPED_GEMM_DW_ACCUMULATE, MOE_EXPERTS, MOE_SLOTS)
 
 
 @functools.cache

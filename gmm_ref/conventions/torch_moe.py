@@ -30,7 +30,7 @@ import numpy as np
 from gmm_ref.conventions import base
 from gmm_ref.routed.routing import Routing
 
-__all__ = ["MOE_EXPERTS"]
+__all__ = ["MOE_EXPERTS", "MOE_SLOTS"]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -55,6 +55,45 @@ class _MoEExperts(base.RoutedConvention):
 
     def _arguments(self, r: Routing) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (r.tokens, r.experts, r.topk_ids, r.topk_weights), {"expert_map": r.expert_map}
+
+
+class _MoESlots(base.RoutedConvention):
+    def parse(self, A: Any, B: Any, topk_ids: Any, topk_weights: Any, mul_routed_weight: bool,
+              expert_map: Any = None) -> Routing:
+        """A fused-MoE GEMM per slot with the router's own (global) expert ids: tokens ``A [T, K]``, this rank's
+        experts ``B [E_local, N, K]``, each token's ``top_k`` global experts ``topk_ids [T, top_k]`` and weights
+        ``topk_weights [T, top_k]``, ``mul_routed_weight`` whether each slot is multiplied by its weight,
+        ``expert_map [E_global]`` global -> local (-1: another rank's expert, whose slot is 0; None: every expert
+        local); returns ``[T, top_k, N]``, one row per slot, in A's dtype."""
+        a, b = base.as_array("A", A), base.as_array("B", B)
+        base.expect_ndim("A", a, 2)
+        base.expect_ndim("B", b, 3)
+        if b.shape[2] != a.shape[1]:
+            raise ValueError(f"B: expected [E, N, K={a.shape[1]}] (K: A's last axis), got {b.shape}")
+        if not isinstance(mul_routed_weight, (bool, np.bool_)):
+            raise TypeError(f"mul_routed_weight: expected a bool, got {mul_routed_weight!r}")
+        ids = base.as_array("topk_ids", topk_ids)
+        w = base.as_array("topk_weights", topk_weights)
+        emap = None if expert_map is None else base.as_array("expert_map", expert_map)
+        return Routing(a, b, ids, w, expert_layout="enk", expert_map=emap, mul_routed_weight=bool(mul_routed_weight),
+                       out_dtype=a.dtype, foreign=self.foreign)
+
+    def _arguments(self, r: Routing) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        weights = r.topk_weights if r.topk_weights is not None else np.ones(r.topk_ids.shape, np.float32)
+        return (r.tokens, r.experts, r.topk_ids, weights, bool(r.mul_routed_weight), r.expert_map), {}
+
+
+#: the per-slot signature many fused-MoE kernels take, and the loops they are tested against: global expert ids
+#: and an expert map, no sorted metadata
+MOE_SLOTS = _MoESlots(
+    name="torch.moe_slots", framework="torch",
+    dtype_pairs=((BF16, BF16), ("float16", "float16"), ("float32", "float32")),
+    weight_dtypes=("float32",), expert_layouts=("enk",), foreign="zero", distinct_experts=False,
+    output="slots",
+    summary="moe_slots(A, B, topk_ids, topk_weights, mul_routed_weight, expert_map): routed tokens [T, K], this "
+            "rank's experts [E_local, N, K], the router's global expert ids and an expert map (global -> local, -1 "
+            "elsewhere), the per-slot output [T, top_k, N] returned (another rank's slot 0)",
+)
 
 
 MOE_EXPERTS = _MoEExperts(

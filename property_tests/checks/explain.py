@@ -50,7 +50,10 @@ def _owners(p: gmm_ref.Problem) -> tuple[np.ndarray, np.ndarray]:
 
 def regions(p: gmm_ref.Problem) -> list[tuple[str, str, np.ndarray]]:
     """The non-finite elements of ``p``'s float operands by region: (operand, the region in words, its mask)."""
-    out = []
+    out: list[tuple[str, str, np.ndarray]] = []
+    if p.scaled or not any(x.dtype.kind in "fV" and not np.isfinite(x.astype(np.float64)).all()
+                           for x in (p.lhs, p.rhs)):
+        return out  # nothing placed: nothing to name (the modes other than poisoned)
     groups = p.local_groups
     sizes = None if p.group_sizes is None else np.asarray(p.group_sizes).reshape(-1)
     for operand, arr, owner in zip(("lhs", "rhs"), (p.lhs, p.rhs), _owners(p), strict=True):
@@ -86,7 +89,7 @@ def name_poison_source(adapter: KernelAdapter, exc: BaseException, mode: str,
                        run: Callable[[gmm_ref.Problem], Any] | None = None) -> None:
     """Add a note to the shrunk poisoned failure ``exc`` naming the region(s) whose NaN/Inf reached the wrong output
     elements; leave it alone where none does (the kernel made its NaN itself, or the rerun fails)."""
-    if mode != "poisoned" or not isinstance(exc, gmm_ref.Mismatch) or getattr(exc, "output", None) is None:
+    if not isinstance(exc, gmm_ref.Mismatch) or getattr(exc, "output", None) is None:
         return
     problem = failures.recipe_problem(exc, None)
     bad = exc.comparison.bad

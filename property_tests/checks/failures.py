@@ -42,6 +42,7 @@ __all__ = [
     "attach",
     "attach_again",
     "check_again",
+    "extend_recipe",
     "failed_result",
     "finish",
     "forget",
@@ -87,6 +88,13 @@ def attach(exc: BaseException, **recipe: Any) -> None:
         # an exception type with __slots__ takes no recipe: its report stays without a script
         with contextlib.suppress(AttributeError):
             setattr(exc, _RECIPE, recipe)
+
+
+def extend_recipe(exc: BaseException, **more: Any) -> None:
+    """Add ``more`` to the recipe :func:`attach` remembered for ``exc`` (the calls made before a failing one)."""
+    recipe = getattr(exc, _RECIPE, None)
+    if isinstance(recipe, dict):
+        recipe.update(more)
 
 
 def attach_again(exc: BaseException, again: Callable[[], None]) -> None:

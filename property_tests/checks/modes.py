@@ -30,7 +30,7 @@ from property_tests.checks import large, large_strided, real_k
 from property_tests.checks.declared import Unsupported, problem_options, routing_options
 from property_tests.strategies.cotangents import routed_backwards
 from property_tests.strategies.problems import Covering, covering, problems
-from property_tests.strategies.routing import routings
+from property_tests.strategies.routing import routed_replays, routings
 
 __all__ = ["ALL_MODES", "MODES", "OPT_IN_MODES", "Mode", "Unsupported", "mode_arguments", "mode_covering",
            "mode_routings", "mode_strategy"]
@@ -198,8 +198,7 @@ MODES: dict[str, Mode] = {
         Mode("graph", "one shape, 4 group-size vectors in turn on the same kernel, then the last again, in the same "
              "buffers with new contents: later calls must not reuse the first call's group sizes or a result kept by "
              "the buffers' addresses (a launch plan cached by shape, a replayed CUDA graph)",
-             {"values": "exact"}, replays=4, refuse=_no_group_sizes,
-             routed_why="routed: several routings of one shape in turn are not drawn yet"),
+             {"values": "exact"}, replays=4, refuse=_no_group_sizes, routed_values="exact"),
         Mode("real_k", "the K of real MoE layers: 2,048, 7,168, 4,097 (no tile divides it) and 129 groups at 2,048, "
              "normal values under the per-element bound (property_tests.checks.real_k)", cells=True,
              cell_runner=real_k.run_cells,
@@ -327,6 +326,11 @@ def mode_routings(adapter: KernelAdapter, mode: Mode | str) -> st.SearchStrategy
         raise Unsupported(mode.routed_why)
     drawn = routings(values=mode.routed_values, **routing_options(adapter))
     conv = adapter.convention_facts
+    if mode.replays > 1:  # one shape, new routings in turn (the graph mode)
+        if conv.backward:
+            raise Unsupported("routed: a backward kernel's routings in turn are not drawn yet")
+        return routed_replays(drawn, mode.replays, distinct_experts=conv.distinct_experts,
+                              block_size=conv.block_size)
     if not conv.backward:
         return drawn
     return routed_backwards(drawn, values=mode.routed_values, existing=conv.accumulates)

@@ -66,6 +66,26 @@ def check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) -
         raise
 
 
+def check_calls(adapter: KernelAdapter, calls: tuple[gmm_ref.Routing, ...], mode: Mode) -> None:
+    """:func:`check_routed` of each routing in turn on the same kernel; a failure of a later one names the call and
+    the routings before it (its reproducer makes those calls first)."""
+    __tracebackhide__ = True
+    for i, routing in enumerate(calls):
+        try:
+            check_routed(adapter, routing, mode)
+        except Exception as exc:
+            if i:
+                exc.add_note(f"Call {i + 1} of {len(calls)} on the same kernel, one shape (T={routing.num_tokens}, "
+                             f"top_k={routing.top_k}, {routing.num_experts} experts), new topk_ids and weights: the "
+                             f"calls before it passed; this one failed: metadata kept from an earlier call (sorted "
+                             "ids, counts per expert cached by shape, a count read on the host once, a replayed CUDA "
+                             "graph)? The reproducer makes the calls before it.")
+                failures.extend_recipe(exc, before_routings=calls[:i])
+                if isinstance(exc, gmm_ref.Mismatch):  # the one line names the call
+                    exc.args = (f"call {i + 1} of one routing shape: {exc.args[0]}", *exc.args[1:])
+            raise
+
+
 def run_routed(adapter: KernelAdapter, mode: Mode, strategy: SearchStrategy[gmm_ref.Routing], tally: Tally,
                max_examples: int | None, profile: str | None, seed: int | None = None,
                database: ExampleDatabase | None = None, run: failures.CheckRun | None = None,
@@ -79,26 +99,27 @@ def run_routed(adapter: KernelAdapter, mode: Mode, strategy: SearchStrategy[gmm_
     quick = tier is not None and tier.routed_examples is not None and max_examples is None  # gmm-quick's examples
     n = budgets(tier.routed_examples if quick else max_examples, profile, adapter.max_examples, 1)[0]  # type: ignore
 
-    def check(routing: gmm_ref.Routing) -> None:
+    def check(drawn: gmm_ref.Routing | tuple[gmm_ref.Routing, ...]) -> None:
         __tracebackhide__ = True
-        reason = adapter.supports(routing)
+        calls = drawn if isinstance(drawn, tuple) else (drawn,)  # the graph mode: new routings of one shape in turn
+        reason = next((r for r in map(adapter.supports, calls) if r is not None), None)
         if reason is not None:
             tally.declined.append(reason)
             return
         try:
-            check_routed(adapter, routing, mode)
+            check_calls(adapter, calls, mode)
         except Exception as exc:
             where = run.seen_before(adapter, exc)
             if where is None:
-                tally.evidence.add(routing, exc)
-                failures.attach_again(exc, lambda: check_routed(adapter, routing, mode))
+                tally.evidence.add(calls[0], exc)
+                failures.attach_again(exc, lambda: check_calls(adapter, calls, mode))
                 run.found(adapter, mode.name, f"routed / {mode.name}", exc)  # said now, before shrinking
                 raise
             tally.repeated.append((where, exc))
-            tally.evidence.add(routing, exc)
+            tally.evidence.add(calls[0], exc)
             return
         tally.checked += 1
-        tally.evidence.add(routing)
+        tally.evidence.add(calls[0])
 
     def routed(routing: gmm_ref.Routing) -> None:
         check(routing)

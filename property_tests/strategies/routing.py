@@ -33,7 +33,8 @@ from gmm_ref.routed.routing import EXPERT_LAYOUTS, ID_DTYPES, WEIGHT_DTYPES, pea
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, check_int, integers, resolve, sampled
 from property_tests.strategies.values import VALUE_KINDS, fill, poison
 
-__all__ = ["EP_KINDS", "ID_PATTERNS", "RoutedStatic", "routed_buckets", "routings", "topk_ids", "topk_weights"]
+__all__ = ["EP_KINDS", "ID_PATTERNS", "RoutedStatic", "routed_buckets", "routed_replays", "routings", "topk_ids",
+           "topk_weights"]
 
 #: how the tokens choose their experts (shrinks towards the first): a few experts (the others get no slot),
 #: every token on one expert, any expert, the last experts (ids past 256 and 512 where there are that many),
@@ -501,5 +502,30 @@ def routings(
     def _draw(draw: Any) -> gmm_ref.Routing:
         s = draw(bucket_strategy) if bucket_strategy is not None else _draw_free_static(draw, cfg)
         return _build(draw, cfg, s, kinds, foreigns, free_t)
+
+    return _draw()
+
+
+def routed_replays(strategy: SearchStrategy[gmm_ref.Routing], n: int, *, distinct_experts: bool = True,
+                   block_size: int = 16) -> SearchStrategy[tuple[gmm_ref.Routing, ...]]:
+    """``n`` routings one kernel gets one after the other (a fused-MoE kernel captured once per decode batch size
+    and replayed with each step's routing): one of ``strategy``, then ``n - 1`` with its shapes, dtypes, experts
+    and expert map, and new ``topk_ids`` (each of its own :data:`ID_PATTERNS`, so that experts go empty and full
+    from one call to the next) and weights, the tokens' rows rolled. A routing of no tokens is drawn once."""
+    check_int("n", n, minimum=1, maximum=16)
+
+    @st.composite
+    def _draw(draw: Any) -> tuple[gmm_ref.Routing, ...]:
+        first = draw(strategy)
+        if n == 1 or first.num_tokens == 0:
+            return (first,)
+        out = [first]
+        for i in range(1, n):
+            ids = draw_ids(draw, first.num_tokens, first.num_experts, first.top_k, distinct_experts, block_size,
+                           pattern=ID_PATTERNS[(i + ID_PATTERNS.index("few")) % len(ID_PATTERNS)])
+            weights = None if first.topk_weights is None else np.roll(first.topk_weights, i, axis=0)
+            out.append(dataclasses.replace(first, tokens=np.roll(first.tokens, i, axis=0),
+                                           topk_ids=ids.astype(first.topk_ids.dtype), topk_weights=weights))
+        return tuple(out)
 
     return _draw()
