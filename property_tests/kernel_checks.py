@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from gmm_kernels import Status
-from golden.judge import check_goldens
+from golden.judge import check_goldens, reasons_text, scope_reasons
 from golden.store import MANIFEST
 from property_tests.checks.causes import declarations
 from property_tests.checks.check import MODE_RESULTS, check_mode
@@ -95,4 +95,4 @@ def test_kernel_matches_goldens(gmm_kernel, request):
     if fails:
         pytest.fail("\n\n".join(r.detail + "\n" + r.full_report() for r in fails), pytrace=False)
     if not any(r.status is Status.PASSED for r in results):
-        pytest.skip(f"{gmm_kernel.name}: every golden case unsupported: {results[0].detail}")
+        pytest.skip(f"{gmm_kernel.name}: every golden case unsupported: {reasons_text(scope_reasons(results))}")

@@ -37,10 +37,12 @@ from gmm_kernels import KernelAdapter
 from gmm_kernels.sandbox import convert, device, guards, inputs, tamper
 from gmm_ref.dtypes import as_numpy
 
-__all__ = ["FRONT", "MARGIN", "ROW_STRIDE", "SHAPE", "check", "refusal"]
+__all__ = ["A_SHAPE", "FRONT", "MARGIN", "ROW_STRIDE", "SHAPE", "check", "refusal"]
 
 #: T x top_k: 64 slots, the flat slot 32 the first whose offset passes 2**31 - 1
 SHAPE = (16, 4)
+#: T x top_k of the tokens' cell: A's rows (tokens) apart, token 32 the first whose row offset passes 2**31 - 1
+A_SHAPE = (48, 2)
 #: elements between the starts of two rows of C (``C.stride(1)``)
 ROW_STRIDE = 2**26
 #: elements of the allocation before C: an offset wrapped in int32 lands in it
@@ -49,49 +51,67 @@ FRONT = 2**31
 MARGIN = 4096
 
 
-def _elements() -> int:
-    t, k = SHAPE
-    return FRONT + t * k * ROW_STRIDE
+def _elements(operand: str = "C") -> int:
+    t, k = SHAPE if operand == "C" else A_SHAPE
+    return FRONT + (t * k if operand == "C" else t) * ROW_STRIDE
 
 
-def refusal(adapter: KernelAdapter) -> str | None:
-    """Why ``adapter`` cannot take the cell here (its convention's output, or no address space), or None."""
+def _tokens_argument(conv: Any) -> str:
+    """The argument holding the tokens ``[T, K]``: a routed convention's first."""
+    return next(iter(inspect.signature(conv.parse).parameters))
+
+
+def refusal(adapter: KernelAdapter, operand: str = "C") -> str | None:
+    """Why ``adapter`` cannot take the cell striding ``operand`` (``"C"``, the per-slot output; ``"A"``, the tokens)
+    here (its convention's arguments, or no address space), or None."""
     conv = adapter.convention_facts
-    if conv.framework != "torch" or conv.out_argument is None or conv.output != "slots":
+    if operand == "C" and (conv.framework != "torch" or conv.out_argument is None or conv.output != "slots"):
         return (f"{adapter.convention} does not write a per-slot [T, top_k, N] torch output in place (the cell "
                 "strides its rows)")
+    if operand == "A" and (conv.framework != "torch" or conv.backward):
+        return f"{adapter.convention} takes no tokens [T, K] as a torch tensor (the cell strides their rows)"
     try:
         import torch
     except ImportError:  # the kernel cannot run here either; its availability says why
         return "torch is not installed: the cell's output is a torch tensor"
 
     try:  # reserved, not touched: committed page by page where written
-        torch.empty(_elements(), dtype=torch.bfloat16, device=device.selected())
+        torch.empty(_elements(operand), dtype=torch.bfloat16, device=device.selected())
     except (RuntimeError, MemoryError) as exc:
-        return f"cannot reserve {_elements() * 2 / 2**30:.0f} GiB of address space here: {str(exc).splitlines()[0]}"
+        return (f"cannot reserve {_elements(operand) * 2 / 2**30:.0f} GiB of address space here: "
+                f"{str(exc).splitlines()[0]}")
     return None
 
 
 def _strided(c: np.ndarray) -> tuple[Any, Any, np.ndarray]:
-    """(the allocation, C's strided view in it holding ``c``, the indices of every row's margins)."""
+    """(the allocation, a view in it holding ``c`` whose rows (its last axis) lie :data:`ROW_STRIDE` elements
+    apart, the indices of every row's margins)."""
     import torch
 
-    t, k, n = c.shape
-    base = device.reserve(_elements(), dtype=convert.torch_dtype(c.dtype))
-    view = torch.as_strided(base, c.shape, (k * ROW_STRIDE, ROW_STRIDE, 1), FRONT)
+    *lead, n = c.shape
+    rows = int(np.prod(lead, dtype=np.int64))
+    strides = [1, ROW_STRIDE]
+    for d in reversed(lead[1:]):
+        strides.append(strides[-1] * d)
+    base = device.reserve(FRONT + rows * ROW_STRIDE, dtype=convert.torch_dtype(c.dtype))
+    view = torch.as_strided(base, c.shape, tuple(reversed(strides)), FRONT)
     view.copy_(convert.to_torch(np.ascontiguousarray(c), device=base.device))
-    starts = FRONT + np.arange(t * k, dtype=np.int64)[:, None] * ROW_STRIDE
+    starts = FRONT + np.arange(rows, dtype=np.int64)[:, None] * ROW_STRIDE
     margins = np.concatenate([starts - MARGIN + np.arange(MARGIN), starts + n + np.arange(MARGIN)], axis=1)
     base[torch.from_numpy(margins.reshape(-1)).to(base.device)] = float("nan")
     return base, view, margins
 
 
-def _margins_changed(base: Any, margins: np.ndarray, routing: gmm_ref.Routing, kernel: str) -> None:
-    """``gmm_ref.Mismatch`` naming the first row (token, slot, expert) whose margins the kernel wrote."""
+def _margins_changed(base: Any, margins: np.ndarray, routing: gmm_ref.Routing, kernel: str, operand: str) -> None:
+    """``gmm_ref.Mismatch`` naming the first row (token, slot, expert; of the tokens: the token) whose margins the
+    kernel wrote."""
     import torch
 
     held = base[torch.from_numpy(margins.reshape(-1)).to(base.device)].reshape(margins.shape).float().cpu().numpy()
     rows = np.flatnonzero(~np.isnan(held).all(axis=1))
+    if rows.size and operand == "A":
+        raise gmm_ref.Mismatch(f"token {int(rows[0])}: kernel {kernel} wrote within {MARGIN} elements of this token's "
+                               f"row of A, outside it ({rows.size} rows' margins changed)", kind="wrote_out_of_bounds")
     if rows.size:
         f = int(rows[0])
         t, j = divmod(f, routing.top_k)
@@ -100,39 +120,61 @@ def _margins_changed(base: Any, margins: np.ndarray, routing: gmm_ref.Routing, k
                                "margins changed)", kind="wrote_out_of_bounds")
 
 
-def check(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Any = None) -> None:
-    """Run ``adapter`` on ``routing`` with its output C strided as the module says, its other arguments guarded
-    copies (``gmm_kernels.sandbox.guards``); ``gmm_ref.Mismatch`` naming the token, slot and expert of the first wrong
-    element (or of a row written past), or for a write past another buffer or to an input."""
+def check(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Any = None, operand: str = "C") -> None:
+    """Run ``adapter`` on ``routing`` with ``operand`` (``"C"``, its per-slot output; ``"A"``, its tokens) strided as
+    the module says, its other arguments guarded copies (``gmm_kernels.sandbox.guards``); ``gmm_ref.Mismatch``
+    naming the token, slot and expert of the first wrong element (or of a row written past), or for a write past
+    another buffer or to an input."""
     __tracebackhide__ = True
     conv = adapter.convention_facts
     numerics = adapter.numerics_for(routing)
     pristine = conv.arguments(routing)
-    where = list(inspect.signature(conv.parse).parameters).index(conv.out_argument)
+    name = conv.out_argument if operand == "C" else _tokens_argument(conv)
+    where = list(inspect.signature(conv.parse).parameters).index(name)
     try:
         with tamper.sealed(routing, adapter.name), guards.call(adapter.name) as call:
             args, kwargs = inputs.fresh(*pristine, convention=conv, guard=call)
-            base, c, margins = _strided(conv.out_value(*pristine))
+            held = conv.out_value(*pristine) if operand == "C" else np.array(routing.tokens)
+            base, view, margins = _strided(held)
             if where < len(args):
-                args = (*args[:where], c, *args[where + 1:])
+                args = (*args[:where], view, *args[where + 1:])
             else:
-                kwargs = {**kwargs, conv.out_argument: c}
+                kwargs = {**kwargs, name: view}
             with convert.written_back():
                 returned = adapter.invoke(*args, **kwargs)
                 device.synchronize()
         call.check()
-        inputs.modified(adapter.name, conv, pristine, (args, kwargs))
-        _margins_changed(base, margins, routing, adapter.name)
+        given = (args, kwargs)
+        if operand == "A":  # the strided tokens, as an array: a write into them is a modified input
+            held = as_numpy(view.cpu(), name=name)
+            given = ((*args[:where], held, *args[where + 1:]), kwargs) if where < len(args) else \
+                (args, {**kwargs, name: held})
+        inputs.modified(adapter.name, conv, pristine, given)
+        _margins_changed(base, margins, routing, adapter.name, operand)
         # its output, as a plain call's (RoutedKernelAdapter.run): what it returns, else what it wrote into C
-        got = as_numpy(c.cpu(), name=f"output of {adapter.name}") if returned is None else \
-            as_numpy(returned, name=f"output of {adapter.name}", strict=True)
+        if returned is None:  # written into its output argument (strided here in the C cell)
+            at = list(inspect.signature(conv.parse).parameters).index(conv.out_argument)
+            c = args[at] if at < len(args) else kwargs[conv.out_argument]
+            got = as_numpy(c.cpu(), name=f"output of {adapter.name}")
+        else:
+            got = as_numpy(returned, name=f"output of {adapter.name}", strict=True)
         out = conv.per_slot(got, *pristine)
         ref = adapter.reference_for(routing)  # once the kernel has returned
         gmm_ref.assert_routed_matches(out, ref, numerics=numerics, kernel=adapter.name, output=conv.output)
     except Exception as exc:
-        t, k = SHAPE
-        exc.add_note(f"C's rows were {ROW_STRIDE:,} elements apart (C.stride(1)): flat slot f = token * {k} + slot "
-                     f"at f * {ROW_STRIDE:,}, past 2**31 - 1 from slot {-(-2**31 // ROW_STRIDE)} (token "
-                     f"{-(-2**31 // ROW_STRIDE) // k}) on, up to {(t * k - 1) * ROW_STRIDE:,}: an offset computed in "
-                     "int32 wraps there")
+        exc.add_note(f"{routing.describe()}\n{_offsets_note(operand)}")
         raise
+
+
+def _offsets_note(operand: str) -> str:
+    """How the cell strided ``operand``, and where its offsets pass 2**31 - 1."""
+    first = -(-2**31 // ROW_STRIDE)
+    if operand == "A":
+        t, _ = A_SHAPE
+        return (f"A's rows (tokens) were {ROW_STRIDE:,} elements apart (A.stride(0)): token t at t * {ROW_STRIDE:,}, "
+                f"past 2**31 - 1 from token {first} on, up to {(t - 1) * ROW_STRIDE:,}: an offset computed in int32 "
+                "(token * stride_am) wraps there")
+    t, k = SHAPE
+    return (f"C's rows were {ROW_STRIDE:,} elements apart (C.stride(1)): flat slot f = token * {k} + slot at "
+            f"f * {ROW_STRIDE:,}, past 2**31 - 1 from slot {first} (token {first // k}) on, up to "
+            f"{(t * k - 1) * ROW_STRIDE:,}: an offset computed in int32 wraps there")

@@ -89,20 +89,24 @@ class RoutedCell:
         if self.kind == "offsets":
             t, k = scale_offsets.SHAPE
             return f"T={t} x top_k={k}, C's rows {scale_offsets.ROW_STRIDE:,} elements apart (offsets past 2**31)"
+        if self.kind == "token_offsets":
+            t, k = scale_offsets.A_SHAPE
+            return f"T={t} x top_k={k}, A's rows {scale_offsets.ROW_STRIDE:,} elements apart (offsets past 2**31)"
         total, local, first = EXPERT_MAP
         return f"E={total:,} with an expert_map ({local} local from expert {first})"
 
 
-#: the ``offsets`` cell (``property_tests.checks.scale_offsets``)
+#: the ``offsets`` cells (``property_tests.checks.scale_offsets``): the per-slot output's rows apart, the tokens'
 OFFSETS = RoutedCell("offsets", OFFSET_EXPERTS)
+TOKEN_OFFSETS = RoutedCell("token_offsets", OFFSET_EXPERTS)
 #: the cells of a kernel that runs interpreted here
-INTERPRETED_CELLS = (RoutedCell("expert_map", EXPERT_MAP[0]), OFFSETS)
+INTERPRETED_CELLS = (RoutedCell("expert_map", EXPERT_MAP[0]), OFFSETS, TOKEN_OFFSETS)
 
 
 def cells(adapter: KernelAdapter) -> tuple[RoutedCell, ...]:
     """Every routed cell (whether ``adapter`` can take them or not)."""
     return (RoutedCell("slots", 8), RoutedCell("hot", 3), *(RoutedCell("experts", e) for e in EXPERT_COUNTS),
-            RoutedCell("expert_map", EXPERT_MAP[0]), OFFSETS)
+            RoutedCell("expert_map", EXPERT_MAP[0]), OFFSETS, TOKEN_OFFSETS)
 
 
 def _pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype] | str:
@@ -116,8 +120,8 @@ def _pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype] | str:
 
 def _ids(cell: RoutedCell, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
     """``topk_ids`` of ``cell`` (each token's experts distinct) and its ``expert_map`` (or None)."""
-    if cell.kind in ("slots", "offsets"):
-        t, k = SLOTS if cell.kind == "slots" else scale_offsets.SHAPE
+    if cell.kind in ("slots", "offsets", "token_offsets"):
+        t, k = {"slots": SLOTS, "offsets": scale_offsets.SHAPE, "token_offsets": scale_offsets.A_SHAPE}[cell.kind]
         return ((np.arange(t)[:, None] + np.arange(k)) % cell.experts).astype(np.int32), None
     if cell.kind == "hot":
         return rng.permutation(np.repeat(np.arange(3), HOT)).astype(np.int32)[:, None], None
@@ -140,7 +144,7 @@ def interpreted_cells(adapter: KernelAdapter) -> tuple[RoutedCell, ...]:
     """The cells of ``adapter`` where it runs interpreted: :data:`INTERPRETED_CELLS`, or for a convention without
     an expert map the ``experts`` cell of the most experts (1,025: past every scan limit too)."""
     if adapter.convention_facts.expert_parallel is False:
-        return (RoutedCell("experts", EXPERT_COUNTS[-1]), OFFSETS)
+        return (RoutedCell("experts", EXPERT_COUNTS[-1]), OFFSETS, TOKEN_OFFSETS)
     return INTERPRETED_CELLS
 
 
@@ -162,7 +166,8 @@ def scale_routing(adapter: KernelAdapter, cell: RoutedCell, seed: int = 0) -> gm
     pair = _pair(adapter)
     if isinstance(pair, str):
         return pair
-    if cell.kind == "offsets" and (why := scale_offsets.refusal(adapter)):
+    if cell.kind in ("offsets", "token_offsets") and (
+            why := scale_offsets.refusal(adapter, "C" if cell.kind == "offsets" else "A")):
         return why
     conv = adapter.convention_facts
     rng = np.random.default_rng(seed + zlib.crc32(cell.describe().encode()))
@@ -221,7 +226,10 @@ def run_cells(adapter: KernelAdapter, mode: Any, check: Callable[[KernelAdapter,
             left_out.setdefault(routing, []).append(cell.describe())
             continue
         try:
-            (scale_offsets.check if cell.kind == "offsets" else check)(adapter, routing, mode)
+            if cell.kind in ("offsets", "token_offsets"):
+                scale_offsets.check(adapter, routing, mode, "C" if cell.kind == "offsets" else "A")
+            else:
+                check(adapter, routing, mode)
         except Exception as exc:
             exc.add_note(_rebuild(adapter, cell, seed))
             raise

@@ -93,3 +93,19 @@ def scan_of(width: int, sorted_ids: np.ndarray, blocks: np.ndarray, topk_ids: np
     for b in np.flatnonzero(global_ids[:post[0] // block_size] >= width):
         sorted_ids[b * block_size:(b + 1) * block_size] = topk_ids.size
     return sorted_ids, blocks
+
+
+def fused_moe_int32_token_offsets(A, B, C, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                                  mul_routed_weight, top_k, config=None, compute_type=None):
+    """Wrong: reads token t's row of A at ``t * stride_am`` computed in int32 (vLLM's kernel casts the token ids to
+    int64 first; a kernel that does not wraps past 2**31 - 1 elements): right while A holds fewer, its rows read
+    from before A's start past it."""
+    import torch
+
+    s = A.stride(0)
+    rows = []
+    for t in range(A.shape[0]):
+        offset = int(np.int64(t * s).astype(np.int32))  # the int32 product, wrapped
+        rows.append(torch.as_strided(A, (A.shape[1],), (A.stride(1),), A.storage_offset() + offset))
+    fused_moe(torch.stack(rows) if rows else A, B, C, topk_weights, sorted_token_ids, expert_ids,
+              num_tokens_post_padded, mul_routed_weight, top_k, config, compute_type)

@@ -84,6 +84,8 @@ def test_cells_cross_the_limits_exactly():
             assert counts.max() > 65_535 and counts.argmax() == 1
         elif cell.kind == "offsets":  # the last slot's offset past 2**31 - 1; a wrapped one (>= -2**31) in FRONT
             assert (r.topk_ids.size - 1) * so.ROW_STRIDE > 2**31 - 1 and so.FRONT >= 2**31
+        elif cell.kind == "token_offsets":  # the last token's row offset past 2**31 - 1
+            assert (r.num_tokens - 1) * so.ROW_STRIDE > 2**31 - 1 and so.FRONT >= 2**31
         else:
             assert counts.max() <= 3
         if cell.kind == "expert_map":
@@ -96,7 +98,7 @@ def test_cells_cross_the_limits_exactly():
         assert (ref.slots_exact[..., 0][local] != 0).all(), "every local slot has a non-zero element"
         assert np.array_equal(ref.slots_exact, ref.slots.astype(np.float64)), "exact in the output dtype"
         seen.add(cell.kind)
-    assert seen == {"slots", "hot", "experts", "expert_map", "offsets"}
+    assert seen == {"slots", "hot", "experts", "expert_map", "offsets", "token_offsets"}
 
 
 def test_the_scale_mode_draws_nothing_to_cover_for_a_routed_kernel():
@@ -129,10 +131,11 @@ def _declining(why):
 def test_cells_a_kernel_declines_are_left_out_with_the_reason_and_none_is_na():
     ep = _declining(lambda r: "takes an expert_map only" if r.expert_map is None else None)
     result = check_mode(ep, "scale")
-    assert result.status is Status.PASSED and result.cells == (1, 7), result
+    assert result.status is Status.PASSED and result.cells == (1, 8), result
     assert result.detail == ("left out: T=8,200 x top_k=8 (65,600 slots), T=65,664 x top_k=1, 65,600 slots in "
                              "expert 1, E=257, E=513, E=1,025, T=16 x top_k=4, C's rows 67,108,864 elements apart "
-                             f"(offsets past 2**31) ({ep.name} declines it: takes an expert_map only)")
+                             "(offsets past 2**31), T=48 x top_k=2, A's rows 67,108,864 elements apart (offsets past "
+                             f"2**31) ({ep.name} declines it: takes an expert_map only)")
     none = check_mode(_declining(lambda r: "takes no routing at all"), "scale")
     assert none.status is Status.UNSUPPORTED and "takes none of the scale cells" in none.detail, none
     assert "takes no routing at all" in none.detail
@@ -230,7 +233,7 @@ def test_vllms_kernel_interpreted_gets_the_expert_map_cell_and_says_what_it_left
     adapter = get("vllm.fused_moe")
     assert adapter.available() is None and adapter.interpreted() == "Triton's interpreter"
     result = check_mode(adapter, "scale")
-    assert result.status is Status.PASSED and result.cells == (2, len(sr.cells(adapter))), result
+    assert result.status is Status.PASSED and result.cells == (3, len(sr.cells(adapter))), result
     assert result.detail.startswith("left out: T=8,200 x top_k=8 (65,600 slots), ") and "interpreted" in result.detail
 
 
@@ -258,6 +261,9 @@ def test_every_routed_row_can_take_a_cell_of_its_own(name, monkeypatch):
             assert routing.endswith("does not write a per-slot [T, top_k, N] torch output in place (the cell "
                                     "strides its rows)"), routing
             continue
+        if cell == sr.TOKEN_OFFSETS and conv.backward:
+            assert routing.endswith("takes no tokens [T, K] as a torch tensor (the cell strides their rows)"), routing
+            continue
         assert isinstance(routing, gmm_ref.RoutedBackward if conv.backward else gmm_ref.Routing), \
             f"{name}: {cell.describe()}: {routing}"
         if conv.backward:  # element 0 of every slot's input gradient is 1, (0, 0) of an expert's its slot count
@@ -266,5 +272,27 @@ def test_every_routed_row_can_take_a_cell_of_its_own(name, monkeypatch):
             counts = np.bincount(routing.topk_ids.reshape(-1), minlength=routing.num_local_experts)
             assert np.array_equal(g.experts_exact[:, 0, 0] - (0 if routing.existing is None else
                                                              routing.existing[:, 0, 0].astype(float)), counts)
-        assert routing.num_experts > 1024 or cell == sr.OFFSETS
+        assert routing.num_experts > 1024 or cell in (sr.OFFSETS, sr.TOKEN_OFFSETS)
         assert (routing.tokens.shape[1], routing.n) in (adapter.convention_facts.extents or [(sr.SMALL, sr.SMALL)])
+
+
+@pytest.mark.parametrize("kernel", ["fused_moe", "fused_moe_returning"])
+def test_a_correct_fused_moe_passes_every_mode_whether_it_fills_c_or_returns(kernel):
+    """Every mode that applies to a routed kernel, the graph mode's routings in turn and the scale cells included,
+    reads the kernel's result one way: what it returns, else C."""
+    from property_tests.checks.check import check_kernel
+
+    report = check_kernel(getattr(bsr, kernel), convention="vllm.fused_moe", raise_on_failure=False,
+                          max_examples=10)
+    ran = [r for r in report if r.status is not Status.UNSUPPORTED]
+    assert {"exact", "poisoned", "graph", "scale"} <= {r.check for r in ran}, [r.line() for r in report]
+    assert report.ok, [r.line() for r in report if not r.ok]
+
+
+def test_a_token_offset_formed_in_int32_is_caught_naming_the_token():
+    """The tokens' cell: A's rows 2**26 elements apart, token 32 on past 2**31 - 1; a kernel forming t * stride_am
+    in int32 reads those rows from before A (its margins and the untouched front: not the token)."""
+    text = _rejected(_torch(bsr.fused_moe_int32_token_offsets))
+    assert re.match(r"token (3[2-9]|4[0-7]), slot \d", text), text
+    result = check_mode(_torch(bsr.fused_moe_int32_token_offsets), "scale")
+    assert "A's rows (tokens) were 67,108,864 elements apart" in result.full_report()
