@@ -27,6 +27,7 @@ from gmm_kernels import KernelAdapter
 from gmm_ref.compare import REPRODUCE
 from gmm_ref.conventions.base import has_tail
 from property_tests.checks import failures
+from property_tests.checks.picture import NOTE as PICTURE
 
 __all__ = ["MAX_CAUSES", "STOPS", "TOTAL", "Evidence", "cause_of", "declarations", "goes_on", "key_of", "summarize",
            "summary_lines", "traits"]
@@ -160,8 +161,9 @@ def cause_of(exc: BaseException, where: str) -> dict[str, str]:
     else:
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
         line = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    shown = next((n.rsplit(": ", 1)[-1] for n in getattr(exc, "__notes__", ()) if n.startswith(PICTURE)), "")
     return {"key": key_of(exc), "line": line, "where": where, "problem": "" if problem is None else problem.describe(),
-            "frame": _frame(exc), "reproducer": script.strip()}
+            "frame": _frame(exc), "reproducer": script.strip(), "picture": shown}
 
 
 # --------------------------------------------------------------- the run's causes
@@ -317,6 +319,8 @@ def summary_lines(causes: Sequence[Mapping[str, Any]], kernel: str, report: str 
                          f"{decl['plugin']}; {decl['declare']}")
         elif c["key"].startswith("wrong:") and c["traits"]:
             lines.append("      (a kernel that does not take such problems should raise, not return a wrong output)")
+        if c.get("picture"):
+            lines.append(f"      picture: {c['picture']}")
         lines.append(f"      reproducer: in {report.format(c['where'])}" if c["reproducer"] else
                      f"      no reproducer; its report: {report.format(c['where'])}")
     return lines

@@ -18,6 +18,7 @@ TF32 inputs, on a GPU as in the harness's interpreter; the report says how to de
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -26,9 +27,9 @@ import numpy as np
 import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_ref.layouts import blocks
-from property_tests.checks import failures
+from property_tests.checks import failures, picture
 
-__all__ = ["explain", "name_poison_source", "regions", "tf32_hint"]
+__all__ = ["draw", "explain", "name_poison_source", "regions", "tf32_hint"]
 
 #: the most regions tried (each a call of the kernel)
 MAX_REGIONS = 24
@@ -152,7 +153,21 @@ def tf32_hint(adapter: KernelAdapter, exc: BaseException, mode: str) -> None:
                        "else pass input_precision=\"ieee\" to tl.dot.")
 
 
+def draw(adapter: KernelAdapter, exc: BaseException, mode: str) -> None:
+    """A picture of a wrong output (``property_tests.checks.picture``), named in a note of ``exc``."""
+    problem = failures.recipe_problem(exc, None)
+    out, bad = getattr(exc, "output", None), getattr(getattr(exc, "comparison", None), "bad", None)
+    if not isinstance(problem, gmm_ref.Problem) or out is None or bad is None or bad.shape != np.shape(out):
+        return
+    numerics = (failures.recipe(exc) or {}).get("numerics") or adapter.numerics_for(problem)
+    path = picture.save(out, adapter.reference_for(problem), numerics, bad)
+    failures.note(exc, f"{picture.NOTE} (wrong elements orange to dark red by error over the bound, NaN/Inf purple, "
+                       f"undefined gray; group boundaries blue, tiles gray): {path}")
+
+
 def explain(adapter: KernelAdapter, exc: BaseException, mode: str) -> None:
     """Every note this module adds to the shrunk failure ``exc`` of ``adapter`` in ``mode``."""
     name_poison_source(adapter, exc, mode)
     tf32_hint(adapter, exc, mode)
+    with contextlib.suppress(OSError):  # no writable place for it: the report stands without
+        draw(adapter, exc, mode)

@@ -59,6 +59,7 @@ __all__ = [
     "poisoned_from",
     "primary",
     "raise_failure",
+    "recipe",
     "recipe_problem",
     "replayed",
     "signature",
@@ -179,6 +180,11 @@ def replay_note(problem: Any, before: tuple[Any, ...]) -> str:
             f"contents, on the same kernel: the calls before it passed with group sizes "
             f"{', '.join(map(str, sizes))}; this one, with {np.asarray(problem.group_sizes).tolist()}, failed: "
             f"{_KEPT}? The reproducer makes the calls before it.")
+
+
+def recipe(exc: BaseException) -> dict[str, Any] | None:
+    """What :func:`attach` remembered for ``exc`` (problem, numerics, ...), or None."""
+    return getattr(exc, _RECIPE, None)
 
 
 def recipe_problem(exc: BaseException, default: Any) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 
@@ -213,3 +214,82 @@ def test_a_routed_failure_has_a_reproducer_that_raises_the_same_report(tmp_path,
     with pytest.raises(gmm_ref.Mismatch) as info:
         exec(compile(script, "reproducer.py", "exec"), {})
     assert wrong["line"].split(": ", 1)[1].split(" (")[0] in str(info.value), (wrong["line"], str(info.value))
+
+
+def _decoded(path):
+    """(width, height, [h, w, 3] pixels) of a PNG this harness wrote (filter 0 rows, one IDAT)."""
+    import struct
+    import zlib
+    from pathlib import Path
+
+    import numpy as np
+
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h = struct.unpack(">II", data[16:24])
+    at = data.index(b"IDAT")
+    size = struct.unpack(">I", data[at - 4:at])[0]
+    raw = np.frombuffer(zlib.decompress(data[at + 4:at + 4 + size]), np.uint8).reshape(h, 1 + 3 * w)
+    assert (raw[:, 0] == 0).all()
+    return w, h, raw[:, 1:].reshape(h, w, 3)
+
+
+def test_a_wrong_output_gets_a_picture_with_its_wrong_rows_red_and_the_group_edges_blue(tmp_path, monkeypatch):
+    pytest.importorskip("jax")
+    from property_tests.checks import picture
+    from tests.corpus.broken_kernels import ragged_dot_boundary_off_by_one
+
+    monkeypatch.setenv("GMM_REPRO_DIR", str(tmp_path))
+    report = check_kernel(ragged_dot_boundary_off_by_one, convention="ragged_dot", modes=["exact"],
+                          raise_on_failure=False)
+    (result,) = report.results
+    note = next(n for n in result.error.__notes__ if n.startswith(picture.NOTE))
+    path = note.rsplit(": ", 1)[-1]
+    assert path.startswith(str(tmp_path)) and report.causes[0]["picture"] == path
+    w, h, pixels = _decoded(path)
+    problem = causes.failures.recipe_problem(result.error, None)
+    rows, cols = problem.m, problem.n
+    side = w // cols
+    assert h == rows * side and side >= 3
+    red = (pixels[..., 0] > 100) & (pixels[..., 1] < 200) & (pixels[..., 2] < 60)
+    wrong_rows = sorted({r // side for r in np.flatnonzero(red.any(axis=1))})
+    bad_rows = sorted(np.flatnonzero(result.error.comparison.bad.any(axis=1)).tolist())
+    assert wrong_rows == bad_rows, (wrong_rows, bad_rows)  # exactly the rows the comparison found wrong
+    blue = (pixels[..., 2] > 200) & (pixels[..., 0] < 60)
+    assert blue.any(), "the group boundaries are drawn"
+
+
+def test_a_picture_of_a_nan_is_purple_and_an_undefined_element_gray():
+    from property_tests.checks import picture
+
+    lhs = np.ones((4, 2), np.float32)
+    p = gmm_ref.Problem("ragged_m", lhs, np.ones((1, 2, 3), np.float32), [3], convention="ragged_dot")
+    ref = gmm_ref.reference(p)
+    out = np.array(ref.values, np.float32)
+    out[0, 0] = np.nan
+    out[1, 1] = 1000.0
+    bad = np.zeros(out.shape, bool)
+    bad[0, 0] = bad[1, 1] = True
+    img = picture.image(out, ref, gmm_ref.Numerics(), bad)
+    side = img.shape[1] // 3
+    at = lambda r, c: tuple(img[r * side + side // 2, c * side + side // 2])  # noqa: E731
+    assert at(0, 0) == (128, 0, 170) and at(1, 1)[2] < 60 and at(1, 1)[0] >= 140
+    assert at(2, 2) == (255, 255, 255)
+    assert at(3, 0) == (225, 225, 225) if not ref.mask[3, 0] else True  # the row past the groups: undefined
+
+
+def test_a_fresh_process_first_call_is_not_blamed_for_jaxs_own_start(tmp_path):
+    """jax starts a timer thread the first time its backend is used; where that first use is the harness's own
+    conversion inside the first watched call, the thread was the kernel's: a false 'tampered'."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("jax")
+    script = ("from property_tests.checks.check import check_kernel\n"
+              "from tests.corpus.broken_kernels import ragged_dot_correct\n"
+              "r = check_kernel(ragged_dot_correct, convention='ragged_dot', modes=['normal'], max_examples=5)\n"
+              "print('STATUS', r.results[0].status.name)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**__import__("os").environ,
+                               "PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[2])})
+    assert "STATUS PASSED" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
