@@ -41,6 +41,11 @@ def _range(y_ptr, n):
     tl.store(y_ptr + tl.arange(0, 1), total)
 
 
+def _upcast(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs).to(tl.float32))
+
+
 def _mul(x_ptr, y_ptr, z_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     tl.store(z_ptr + offs, tl.load(x_ptr + offs) * tl.load(y_ptr + offs))
@@ -105,6 +110,13 @@ def _probe_bf16_arith() -> bool:
     return bool(torch.equal(z.view(torch.int16), (x * y).view(torch.int16)))  # torch rounds the product to even
 
 
+def _probe_bf16_subnormal() -> bool:
+    x = torch.tensor([2.755e-40, -1.0e-39, 1.5, 2.0**-130], dtype=torch.bfloat16)  # subnormal, subnormal, normal
+    y = torch.empty(4, dtype=torch.float32)
+    _interpreted(_upcast)[(1,)](x, y, BLOCK=4)
+    return bool(torch.equal(y, x.float()))
+
+
 def _probe_tf32() -> bool:
     a = torch.full((16, 16), 1 + 2**-20, dtype=torch.float32)  # 1 to a tensor core under TF32
     c = torch.zeros((16, 16), dtype=torch.float32)
@@ -122,6 +134,6 @@ def _probe_int_annotation() -> bool:
 PROBES: dict[str, Callable[[], bool]] = {
     "bf16_dot": _probe_dot, "bf16_cast": _probe_cast, "bool_splat": _probe_splat, "range_int": _probe_range,
     "fp8_nan_dot": _probe_fp8_nan, "bf16_arith": _probe_bf16_arith, "int_annotation": _probe_int_annotation,
-    "tf32_dot": _probe_tf32}
+    "tf32_dot": _probe_tf32, "bf16_subnormal": _probe_bf16_subnormal}
 
 

@@ -57,7 +57,7 @@ def _elements(operand: str = "C") -> int:
 
 
 def _tokens_argument(conv: Any) -> str:
-    """The argument holding the tokens ``[T, K]``: a routed convention's first."""
+    """The argument holding the tokens (``[T, K]``, or gathered ``[T * top_k, K]``): a routed convention's first."""
     return next(iter(inspect.signature(conv.parse).parameters))
 
 
@@ -134,7 +134,9 @@ def check(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Any = None, op
     try:
         with tamper.sealed(routing, adapter.name), guards.call(adapter.name) as call:
             args, kwargs = inputs.fresh(*pristine, convention=conv, guard=call)
-            held = conv.out_value(*pristine) if operand == "C" else np.array(routing.tokens)
+            # the tokens as the convention passes them (unsloth's unfused form: already gathered, [T * top_k, K])
+            held = conv.out_value(*pristine) if operand == "C" else np.array(
+                pristine[0][where] if where < len(pristine[0]) else pristine[1][name])
             base, view, margins = _strided(held)
             if where < len(args):
                 args = (*args[:where], view, *args[where + 1:])
