@@ -134,30 +134,25 @@ def _multiples(value: Mapping[str, int]) -> dict[str, int]:
     return multiples
 
 
-def _operands(name: str, value: Any) -> tuple[str, ...]:
-    """Some of the operands ("lhs", "rhs"), in that order; ``"none"`` (as the command line spells it), an empty list
-    and None are ``()``, ``"lhs,rhs"`` is ``("lhs", "rhs")``."""
-    if value is None:
-        return ()
+def _some(name: str, value: Any, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """Some of ``allowed``, in its order; ``"none"`` (as the command line spells it) and an empty list are ``()``,
+    ``"a,b"`` is ``("a", "b")``."""
     if isinstance(value, str):
         value = () if value.strip() == "none" else tuple(a.strip() for a in value.split(",") if a.strip())
-    ops = tuple(value)
-    if any(o not in _OPERANDS for o in ops):
-        raise ValueError(f"{name}: expected some of the operands {_OPERANDS}, none or an empty list, got {value!r}")
-    return tuple(o for o in _OPERANDS if o in ops)
+    got = tuple(value)
+    if any(a not in allowed for a in got):
+        raise ValueError(f"{name}: expected some of the {what} {allowed}, none or an empty list, got {value!r}")
+    return tuple(a for a in allowed if a in got)
+
+
+def _operands(name: str, value: Any) -> tuple[str, ...]:
+    """Some of the operands ("lhs", "rhs"); None is ``()`` too."""
+    return () if value is None else _some(name, value, _OPERANDS, "operands")
 
 
 def _axes(name: str, value: Any) -> tuple[str, ...] | None:
-    """Some of the axes ("m", "k", "n"), in that order (None stays None); ``"none"`` (as the command line spells
-    it) and ``"m,k"`` are taken as ``()`` and ``("m", "k")``."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = () if value.strip() == "none" else tuple(a.strip() for a in value.split(",") if a.strip())
-    axes = tuple(value)
-    if any(a not in _AXES for a in axes):
-        raise ValueError(f"{name}: expected some of the axes {_AXES}, none or an empty list, got {value!r}")
-    return tuple(a for a in _AXES if a in axes)
+    """Some of the axes ("m", "k", "n"); None stays None (every axis the convention takes)."""
+    return None if value is None else _some(name, value, _AXES, "axes")
 
 
 @dataclass(frozen=True)
