@@ -38,6 +38,16 @@ def _interpreted_user_kernel(adapter: KernelAdapter, fn: Any) -> str | None:
     return adapter._runs_interpreted("Triton's interpreter", takes="days") if interpreted else None
 
 
+def _tf32_default(adapter: Any, numerics: Numerics, dtype: Any) -> Numerics:
+    """``numerics`` with float32 products as TF32 ones (declared as bfloat16: a sound, slightly looser bound) for
+    an undeclared kernel that runs Triton: ``tl.dot``'s default input precision for float32, on a GPU as in the
+    harness's interpreter (``triton_interpreter``: ``tf32_dot``). A kernel that asks for ``"ieee"`` declares its
+    numerics to be held to exact products."""
+    if str(dtype) != "float32" or numerics.multiply is not None or "Triton" not in (adapter.interpreted() or ""):
+        return numerics
+    return dataclasses.replace(numerics, multiply="bfloat16")
+
+
 class FunctionAdapter(KernelAdapter):
     """An adapter around a user function ``fn`` taking ``convention``'s arguments.
 
@@ -71,8 +81,13 @@ class FunctionAdapter(KernelAdapter):
         return _interpreted_user_kernel(self, self.fn)
 
     def numerics_for(self, problem: Problem) -> Numerics:
-        """The declared numerics, else the lenient default (see the class docstring)."""
-        return self.numerics if self.numerics is not None else super().numerics_for(problem)
+        """The declared numerics, else the lenient default (see the class docstring); a Triton kernel's float32
+        products are Triton's default TF32 ones (:func:`_tf32_default`)."""
+        if self.numerics is not None:
+            return self.numerics
+        numerics = super().numerics_for(problem)
+        declared = self.scope is not None and self.scope.numerics is not None
+        return numerics if declared else _tf32_default(self, numerics, problem.lhs.dtype)
 
     def primitives(self, problem: Problem) -> frozenset[str]:
         """For a jax kernel, the primitives its jaxpr binds on ``problem``'s arguments; for a torch kernel, the
@@ -162,7 +177,8 @@ class RoutedFunctionAdapter(RoutedKernelAdapter):
         """The declared numerics (a product left None: the default's, subnormals possibly flushed), else the
         default (see the class docstring)."""
         if self.numerics is None:
-            return super().numerics_for(routing)
+            rn = super().numerics_for(routing)
+            return dataclasses.replace(rn, product=_tf32_default(self, rn.product, routing.tokens.dtype))
         if self.numerics.product is None:
             return dataclasses.replace(self.numerics, product=super().numerics_for(routing).product)
         return self.numerics

@@ -82,9 +82,14 @@ def _checked(np: Any, access: str, ptrs: Any, mask: Any, width: int) -> None:
     if not _LAUNCHES:
         return
     spans = _LAUNCHES[-1]
-    addresses = np.asarray(ptrs, dtype=np.uint64).reshape(-1)
-    live = np.asarray(mask, dtype=bool).reshape(-1) if mask is not None else np.ones(addresses.shape, bool)
-    addresses = addresses[np.broadcast_to(live, addresses.shape)] if live.size == addresses.size else addresses
+    addresses = np.asarray(ptrs, dtype=np.uint64)
+    if mask is not None:
+        try:
+            live = np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)
+        except ValueError:  # a mask of another shape: which lanes are live cannot be told, so none is blamed
+            return
+        addresses = addresses[live]
+    addresses = addresses.reshape(-1)
     if addresses.size == 0:
         return
     inside = np.zeros(addresses.shape, bool)

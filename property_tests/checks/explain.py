@@ -146,11 +146,16 @@ def tf32_hint(adapter: KernelAdapter, exc: BaseException, mode: str) -> None:
     tokens = problem.lhs if isinstance(problem, gmm_ref.Problem) else getattr(problem, "tokens", None)
     if tokens is None or str(tokens.dtype) != "float32" or "Triton" not in (adapter.interpreted() or ""):
         return
-    failures.note(exc, "This kernel runs Triton's tl.dot: on float32 blocks its default input_precision is TF32 (10 "
-                       "mantissa bits a product), on a GPU as in the harness's interpreter, beyond the bound of exact "
-                       "float32 products. If that is intended, declare it: numerics=gmm_ref.Numerics(multiply="
-                       "\"bfloat16\") (a sound stand-in for TF32; --numerics accumulate=float32,multiply=bfloat16); "
-                       "else pass input_precision=\"ieee\" to tl.dot.")
+    numerics = (failures.recipe(exc) or {}).get("numerics")
+    product = getattr(numerics, "product", numerics)  # a routed kernel's: its product's
+    if product is None or getattr(product, "multiply", None) is not None:  # judged as TF32 products already
+        return
+    failures.note(exc, "This kernel runs Triton's tl.dot and is held to exact float32 products (its declared "
+                       "numerics), but on float32 blocks tl.dot's default input_precision is TF32 (10 mantissa bits a "
+                       "product), on a GPU as in the harness's interpreter. Pass input_precision=\"ieee\" to tl.dot, "
+                       "or declare TF32 products: numerics=gmm_ref.Numerics(multiply=\"bfloat16\") (a sound stand-in "
+                       "for TF32; --numerics accumulate=float32,multiply=bfloat16), the default of an undeclared "
+                       "Triton kernel.")
 
 
 def draw(adapter: KernelAdapter, exc: BaseException, mode: str) -> None:

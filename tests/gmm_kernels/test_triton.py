@@ -252,3 +252,19 @@ def test_a_kernel_with_block_pointers_is_refused_by_name_where_triton_removed_th
     with pytest.raises(ValueError, match=r"bp_kernel: _copy uses block pointers \(tl.make_block_ptr, tl.advance\), "
                                          r"which Triton .* removed in favour of tl.make_tensor_descriptor"):
         resolve_kernel("bp_kernel:grouped_mm", convention="torch.grouped_mm", in_process=in_process)
+
+
+def test_an_undeclared_triton_kernel_is_held_to_tf32_products_in_float32_and_a_declared_one_to_its_own():
+    import numpy as np
+
+    from gmm_kernels import Scope, resolve_kernel
+    from tests.corpus import triton_gmm
+
+    triton_interpreter.use_if_no_gpu()
+    p = gmm_ref.Problem("ragged_m", np.ones((4, 16), np.float32), np.ones((1, 16, 8), np.float32), [4],
+                        convention="torch.grouped_mm")
+    undeclared = resolve_kernel(triton_gmm._launch, convention="torch.grouped_mm")  # noqa: SLF001
+    assert undeclared.interpreted() and str(undeclared.numerics_for(p).multiply) == "bfloat16"
+    exact = gmm_ref.Numerics(accumulate="float32")
+    declared = resolve_kernel(triton_gmm._launch, convention="torch.grouped_mm", scope=Scope(numerics=exact))  # noqa: SLF001
+    assert declared.numerics_for(p).multiply is None
