@@ -263,8 +263,8 @@ def test_an_undeclared_triton_kernel_is_held_to_tf32_products_in_float32_and_a_d
     triton_interpreter.use_if_no_gpu()
     p = gmm_ref.Problem("ragged_m", np.ones((4, 16), np.float32), np.ones((1, 16, 8), np.float32), [4],
                         convention="torch.grouped_mm")
-    undeclared = resolve_kernel(triton_gmm._launch, convention="torch.grouped_mm")  # noqa: SLF001
+    undeclared = resolve_kernel(triton_gmm._launch, convention="torch.grouped_mm")
     assert undeclared.interpreted() and str(undeclared.numerics_for(p).multiply) == "bfloat16"
     exact = gmm_ref.Numerics(accumulate="float32")
-    declared = resolve_kernel(triton_gmm._launch, convention="torch.grouped_mm", scope=Scope(numerics=exact))  # noqa: SLF001
+    declared = resolve_kernel(triton_gmm._launch, convention="torch.grouped_mm", scope=Scope(numerics=exact))
     assert declared.numerics_for(p).multiply is None
