@@ -73,9 +73,11 @@ def _where(address: int, width: int, spans: list[tuple[str, int, int, tuple[int,
 
     name, start, end, shape, dtype = min(spans, key=distance)
     what = f"{name} (a {list(shape)} {dtype} tensor)"
+    far = -(-distance((name, start, end, shape, dtype)) // width)
+    wrapped = " (an element offset past 2**31 - 1 wrapped in int32?)" if far >= 2**30 else ""
     if address < start:
-        return f"{-(-(start - address) // width)} element(s) before the start of {what}"
-    return f"{-(-(address + width - end) // width)} element(s) past the end of {what}"
+        return f"{far} element(s) before the start of {what}{wrapped}"
+    return f"{far} element(s) past the end of {what}{wrapped}"
 
 
 def _checked(np: Any, access: str, ptrs: Any, mask: Any, width: int) -> None:

@@ -228,13 +228,6 @@ def _patch() -> None:
             return ti.TensorHandle(acc.astype(ml_dtypes.bfloat16).view(np.uint16), d.dtype.scalar)
         return ti.TensorHandle(acc.astype(d.data.dtype), d.dtype.scalar)
 
-    def cast_impl(self: Any, src: Any, dst_type: Any) -> Any:
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:  # round to nearest even, as a GPU
-            return ti.TensorHandle(src.data.astype(ml_dtypes.bfloat16).view(np.uint16), dst_type.scalar)
-        if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:  # exact: the bits, shifted
-            return ti.TensorHandle((src.data.astype(np.uint32) << np.uint32(16)).view(np.float32), dst_type.scalar)
-        return original_cast(self, src, dst_type)
-
     def create_splat(self: Any, ret_ty: Any, arg: Any) -> Any:
         if arg.data.dtype == np.bool_:  # a comparison's result: a boolean block, tagged int1
             return ti.TensorHandle(np.full(ret_ty.shape, arg.data.reshape(-1)[0], dtype=np.bool_), tl.int1)
@@ -245,13 +238,30 @@ def _patch() -> None:
         scope.set_attr(lang, "range", _tensor_range(ti, tl, np))
 
     builder.create_dot = create_dot
-    builder.cast_impl = cast_impl
+    builder.cast_impl = _bf16_casts(original_cast)
     builder.create_splat = create_splat
     builder.binary_op = _bf16_binary_op(_saved["InterpreterBuilder.binary_op"], as_float)
     ti._patch_lang_core = patch_lang_core
     ti._implicit_cvt, ti.InterpretedFunction.run = _annotated_ints(_saved["module._implicit_cvt"],
                                                                    _saved["InterpretedFunction.run"])
     triton_bounds.install(_saved)  # every load and store checked against the launch's tensors
+
+
+def _bf16_casts(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``cast_impl`` with float32 -> bfloat16 rounded to nearest even and bfloat16 -> float32 exact, as a GPU."""
+    import ml_dtypes
+    import numpy as np
+    from triton import language as tl
+    from triton.runtime import interpreter as ti
+
+    def cast_impl(self: Any, src: Any, dst_type: Any) -> Any:
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return ti.TensorHandle(src.data.astype(ml_dtypes.bfloat16).view(np.uint16), dst_type.scalar)
+        if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:  # the bits, shifted
+            return ti.TensorHandle((src.data.astype(np.uint32) << np.uint32(16)).view(np.float32), dst_type.scalar)
+        return original(self, src, dst_type)
+
+    return cast_impl
 
 
 def _tf32_dot(np: Any, ti: Any, a: Any, b: Any, d: Any) -> Any:

@@ -304,6 +304,9 @@ def test_the_dw_kernel_with_one_line_broken_is_rejected_naming_expert_and_elemen
     edits = [DW_EDITS[bug]] if bug in DW_EDITS else ACCUMULATE_EDITS[bug]
     monkeypatch.setenv(ENV, _edited(tmp_path, "_grouped_gemm_dW_per_expert_kernel", edits, bug))
     text = rejected(_cheap(name), max_examples=20)
+    if bug == "x_row_not_divided_by_topk":  # rows up to T * top_k: the interpreter's checked loads see it first
+        assert re.match(r"kernel \S+ read out of bounds: .* past the end of x_ptr", text), text
+        return
     assert re.match(EXPERT, text), text
     culprit = {"empty_expert_not_written": "no slot routes to expert", "dy_read_in_expert_order":
                "the cotangent rows read in expert order", "existing_overwritten": "the existing gradient is missing"}
