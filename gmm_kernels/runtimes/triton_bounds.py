@@ -41,9 +41,9 @@ def span(tensor: Any) -> tuple[int, int]:
 
 def _spans(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, int, int, tuple[int, ...], str]]:
     """The spans of a launch's tensor arguments (in tuples too), by parameter name."""
+    params = inspect.signature(fn).parameters
     try:
-        named = inspect.getcallargs(fn, *args, **{k: v for k, v in kwargs.items()
-                                                  if k in inspect.signature(fn).parameters})
+        named = inspect.getcallargs(fn, *args, **{k: v for k, v in kwargs.items() if k in params})
     except TypeError:
         named = {f"argument {i}": a for i, a in enumerate(args)}
     out = []

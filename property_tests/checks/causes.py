@@ -169,20 +169,22 @@ def cause_of(exc: BaseException, where: str) -> dict[str, str]:
 # --------------------------------------------------------------- the run's causes
 def _merged(records: Iterable[tuple[str, Sequence[Mapping[str, str]], Mapping[str, Mapping[str, int]]]]
             ) -> tuple[dict[str, dict[str, Any]], dict[str, Counter[str]]]:
+    """Each cause's smallest shrunk record with the checks it showed in (shrunk or in their evidence, whichever
+    came first), and the evidence's counts summed by key."""
     causes: dict[str, dict[str, Any]] = {}
     counts: dict[str, Counter[str]] = {}
+    seen: dict[str, set[str]] = {}
     for where, shrunk, evidence in records:
         for c in shrunk:
             best = causes.get(c["key"])
             if best is None or _size(c) < _size(best):
-                causes[c["key"]] = {**c, "checks": (best or {}).get("checks", [])}
+                causes[c["key"]] = dict(c)
+            seen.setdefault(c["key"], set()).add(where)
         for key, n in evidence.items():
             counts.setdefault(key, Counter()).update(n)
-            if key and key in causes and where not in causes[key]["checks"]:
-                causes[key]["checks"].append(where)
-        for c in shrunk:
-            if where not in causes[c["key"]]["checks"]:
-                causes[c["key"]]["checks"].append(where)
+            seen.setdefault(key, set()).add(where)
+    for key, cause in causes.items():
+        cause["checks"] = sorted(seen[key])
     return causes, counts
 
 
@@ -293,7 +295,6 @@ def summarize(adapter: KernelAdapter | None,
                 option, keyword = decl
                 entry["declaration"] = {"cli": f"--{option}", "plugin": f"--gmm-{option}",
                                         "declare": f"@gmm_kernels.declare({convention!r}, {keyword})"}
-        entry["checks"] = sorted(entry["checks"])
         out.append(entry)
     # the same list whatever order the checks ran in (a run split into shards and merged gives the unsplit one's)
     return sorted(out, key=lambda c: (-len(c["checks"]), c["key"]))

@@ -138,26 +138,18 @@ def check(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Any = None, op
             held = conv.out_value(*pristine) if operand == "C" else np.array(
                 pristine[0][where] if where < len(pristine[0]) else pristine[1][name])
             base, view, margins = _strided(held)
-            if where < len(args):
-                args = (*args[:where], view, *args[where + 1:])
-            else:
-                kwargs = {**kwargs, name: view}
+            args, kwargs = _with(args, kwargs, where, name, view)
             with convert.written_back():
                 returned = adapter.invoke(*args, **kwargs)
                 device.synchronize()
         call.check()
-        given = (args, kwargs)
-        if operand == "A":  # the strided tokens, as an array: a write into them is a modified input
-            held = as_numpy(view.cpu(), name=name)
-            given = ((*args[:where], held, *args[where + 1:]), kwargs) if where < len(args) else \
-                (args, {**kwargs, name: held})
+        # the strided tokens, as an array: a write into them is a modified input
+        given = _with(args, kwargs, where, name, as_numpy(view.cpu(), name=name)) if operand == "A" else (args, kwargs)
         inputs.modified(adapter.name, conv, pristine, given)
         _margins_changed(base, margins, routing, adapter.name, operand)
         # its output, as a plain call's (RoutedKernelAdapter.run): what it returns, else what it wrote into C
         if returned is None:  # written into its output argument (strided here in the C cell)
-            at = list(inspect.signature(conv.parse).parameters).index(conv.out_argument)
-            c = args[at] if at < len(args) else kwargs[conv.out_argument]
-            got = as_numpy(c.cpu(), name=f"output of {adapter.name}")
+            got = as_numpy(conv.out_value(args, kwargs).cpu(), name=f"output of {adapter.name}")
         else:
             got = as_numpy(returned, name=f"output of {adapter.name}", strict=True)
         out = conv.per_slot(got, *pristine)
@@ -166,6 +158,14 @@ def check(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Any = None, op
     except Exception as exc:
         exc.add_note(f"{routing.describe()}\n{_offsets_note(operand)}")
         raise
+
+
+def _with(args: tuple, kwargs: dict, where: int, name: str, value: Any) -> tuple[tuple, dict]:
+    """A call's ``(args, kwargs)`` with the argument ``name`` (positional at ``where`` if passed so) set to
+    ``value``."""
+    if where < len(args):
+        return (*args[:where], value, *args[where + 1:]), kwargs
+    return args, {**kwargs, name: value}
 
 
 def _offsets_note(operand: str) -> str:
