@@ -108,8 +108,8 @@ def scope_fields(values: Mapping[str, Any], prefix: str = "--") -> dict[str, Any
             try:
                 fields[name.replace("-", "_")] = getattr(Scope(**{name.replace("-", "_"): values[name]}),
                                                          name.replace("-", "_"))
-            except ValueError as exc:
-                raise ValueError(f"{prefix}{exc}") from None
+            except ValueError as exc:  # "unit_stride: ..." from the Scope: the option's own spelling
+                raise ValueError(f"{prefix}{name}{str(exc).removeprefix(name.replace('-', '_'))}") from None
     numerics = parse_declared_numerics(values.get("numerics"), option=prefix + "numerics")
     if numerics is not None:
         fields["numerics"] = numerics

@@ -100,6 +100,8 @@ def test_the_layout_declarations_are_spelled_one_way_everywhere():
     assert scope_fields({"unit-stride": "rhs", "contiguous": "none"}) == {"unit_stride": ("rhs",), "contiguous": ()}
     with pytest.raises(ValueError, match="--gmm-contiguous: expected some of the operands"):
         scope_fields({"contiguous": "mat_b"}, prefix="--gmm-")
+    with pytest.raises(ValueError, match=r"^--unit-stride: expected some of the operands"):
+        scope_fields({"unit-stride": "out"})
     scope = Scope(contiguous=("lhs",), unit_stride=("rhs",))
     assert Scope.from_json(json.loads(json.dumps(scope.to_json()))) == scope
     assert "contiguous lhs; unit stride rhs" in scope.describe()
