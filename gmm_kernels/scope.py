@@ -2,11 +2,12 @@
 
 A :class:`Scope` narrows a kernel's convention: the families (torch's forms),
 input and output dtypes, a multiple per axis (K % 32 for an MX kernel), whether
-rows past the last group may exist, its numerics, and the upstream bugs it is
+rows past the last group may exist, how its operands may lie in memory (their
+layouts, storages and byte alignment), its numerics, and the upstream bugs it is
 known to carry (:class:`KnownIssue`, with the package versions they are known
 on). The same declaration comes from Python (``Scope(...)``, or the
 :func:`declare` decorator on a kernel function), from the main job's options
-(``--families --dtypes --multiple k=32 --no-tail --numerics ...``) and from the
+(``--families --dtypes --multiple k=32 --no-tail --layouts plain --alignment 16 --numerics ...``) and from the
 plugin's (``--gmm-families`` ...), which ``property_tests.cli.options`` turns into
 these fields. A declaration that leaves nothing to check is a ``ValueError``.
 
@@ -30,6 +31,7 @@ from gmm_ref import FAMILIES, Numerics, Problem
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import has_tail
 from gmm_ref.dtypes import as_dtype
+from gmm_ref.layouts import LAYOUT_NAMES, layout_name, misalignment, stored_geometry
 from gmm_ref.problem import STORAGES
 from gmm_ref.scaled.quantizers import quantizer_from_json, quantizer_to_json
 
@@ -134,20 +136,47 @@ def _multiples(value: Mapping[str, int]) -> dict[str, int]:
     return multiples
 
 
-def _some(name: str, value: Any, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
-    """Some of ``allowed``, in its order; ``"none"`` (as the command line spells it) and an empty list are ``()``,
-    ``"a,b"`` is ``("a", "b")``."""
+def _some(name: str, value: Any, allowed: tuple[str, ...], what: str, empty: bool = True) -> tuple[str, ...]:
+    """Some of ``allowed``, in its order; ``"none"`` (as the command line spells it) and an empty list are ``()``
+    (where ``empty`` allows none), ``"a,b"`` is ``("a", "b")``."""
+    given = value
     if isinstance(value, str):
         value = () if value.strip() == "none" else tuple(a.strip() for a in value.split(",") if a.strip())
     got = tuple(value)
-    if any(a not in allowed for a in got):
-        raise ValueError(f"{name}: expected some of the {what} {allowed}, none or an empty list, got {value!r}")
+    if any(a not in allowed for a in got) or not (got or empty):
+        raise ValueError(f"{name}: expected {'some' if empty else 'one or more'} of the {what} {allowed}"
+                         f"{', none or an empty list' if empty else ''}, got {given!r}")
     return tuple(a for a in allowed if a in got)
 
 
 def _operands(name: str, value: Any) -> tuple[str, ...]:
     """Some of the operands ("lhs", "rhs"); None is ``()`` too."""
     return () if value is None else _some(name, value, _OPERANDS, "operands")
+
+
+def _alignment(value: Any) -> dict[str, int]:
+    """operand -> bytes, from an int or ``"16"`` (every operand), a mapping or ``"lhs=16,rhs=32"``; None, ``"none"``
+    and ``{}`` are no alignment, and so is 1."""
+    given = value
+    if isinstance(value, str):
+        text = value.strip()
+        value = {} if text == "none" else dict(i.partition("=")[::2] for i in text.split(",")) if "=" in text else text
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        value = dict.fromkeys(_OPERANDS, value)
+    out = {str(o).strip(): _power_of_two(n) for o, n in value.items()}
+    if any(o not in _OPERANDS or n is None for o, n in out.items()):
+        raise ValueError(f"alignment: expected a power of two of bytes for every operand (16) or per operand "
+                         f"({{'lhs': 16}}, 'lhs=16,rhs=32'), or none, got {given!r}")
+    return {o: out[o] for o in _OPERANDS if (out.get(o) or 1) > 1}
+
+
+def _power_of_two(value: Any) -> int | None:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1 and not value & (value - 1)
+    return value if ok else None
 
 
 def _axes(name: str, value: Any) -> tuple[str, ...] | None:
@@ -176,11 +205,20 @@ class Scope:
     contiguous: tuple[str, ...] = ()
     #: the operands it takes only with a last stride of 1 (no transposed view; a slice or a chunk is fine)
     unit_stride: tuple[str, ...] = ()
+    #: the layouts it takes (``gmm_ref.layouts.LAYOUT_NAMES``: ``plain``, ``lhsT``, ``rhsT``, ``lhsT+rhsT``,
+    #: ``packed``, ...), of those its convention hands it (None: every one)
+    layouts: tuple[str, ...] | None = None
+    #: operand -> the bytes (a power of two) that its offset into its buffer and every stride but its unit one
+    #: must be multiples of (torch._grouped_mm's rule is 16); an int is every operand's
+    alignment: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "contiguous", _operands("contiguous", self.contiguous))
         set_(self, "unit_stride", _operands("unit_stride", self.unit_stride))
+        if self.layouts is not None:
+            set_(self, "layouts", _some("layouts", self.layouts, LAYOUT_NAMES, "layouts", empty=False))
+        set_(self, "alignment", _alignment(self.alignment))
         if self.quantizes is not None:
             from gmm_ref import AmaxQuantizer, MXQuantizer
 
@@ -205,6 +243,11 @@ class Scope:
 
     def bind(self, convention: Convention) -> Scope:
         """Check the scope against ``convention``; ValueError if it leaves nothing to check."""
+        if self.layouts is not None and not any(self.layouts_in(convention, f) for f in convention.families
+                                                if self.families is None or f in self.families):
+            have = {layout_name(x) for f in convention.families for x in convention.layouts_of(f)}
+            raise ValueError(f"layouts: {self.layouts} leaves none of {convention.name}'s layouts "
+                             f"{tuple(n for n in LAYOUT_NAMES if n in have)}")
         fams = self.families_in(convention)
         if not fams:
             raise ValueError(f"families: {self.families} leaves none of {convention.name}'s {convention.families}")
@@ -220,7 +263,13 @@ class Scope:
                              f"{[tuple(map(str, p)) for p in convention.dtype_pairs]}")
 
     def families_in(self, convention: Convention) -> tuple[str, ...]:
-        return tuple(f for f in convention.families if self.families is None or f in self.families)
+        """``convention``'s families the scope takes (and some layout of, where it declares its layouts)."""
+        return tuple(f for f in convention.families if (self.families is None or f in self.families)
+                     and (self.layouts is None or self.layouts_in(convention, f)))
+
+    def layouts_in(self, convention: Convention, family: str) -> tuple[tuple[bool, bool, bool], ...]:
+        """``convention``'s layouts of ``family`` that the scope takes."""
+        return tuple(x for x in convention.layouts_of(family) if self.layouts is None or layout_name(x) in self.layouts)
 
     def takes(self, in_dtype: Any, out_dtype: Any) -> bool:
         """Whether the scope takes inputs of ``in_dtype`` giving ``out_dtype``."""
@@ -256,11 +305,25 @@ class Scope:
             for axis in _AXES:
                 if getattr(p, axis) == 0 and axis not in self.zero_extents:
                     return f"the declared scope takes no {axis.upper()} = 0"
+        layout = layout_name((p.lhs_transposed, p.rhs_transposed, p.packed))
+        if self.layouts is not None and layout not in self.layouts:
+            return f"the declared scope takes the layouts {', '.join(self.layouts)}, not {layout}"
         for operand, kind in zip(_OPERANDS, p.storage, strict=True):
             if kind != "contiguous" and operand in self.contiguous:
                 return f"the declared scope takes {operand} contiguous only, not as a {kind} view"
             if kind == "transposed" and operand in self.unit_stride:
                 return f"the declared scope takes {operand} with a last stride of 1 only, not as a transposed view"
+        return self.alignment_refusal(p)
+
+    def alignment_refusal(self, p: Problem) -> str | None:
+        """Why an operand of ``p``, as its storage lays it out, is not aligned as declared, else None."""
+        for operand, kind in zip(_OPERANDS, p.storage, strict=True):
+            need, x = self.alignment.get(operand), p.lhs if operand == "lhs" else p.rhs
+            item = x.dtype.itemsize
+            bad = need and misalignment(x.shape, *stored_geometry(x.shape, item, kind), item, need)
+            if bad:
+                return (f"the declared scope takes {operand} aligned to {need} bytes (its offset and every stride but "
+                        f"its unit one), not {operand} {list(x.shape)}:{x.dtype} stored {kind}, with {bad}")
         return None
 
     def storages(self) -> dict[str, tuple[str, ...]]:
@@ -281,7 +344,8 @@ class Scope:
                 "multiples": dict(self.multiples), "tail": self.tail,
                 "zero_extents": None if self.zero_extents is None else list(self.zero_extents),
                 "numerics": None if n is None else n.to_json(), "contiguous": list(self.contiguous),
-                "unit_stride": list(self.unit_stride),
+                "unit_stride": list(self.unit_stride), "layouts": None if self.layouts is None else list(self.layouts),
+                "alignment": dict(self.alignment),
                 "quantizes": None if self.quantizes is None else [
                     None if q is None else quantizer_to_json(q) for q in self.quantizes]}
 
@@ -294,7 +358,8 @@ class Scope:
         return cls(families=d.get("families"), dtypes=d.get("dtypes"), out_dtypes=d.get("out_dtypes"),
                    multiples=d.get("multiples") or {}, tail=d.get("tail", True), numerics=numerics,
                    zero_extents=d.get("zero_extents"), quantizes=quantizes, contiguous=d.get("contiguous") or (),
-                   unit_stride=d.get("unit_stride") or ())
+                   unit_stride=d.get("unit_stride") or (), layouts=d.get("layouts"),
+                   alignment=d.get("alignment") or {})
 
     def describe(self) -> str:
         parts = [f"families {','.join(self.families)}" if self.families else "",
@@ -307,6 +372,8 @@ class Scope:
                  f"numerics {self.numerics}" if self.numerics else "",
                  f"contiguous {','.join(self.contiguous)}" if self.contiguous else "",
                  f"unit stride {','.join(self.unit_stride)}" if self.unit_stride else "",
+                 f"layouts {','.join(self.layouts)}" if self.layouts is not None else "",
+                 "alignment " + ",".join(f"{o}={n}" for o, n in self.alignment.items()) if self.alignment else "",
                  "" if self.quantizes is None else "quantizes " + " x ".join(
                      "-" if q is None else q.describe() for q in self.quantizes),
                  f"{len(self.known_issues)} known issue(s)" if self.known_issues else ""]
@@ -347,6 +414,10 @@ class Limits:
     refuses: tuple[str, ...] = ()
     #: operand -> the storages (``gmm_ref.problem.STORAGES``) it takes, where narrowed (:meth:`Scope.storages`)
     storages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: the layouts (``gmm_ref.layouts.LAYOUT_NAMES``) it takes, where narrowed (:attr:`Scope.layouts`)
+    layouts: tuple[str, ...] | None = None
+    #: operand -> the bytes its offset and strides must be multiples of, where it needs any (:attr:`Scope.alignment`)
+    alignment: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -363,10 +434,13 @@ class Limits:
             raise ValueError(f"max_groups: expected at least min_groups={self.min_groups}, got {self.max_groups}")
         if not isinstance(self.tail, bool):
             raise TypeError(f"tail: expected a bool, got {self.tail!r}")
+        if self.layouts is not None:
+            set_(self, "layouts", _some("layouts", self.layouts, LAYOUT_NAMES, "layouts", empty=False))
+        set_(self, "alignment", _alignment(self.alignment))
 
     def narrowed(self, scope: Scope | None) -> Limits:
-        """These limits and ``scope``'s (its multiples, tail and zero extents) together: a problem within the
-        result is within both."""
+        """These limits and ``scope``'s (its multiples, tail, zero extents, storages, layouts and alignment)
+        together: a problem within the result is within both."""
         if scope is None:
             return self
         multiples = dict(self.multiples)
@@ -377,7 +451,11 @@ class Limits:
         storages = dict(self.storages)
         for operand, kinds in scope.storages().items():
             storages[operand] = tuple(k for k in storages.get(operand, STORAGES) if k in kinds)
-        return replace(self, multiples=multiples, tail=self.tail and scope.tail, zero_extents=zero, storages=storages)
+        layouts = self.layouts if scope.layouts is None else tuple(
+            n for n in scope.layouts if self.layouts is None or n in self.layouts)
+        alignment = {o: max(self.alignment.get(o, 1), scope.alignment.get(o, 1)) for o in _OPERANDS}  # powers of two
+        return replace(self, multiples=multiples, tail=self.tail and scope.tail, zero_extents=zero, storages=storages,
+                       layouts=layouts, alignment=alignment)
 
 
 def declare(convention: str, **scope: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

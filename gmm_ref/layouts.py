@@ -1,20 +1,43 @@
-"""Layouts: map a packed operand buffer to its per-group blocks.
+"""Layouts: map a packed operand buffer to its per-group blocks, name a layout, and say where a storage puts it.
 
 Every block is returned in canonical orientation, ``(m_g, k_g)`` for lhs and
 ``(k_g, n_g)`` for rhs, as a view whenever the storage allows it; a scaled
-operand's block is its dequantized values (float64, exact).
+operand's block is its dequantized values (float64, exact). A layout
+(``lhs_transposed, rhs_transposed, packed``) has a name (:func:`layout_name`:
+``plain``, ``lhsT``, ``rhsT+packed``, ...), and an operand stored as one of
+``gmm_ref.problem.STORAGES`` (:func:`stored`) has a byte offset into its buffer and
+byte strides (:func:`stored_geometry`) that a kernel may need aligned
+(:func:`misalignment`, :func:`aligned_multiples`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from gmm_ref.families import DIMS
 from gmm_ref.problem import Problem
 
-__all__ = ["Block", "blocks", "dequantized", "stored"]
+__all__ = ["LAYOUT_NAMES", "SLICE_PAD_BYTES", "Block", "aligned_multiples", "blocks", "dequantized", "layout_name",
+           "misalignment", "stored", "stored_geometry"]
+
+#: how much wider than the operand's rows a slice's buffer rows are (:func:`stored`)
+SLICE_PAD_BYTES = 16
+
+
+def layout_name(layout: tuple[bool, bool, bool]) -> str:
+    """``plain``, or the operands stored transposed and whether one is packed, joined: ``lhsT+rhsT``, ``packed``."""
+    lt, rt, packed = layout
+    parts = [p for p, on in (("lhsT", lt), ("rhsT", rt), ("packed", packed)) if on]
+    return "+".join(parts) or "plain"
+
+
+#: every layout's name, in the conventions' order (plain, rhsT, lhsT, lhsT+rhsT, then packed ones)
+LAYOUT_NAMES = tuple(layout_name((lt, rt, packed)) for packed in (False, True) for lt in (False, True)
+                     for rt in (False, True))
 
 
 def _ragged_slice(mat: np.ndarray, axis: int, start: int, size: int, packed: bool) -> np.ndarray:
@@ -98,7 +121,7 @@ def stored(a: np.ndarray, kind: str) -> np.ndarray:
         return np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
     cols = a.shape[-1]
     if kind == "slice":
-        pad = max(1, 16 // a.dtype.itemsize)
+        pad = max(1, SLICE_PAD_BYTES // a.dtype.itemsize)
         buf = np.zeros((*a.shape[:-1], cols + pad), a.dtype)
         view = buf[..., :cols]
     elif kind == "chunk":
@@ -108,3 +131,61 @@ def stored(a: np.ndarray, kind: str) -> np.ndarray:
         raise ValueError(f"kind: expected one of ('contiguous', 'transposed', 'slice', 'chunk'), got {kind!r}")
     view[...] = a
     return view
+
+
+def stored_geometry(shape: tuple[int, ...], itemsize: int, kind: str) -> tuple[int, tuple[int, ...]]:
+    """(byte offset into its own buffer, byte strides) of an operand of ``shape`` and ``itemsize`` laid out by
+    :func:`stored` as ``kind``, as a kernel gets it: a chunk starts one row's width into its buffer, the other
+    storages at its start; a view that is contiguous after all (no element, one row, a column of one) is copied
+    by itself, with its own standard strides, as ``gmm_kernels.sandbox`` copies the arguments it hands a kernel."""
+    shape = tuple(int(d) for d in shape)
+    lead, (rows, cols) = shape[:-2], shape[-2:]
+    buffer = {"transposed": (*lead, cols, rows), "slice": (*lead, rows, cols + max(1, SLICE_PAD_BYTES // itemsize)),
+              "chunk": (*lead, rows, 2 * cols)}.get(kind, shape)
+    strides = _c_strides(buffer, itemsize)
+    if kind == "transposed":
+        strides = (*strides[:-2], strides[-1], strides[-2])
+    # numpy's own contiguity rules, on a view that touches no memory
+    probe = np.lib.stride_tricks.as_strided(np.empty(1, f"V{itemsize}"), shape, strides)
+    if probe.size == 0 or probe.flags.c_contiguous:
+        return 0, _c_strides(shape, itemsize)
+    if probe.flags.f_contiguous:
+        return 0, _c_strides(shape[::-1], itemsize)[::-1]
+    return (cols * itemsize if kind == "chunk" else 0), strides
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out, step = [], itemsize
+    for d in reversed(shape):
+        out.append(step)
+        step *= d
+    return tuple(reversed(out))
+
+
+def misalignment(shape: tuple[int, ...], offset: int, strides: tuple[int, ...], itemsize: int,
+                 alignment: int) -> str | None:
+    """What of an array of ``shape`` at byte ``offset`` into its buffer with byte ``strides`` is not a multiple of
+    ``alignment`` bytes: its offset, or the stride of an axis of more than one element other than its unit one (the
+    innermost such axis whose stride is one element, as torch's ``_grouped_mm`` reads it); None where all are, and for
+    an array of no element (none of its addresses is read)."""
+    if 0 in shape:
+        return None
+    if offset % alignment:
+        return f"a byte offset of {offset}"
+    used = [i for i, d in enumerate(shape) if d > 1]  # an axis of one element never moves the address
+    unit = max((i for i in used if strides[i] == itemsize), default=None)
+    for i in used:
+        if i != unit and strides[i] % alignment:
+            return f"a stride of {strides[i]} bytes (axis {i})"
+    return None
+
+
+def aligned_multiples(layout: tuple[bool, bool, bool], itemsize: int, alignment: Mapping[str, int]) -> dict[str, int]:
+    """axis -> what its extent must be a multiple of so that each operand's rows (its stored last axis, in
+    ``layout``, of ``itemsize`` bytes) span a multiple of ``alignment[operand]`` bytes."""
+    out: dict[str, int] = {}
+    for operand, transposed in (("lhs", layout[0]), ("rhs", layout[1])):
+        need = alignment.get(operand, 1)
+        axis = DIMS[operand][0 if transposed else 1]
+        out[axis] = math.lcm(out.get(axis, 1), need // math.gcd(need, itemsize))
+    return out

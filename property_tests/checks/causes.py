@@ -3,16 +3,18 @@
 A *cause* is what a shrunk failure stands for: a kernel's own exception by its type and first line (digits
 masked, as ``failures.signature``), or a wrong output by its kind (wrong values, a NaN where none belongs, a write
 out of bounds...). Every check counts the *traits* of the problems it ran (a zero extent, an operand passed as a
-view, the layout, the dtypes, the family, rows past the last group) under what each example did: passed, or the
-cause it showed (:class:`Evidence`). Across the run's checks (:func:`summarize`), a trait that every example of a
-cause had, and that some example which did not show it lacked, is the problem property the cause goes with. Where
-the kernel *raised* there, it may simply not take such problems: the report prints the declaration that scopes the
-property out, for the command line, the plugin and ``gmm_kernels.declare``. A wrong output is never offered one (a
-kernel that does not take a problem should refuse it, not answer wrongly); its traits are still named.
+view or not aligned to 16 bytes, the layout, the dtypes, the family, rows past the last group) under what each
+example did: passed, or the cause it showed (:class:`Evidence`). Across the run's checks (:func:`summarize`), a
+trait that every example of a cause had, and that some example which did not show it lacked, is the problem
+property the cause goes with. Where the kernel *raised* there, it may simply not take such problems: the report
+prints the declaration that scopes the property out, for the command line, the plugin and
+``gmm_kernels.declare``. A wrong output is never offered one (a kernel that does not take a problem should refuse
+it, not answer wrongly); its traits are still named.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import traceback
@@ -26,6 +28,7 @@ import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_ref.compare import REPRODUCE
 from gmm_ref.conventions.base import has_tail
+from gmm_ref.layouts import layout_name, misalignment, stored_geometry
 from property_tests.checks import failures
 from property_tests.checks.picture import NOTE as PICTURE
 
@@ -41,6 +44,8 @@ MIN_EVIDENCE = 8
 REFUSAL_SHARE = 0.8
 #: the count of examples under each key of :class:`Evidence`
 TOTAL = "#"
+#: the bytes an operand's offset and strides are judged aligned to (torch._grouped_mm's rule)
+ALIGNMENT = 16
 _PASSED = ""
 
 #: the traits, most telling first: (prefix, what it says of a problem)
@@ -48,6 +53,7 @@ _TRAITS: tuple[tuple[str, str], ...] = (
     ("zero:", "{V} = 0"),
     ("transposed_view:", "{v} passed as a transposed view (a last stride other than 1)"),
     ("view:", "{v} passed as a view (not contiguous)"),
+    ("unaligned:", "{v} not aligned to 16 bytes (its offset or a stride)"),
     ("layout:", "the {v} layout"),
     ("tail", "rows past the last group"),
     ("dtype:", "dtypes {v}"),
@@ -61,11 +67,13 @@ def traits(problem: Any) -> frozenset[str]:
         return frozenset()
     out = {f"family:{problem.family}", f"dtype:{problem.lhs.dtype}->{np.dtype(problem.out_dtype)}"}
     out.update(f"zero:{axis}" for axis in "mkn" if getattr(problem, axis) == 0)
-    for operand, kind in zip(("lhs", "rhs"), problem.storage, strict=True):
+    for operand, kind, x in zip(("lhs", "rhs"), problem.storage, (problem.lhs, problem.rhs), strict=True):
         if kind != "contiguous":
             out.add(f"view:{operand}")
         if kind == "transposed":
             out.add(f"transposed_view:{operand}")
+        if misalignment(x.shape, *stored_geometry(x.shape, x.dtype.itemsize, kind), x.dtype.itemsize, ALIGNMENT):
+            out.add(f"unaligned:{operand}")
     out.update(f"layout:{name}" for name, on in (("lhsT", problem.lhs_transposed), ("rhsT", problem.rhs_transposed))
                if on)
     if has_tail(problem):
@@ -245,6 +253,15 @@ def _declaration(trait: str, adapter: KernelAdapter) -> tuple[str, str] | None:
         have = tuple(getattr(scope, field, None) or ()) if scope is not None else ()
         ops = tuple(o for o in ("lhs", "rhs") if o in have or o == value)
         return f"{field.replace('_', '-')} {','.join(ops)}", f"{field}={ops!r}"
+    if kind == "unaligned":
+        need = {**limits.alignment, value: math.lcm(limits.alignment.get(value, 1), ALIGNMENT)}
+        need = {o: need[o] for o in ("lhs", "rhs") if o in need}
+        return f"alignment {','.join(f'{o}={n}' for o, n in need.items())}", f"alignment={need!r}"
+    if kind == "layout":
+        names = limits.layouts or tuple(dict.fromkeys(layout_name(x) for f in adapter.families
+                                                      for x in adapter.convention_facts.layouts_of(f)))
+        rest = tuple(n for n in names if value not in n.split("+"))
+        return (f"layouts {','.join(rest)}", f"layouts={rest!r}") if rest else None
     if kind == "tail":
         return "no-tail", "tail=False"
     if kind == "dtype":

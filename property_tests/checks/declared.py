@@ -19,10 +19,11 @@ import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_kernels.scope import Limits
 from gmm_ref import families
+from gmm_ref.layouts import aligned_multiples, layout_name
 from property_tests.strategies.values import scaled_problem
 
 __all__ = ["Unsupported", "axis_multiple", "both_quantized", "built_problem", "declared_pairs", "exact_pair",
-           "limits_options", "problem_options", "round_up", "routing_options", "scaled_out"]
+           "first_layout", "limits_options", "problem_options", "round_up", "routing_options", "scaled_out"]
 
 
 class Unsupported(Exception):
@@ -52,6 +53,10 @@ def limits_options(limits: Limits) -> dict[str, Any]:
         opts["quantizations"] = limits.quantizations
     if limits.storages:
         opts["storages"] = dict(limits.storages)
+    if limits.layouts is not None:
+        opts["layouts"] = limits.layouts
+    if limits.alignment:
+        opts["operand_alignment"] = dict(limits.alignment)
     opts.update((f, False) for f in limits.refuses)  # a feature's name is the problems() keyword that draws it
     return opts
 
@@ -108,10 +113,20 @@ def exact_pair(adapter: KernelAdapter) -> tuple[np.dtype, np.dtype]:
 
 def axis_multiple(adapter: KernelAdapter, axis: str, family: str, in_dt: np.dtype) -> int:
     """The multiple ``axis`` of a ``family`` problem in ``in_dt`` must be for ``adapter``: its convention's (at its
-    tiling) and its own declared one."""
-    rules = adapter.convention_facts
+    tiling), its own declared one, and what keeps the rows of its operands in :func:`first_layout` aligned as it
+    declares."""
+    rules, limits = adapter.convention_facts, adapter.limits()
     tiling = adapter.tiling or rules.default_tiling
-    return math.lcm(rules.axis_multiple(axis, family, tiling, in_dt), adapter.limits().multiples.get(axis, 1))
+    rows = aligned_multiples(first_layout(adapter, family), np.dtype(in_dt).itemsize, limits.alignment)
+    return math.lcm(rules.axis_multiple(axis, family, tiling, in_dt), limits.multiples.get(axis, 1), rows.get(axis, 1))
+
+
+def first_layout(adapter: KernelAdapter, family: str) -> tuple[bool, bool, bool]:
+    """The first of ``family``'s layouts in ``adapter``'s convention that it takes: the one the problems built for
+    it (``built_problem``, ``checks.large_strided``) are stored in."""
+    layouts = adapter.convention_facts.layouts_of(family)
+    taken = adapter.limits().layouts
+    return next((x for x in layouts if taken is None or layout_name(x) in taken), layouts[0])
 
 
 def both_quantized(adapter: KernelAdapter, family: str) -> list[tuple[Any, Any]] | None:
@@ -142,13 +157,13 @@ def built_problem(adapter: KernelAdapter, family: str, mkn: dict[str, int], size
                   quants: tuple[Any, Any] | None, scales: str, rng: np.random.Generator, local: int,
                   offset: int, built_by: tuple[list[str], str]) -> gmm_ref.Problem | str:
     """A problem built for ``adapter`` (the cells of ``checks.scale`` and ``checks.real_k``): operands of ``mkn``'s
-    extents in the family's first layout, ``local`` groups from ``offset`` where its convention shards them,
+    extents in the family's :func:`first_layout`, ``local`` groups from ``offset`` where its convention shards them,
     filled by ``values(shape, dtype)`` (the output's too, where the convention requires ``existing_out``), scaled by
     ``quants`` with scales of kind ``scales`` where given; ``built_by`` (the imports, the expression) rebuilds it.
     Or why the kernel cannot take it (a sentence)."""
     rules, fam = adapter.convention_facts, families.get(family)
     m, k, n = mkn["m"], mkn["k"], mkn["n"]
-    lt, rt, packed = rules.layouts_of(family)[0]
+    lt, rt, packed = first_layout(adapter, family)
     in_dt, rhs_dt = (exact_pair(adapter)[0],) * 2 if quants is None else (quants[0].elem, quants[1].elem)
     lhs = values((*((local,) if fam.is_grouped("lhs") else ()), *((k, m) if lt else (m, k))), in_dt)
     rhs = values((*((local,) if fam.is_grouped("rhs") else ()), *((n, k) if rt else (k, n))), rhs_dt)

@@ -40,10 +40,11 @@ from gmm_kernels.sandbox import convert, device, guards, inputs, tamper
 from gmm_ref import families
 from gmm_ref.compare import REPRODUCE
 from gmm_ref.dtypes import as_numpy
-from property_tests.checks.declared import axis_multiple, exact_pair
+from gmm_ref.layouts import misalignment
+from property_tests.checks.declared import axis_multiple, exact_pair, first_layout
 
 __all__ = ["AXIS_STRIDE", "FRONT", "GROUP_STRIDE", "MARGIN", "MAX_BYTES", "StridedCell", "cell_problem", "cells",
-           "check", "none_why", "past", "refusal", "reservation_refusal", "run_cells"]
+           "check", "misaligned", "none_why", "past", "refusal", "reservation_refusal", "run_cells"]
 
 #: elements between two indices of a strided ragged axis (rows, columns or K): index 32 is the first past 2**31 - 1
 AXIS_STRIDE = 2**26
@@ -121,7 +122,7 @@ def refusal(adapter: KernelAdapter, cell: StridedCell) -> str | None:
     kinds = adapter.limits().storages.get(cell.operand, ("slice", "transposed"))
     if "slice" not in kinds:  # the view's other axes are those of a wider allocation: a slice of it
         return f"{adapter.name} declares it takes {cell.operand} contiguous only"
-    lt, rt, _ = adapter.convention_facts.layouts_of(cell.family)[0]
+    lt, rt, _ = first_layout(adapter, cell.family)
     last = families.DIMS[cell.operand][0 if {"lhs": lt, "rhs": rt}.get(cell.operand) else 1]
     if "transposed" not in kinds and cell.axis == last:
         return f"{adapter.name} declares it takes {cell.operand} with a last stride of 1 only"
@@ -150,7 +151,7 @@ def cell_problem(adapter: KernelAdapter, family: str, seed: int = 0) -> gmm_ref.
     ends = [20, 36, (36 + ragged) // 2, ragged]
     sizes = {families.OFFSETS: np.diff([0, *ends]), families.COUNTS: np.array([ragged, 36, ends[2], 20]),
              families.WHOLE: None}[fam.groups]
-    lt, rt, packed = rules.layouts_of(family)[0]
+    lt, rt, packed = first_layout(adapter, family)
     m, k, n = mkn.values()
     rng = np.random.default_rng(seed)
 
@@ -219,15 +220,32 @@ def _axis(problem: gmm_ref.Problem, cell: StridedCell) -> int:
     return lead + (1 - dim if transposed else dim)
 
 
+def _view_strides(x: np.ndarray, axis: int, stride: int) -> tuple[list[int], int]:
+    """(the strides, in elements, of a view of ``x`` whose ``axis`` lies ``stride`` elements apart and whose other axes
+    form one contiguous block per index; that block's elements)."""
+    strides, step = [0] * x.ndim, 1
+    for i in reversed([i for i in range(x.ndim) if i != axis]):
+        strides[i], step = step, step * x.shape[i]
+    strides[axis] = stride
+    return strides, step
+
+
+def misaligned(adapter: KernelAdapter, cell: StridedCell, x: np.ndarray, axis: int) -> str | None:
+    """Why the view of ``x`` that ``cell`` strides (:data:`FRONT` elements into its allocation) is not aligned as
+    ``adapter`` declares its operand, or None."""
+    need = adapter.limits().alignment.get(cell.operand)
+    strides, _ = _view_strides(x, axis, cell.stride)
+    bad = need and misalignment(x.shape, FRONT * x.itemsize, tuple(s * x.itemsize for s in strides), x.itemsize,
+                                need)
+    return f"{adapter.name} declares {cell.operand} aligned to {need} bytes: the view has {bad}" if bad else None
+
+
 def _strided(x: np.ndarray, axis: int, stride: int) -> tuple[Any, Any, np.ndarray]:
     """(the allocation, a view of ``x``'s values whose ``axis`` lies ``stride`` elements apart and whose other axes
     form one contiguous block per index, the indices of every block's margins, one row per index)."""
     import torch
 
-    strides, step = [0] * x.ndim, 1
-    for i in reversed([i for i in range(x.ndim) if i != axis]):
-        strides[i], step = step, step * x.shape[i]
-    strides[axis] = stride
+    strides, step = _view_strides(x, axis, stride)
     count = x.shape[axis]
     base = device.reserve(_elements(x, axis, stride), dtype=convert.torch_dtype(x.dtype))
     view = torch.as_strided(base, x.shape, tuple(strides), FRONT)
@@ -314,7 +332,7 @@ def run_cells(adapter: KernelAdapter, family: str | None, seed: int = 0) -> tupl
             left_out.setdefault(problem, []).append(cell.describe())
             continue
         x, axis = _operand(problem, cell), _axis(problem, cell)
-        why = reservation_refusal(_elements(x, axis, cell.stride), x.dtype)
+        why = misaligned(adapter, cell, x, axis) or reservation_refusal(_elements(x, axis, cell.stride), x.dtype)
         if why is not None:
             left_out.setdefault(why, []).append(cell.describe())
             continue

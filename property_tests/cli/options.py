@@ -1,8 +1,8 @@
 """The scope options the main job and the pytest plugin share (the plugin's carry a ``--gmm-`` prefix).
 
 ``--families ragged_m --dtypes bfloat16 --out-dtypes float32 --multiple k=32 --no-tail
---zero-extents none --contiguous lhs --unit-stride rhs --numerics accumulate=float32,flush
---quantizes mx:float8_e4m3fn:32:rceil`` declare what a kernel supports
+--zero-extents none --contiguous lhs --unit-stride rhs --layouts plain,rhsT --alignment lhs=16,rhs=16
+--numerics accumulate=float32,flush --quantizes mx:float8_e4m3fn:32:rceil`` declare what a kernel supports
 (``gmm_kernels.Scope``): they narrow the scope the kernel already declares
 (``gmm_kernels.declare``) field by field, and one that leaves nothing to check
 is a usage error naming the option. The command-line forms are parsed here
@@ -47,6 +47,11 @@ SCOPE_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
                                             "slice, a chunk): some of lhs,rhs, or none")),
     ("unit-stride", dict(metavar="OPS", help="the operands the kernel takes only with a last stride of 1 (no "
                                              "transposed view): some of lhs,rhs, or none")),
+    ("layouts", dict(metavar="L,L", help="the operand layouts the kernel takes, of those its convention hands it: "
+                                         "some of plain, rhsT, lhsT, lhsT+rhsT, packed, ... (docs/conventions.md)")),
+    ("alignment", dict(metavar="BYTES", help="the bytes (a power of two) each operand's offset into its buffer and "
+                                             "every stride but its unit one must be multiples of: N for every "
+                                             "operand, or lhs=N,rhs=N")),
     ("numerics", dict(metavar="SPEC", help="the kernel's arithmetic: accumulate=DTYPE[,multiply=DTYPE][,flush]; a "
                                            "routed kernel's also [,weight=accumulator|output|DTYPE]"
                                            "[,combine=accumulator|DTYPE] (docs/routed.md)")),
@@ -103,13 +108,13 @@ def scope_fields(values: Mapping[str, Any], prefix: str = "--") -> dict[str, Any
         if any(a not in AXES for a in axes):
             raise ValueError(f"{prefix}zero-extents: expected some of m,k,n or none, got {zero!r}")
         fields["zero_extents"] = tuple(axes)
-    for name in ("contiguous", "unit-stride"):
+    for name in ("contiguous", "unit-stride", "layouts", "alignment"):
         if values.get(name) is not None:
+            key = name.replace("-", "_")
             try:
-                fields[name.replace("-", "_")] = getattr(Scope(**{name.replace("-", "_"): values[name]}),
-                                                         name.replace("-", "_"))
+                fields[key] = getattr(Scope(**{key: values[name]}), key)
             except ValueError as exc:  # "unit_stride: ..." from the Scope: the option's own spelling
-                raise ValueError(f"{prefix}{name}{str(exc).removeprefix(name.replace('-', '_'))}") from None
+                raise ValueError(f"{prefix}{name}{str(exc).removeprefix(key)}") from None
     numerics = parse_declared_numerics(values.get("numerics"), option=prefix + "numerics")
     if numerics is not None:
         fields["numerics"] = numerics

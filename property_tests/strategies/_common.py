@@ -4,6 +4,7 @@ around tile edges (:class:`Extents`), which the public ``extents()`` and the sta
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from hypothesis.strategies import SearchStrategy
 from gmm_ref import as_tiling
 
 __all__ = ["BOOLEANS", "MAX_EXTENT", "MAX_GROUPS", "SEEDS", "SMALL_TILE", "Extents", "cached_extents", "check_bool",
-           "check_int", "check_tiling", "concrete", "extent_candidates", "integers", "resolve", "sampled"]
+           "check_int", "check_tiling", "concrete", "extent_candidates", "integers", "pairs_of", "resolve", "sampled"]
 
 SMALL_TILE = 8  # the tile edges drawn around when no tiling is given
 #: the largest extent a strategy draws around (group sizes are int32 in every kernel API)
@@ -121,3 +122,12 @@ class Extents:
 def cached_extents(tile: int, lo: int, hi: int, mult: int) -> Extents:
     # built once per argument tuple: building strategies inside a draw is slow
     return Extents(tile, lo, hi, mult)
+
+
+def pairs_of(levels: dict[str, Any]) -> set[frozenset[tuple[str, str]]]:
+    """Every pair of (factor, level) of a row of a covering design; a factor may hold a set of observed levels."""
+    items = [(f, v if isinstance(v, (set, frozenset)) else {v}) for f, v in levels.items()]
+    out = set()
+    for (f, a), (g, b) in itertools.combinations(items, 2):
+        out.update(frozenset({(f, x), (g, y)}) for x in a for y in b)
+    return out

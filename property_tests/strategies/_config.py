@@ -14,6 +14,7 @@ from gmm_ref import dtypes as _dt
 from gmm_ref import families as family_records
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import TRANSPOSES, packed_layouts
+from gmm_ref.layouts import LAYOUT_NAMES, layout_name
 from gmm_ref.problem import RAGGED_FAMILIES, STORAGES
 from property_tests.strategies._common import (
     MAX_EXTENT,
@@ -173,10 +174,11 @@ def _shapes(shapes: Any, shp: Any, rules: Convention, convention: str | None, fa
 def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling: Any, min_groups: Any,
            max_groups: Any, max_extent: Any, max_batch_dims: Any, sharding: Any, max_shards: Any,
            existing_out: Any, shapes: Any, max_buckets: Any, vary_out_dtype: Any, multiple_of: Any = None,
-           zero_extents: Any = None, quantizations: Any = None, storages: Any = None) -> Config:
+           zero_extents: Any = None, quantizations: Any = None, storages: Any = None, layouts: Any = None,
+           operand_alignment: Any = None) -> Config:
     """The validated :class:`Config` of ``problems()``'s arguments (strategy arguments drawn in order)."""
     rules = rules_of(convention)
-    fams = _families(families, rules, convention)
+    names, fams = _layouts(layouts, rules, convention, _families(families, rules, convention))
     check_bool("vary_out_dtype", vary_out_dtype, allow_none=True)
     pairs = _dtype_pairs(resolve(draw, dtypes), rules, convention, vary_out_dtype)
     t = resolve(draw, tiling)
@@ -221,7 +223,36 @@ def config(draw: Any, convention: str | None, families: Any, dtypes: Any, tiling
             raise InvalidArgument(f"quantizations={quantizations!r}, but convention={convention!r} takes none of them "
                                   f"in families={families!r}")
     return Config(convention, rules, multiples, fams, pairs, t, given_t, counts, lo, hi, me, mbd, sh, ms, ex, shp, mb,
-                  zero, quants, _storages(storages))
+                  zero, quants, _storages(storages), names, _alignment(operand_alignment))
+
+
+def _layouts(value: Any, rules: Convention, convention: str | None, fams: tuple[str, ...]
+             ) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """(the layout names asked for, in ``LAYOUT_NAMES``' order, or None for all; the families with one of them)."""
+    if value is None:
+        return None, fams
+    names = (value,) if isinstance(value, str) else tuple(value)
+    if not names or any(n not in LAYOUT_NAMES for n in names):
+        raise InvalidArgument(f"layouts={value!r}, but it must be a non-empty sequence of {LAYOUT_NAMES}")
+    kept = tuple(f for f in fams if any(layout_name(x) in names for x in rules.layouts_of(f)))
+    if not kept:
+        raise InvalidArgument(f"layouts={value!r}, but convention={convention!r} takes none of them in "
+                              f"families={fams!r}")
+    return tuple(n for n in LAYOUT_NAMES if n in names), kept
+
+
+def _alignment(value: Any) -> tuple[int, int]:
+    """``{"lhs": bytes, "rhs": bytes}`` (an operand not named: any) or one int for both, as (lhs, rhs) bytes."""
+    if value is None:
+        return (1, 1)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = {"lhs": value, "rhs": value}
+    ok = isinstance(value, Mapping) and not set(value) - {"lhs", "rhs"} and all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1 and not n & (n - 1) for n in value.values())
+    if not ok:
+        raise InvalidArgument(f"operand_alignment={value!r}, but it must be a power of two of bytes, or map 'lhs' "
+                              "and/or 'rhs' to one")
+    return value.get("lhs", 1), value.get("rhs", 1)
 
 
 def _storages(value: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:

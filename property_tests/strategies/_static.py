@@ -15,10 +15,12 @@ from hypothesis.strategies import SearchStrategy
 
 from gmm_ref import families
 from gmm_ref.conventions import Convention
+from gmm_ref.layouts import aligned_multiples, layout_name, misalignment, stored_geometry
 from gmm_ref.problem import STORAGES
 from property_tests.strategies._common import BOOLEANS, Extents, cached_extents, extent_candidates, integers, sampled
 
-__all__ = ["MAX_ELEMENTS", "Config", "Static", "axis_multiple", "draw_free_static", "fits", "walked_buckets"]
+__all__ = ["MAX_ELEMENTS", "Config", "Static", "axis_multiple", "draw_free_static", "fits", "layouts_of",
+           "storage_refusal", "walked_buckets"]
 
 MAX_ELEMENTS = 1 << 20  # per buffer; keeps drawing fast
 
@@ -71,18 +73,48 @@ class Config:
     #: the storages (``gmm_ref.problem.STORAGES``) each operand, lhs then rhs, may be drawn in (a convention whose
     #: arguments carry strides)
     storages: tuple[tuple[str, ...], tuple[str, ...]] = (STORAGES, STORAGES)
+    #: the layouts (``gmm_ref.layouts.LAYOUT_NAMES``) drawn, narrowed from the convention's (None: all of them)
+    layouts: tuple[str, ...] | None = None
+    #: the bytes each operand's offset and strides (lhs, rhs) are multiples of (1: any)
+    alignment: tuple[int, int] = (1, 1)
 
 
-def axis_multiple(cfg: Config, axis: str, family: str, in_dtype: Any) -> int:
-    """What ``axis`` must be a multiple of: the convention's rule and the kernel's declared multiple."""
-    mult = cfg.rules.axis_multiple(axis, family, cfg.tiling, in_dtype)
-    return math.lcm(mult, dict(cfg.multiples).get(axis, 1))
+def axis_multiple(cfg: Config, axis: str, family: str, in_dtype: Any,
+                  layout: tuple[bool, bool, bool] | None = None) -> int:
+    """What ``axis`` must be a multiple of: the convention's rule, the kernel's declared multiple, and what makes the
+    rows of an operand stored along it aligned (in ``layout``; None: the least any of the family's layouts needs)."""
+    mult = math.lcm(cfg.rules.axis_multiple(axis, family, cfg.tiling, in_dtype), dict(cfg.multiples).get(axis, 1))
+    if cfg.alignment == (1, 1):
+        return mult
+    need = dict(zip(("lhs", "rhs"), cfg.alignment, strict=True))
+    item = np.dtype(in_dtype).itemsize
+    rows = [aligned_multiples(x, item, need).get(axis, 1) for x in ((layout,) if layout else layouts_of(cfg, family))]
+    return math.lcm(mult, math.gcd(*rows) or 1)
 
 
-def _axis_candidates(cfg: Config, family: str, in_dtype: Any) -> list[list[int]]:
+def layouts_of(cfg: Config, family: str) -> tuple[tuple[bool, bool, bool], ...]:
+    """The layouts of ``family`` drawn: the convention's, narrowed to those asked for."""
+    return tuple(x for x in cfg.rules.layouts_of(family) if cfg.layouts is None or layout_name(x) in cfg.layouts)
+
+
+def storage_refusal(cfg: Config, operand: str, kind: str, rows: int, in_dtype: Any) -> str | None:
+    """Why ``operand`` with ``rows`` rows cannot be drawn stored as ``kind``: the convention's stride rules, or the
+    alignment asked for (its rows being aligned, :func:`axis_multiple`: a transposed view's stride is its rows', a
+    slice's rows are wider than its own)."""
+    why = cfg.rules.storage_refusal(operand, kind, rows, in_dtype)
+    need = cfg.alignment[0 if operand == "lhs" else 1]
+    if why or need == 1:
+        return why
+    item = np.dtype(in_dtype).itemsize
+    shape = (2, rows, need // math.gcd(need, item))  # two matrices of the narrowest aligned rows stand for all
+    bad = misalignment(shape, *stored_geometry(shape, item, kind), item, need)
+    return None if bad is None else f"{operand} stored {kind} with {rows} rows has {bad}, not a multiple of {need}"
+
+
+def _axis_candidates(cfg: Config, family: str, in_dtype: Any, layout: Any = None) -> list[list[int]]:
     out = []
     for i, axis in enumerate("mkn"):
-        mult = axis_multiple(cfg, axis, family, in_dtype)
+        mult = axis_multiple(cfg, axis, family, in_dtype, layout)
         cands = extent_candidates(cfg.tiling[i], 1, cfg.max_extent, mult)
         if not cands:
             raise InvalidArgument(
@@ -91,10 +123,6 @@ def _axis_candidates(cfg: Config, family: str, in_dtype: Any) -> list[list[int]]
             )
         out.append(cands)
     return out
-
-
-def _layouts(cfg: Config, family: str) -> tuple[tuple[bool, bool, bool], ...]:
-    return cfg.rules.layouts_of(family)
 
 
 def _shard_options(cfg: Config, family: str, g: int) -> list[int]:
@@ -147,14 +175,14 @@ def walked_buckets(cfg: Config) -> tuple[Static, ...]:
                 return seq[(r + 1 + salt) % len(seq)]
         fam = cfg.families[j % len(cfg.families)]
         in_dt, out_dt = cfg.dtype_pairs[(j // len(cfg.families)) % len(cfg.dtype_pairs)]
-        layout = pick(_layouts(cfg, fam))
+        layout = pick(layouts_of(cfg, fam))
         shards = _shard_options(cfg, fam, g)
         if not shards:
             continue
         if cfg.shapes is not None:
             mkn = pick(cfg.shapes)
         else:
-            mkn = tuple(pick(c, salt) for salt, c in enumerate(_axis_candidates(cfg, fam, in_dt), 2))
+            mkn = tuple(pick(c, salt) for salt, c in enumerate(_axis_candidates(cfg, fam, in_dt, layout), 2))
         facts = families.get(fam)
         nb = pick(list(range(cfg.max_batch_dims + 1)), 5) if facts.batch_dims else 0
         batch = (2,) * nb
@@ -162,7 +190,7 @@ def walked_buckets(cfg: Config) -> tuple[Static, ...]:
                     mkn, g, pick(shards, 6), in_dt, out_dt, pick(_existing_options(cfg), 7))
         if not fits(s):  # too big for this G: the smallest extents instead
             small = (min(cfg.shapes, key=sum) if cfg.shapes is not None
-                     else tuple(c[0] for c in _axis_candidates(cfg, fam, in_dt)))
+                     else tuple(c[0] for c in _axis_candidates(cfg, fam, in_dt, layout)))
             s = dataclasses.replace(s, mkn=small)
             if not fits(s):
                 continue
@@ -186,11 +214,11 @@ def _free_groups(cfg: Config) -> tuple[SearchStrategy[int], SearchStrategy[int]]
 
 
 @functools.lru_cache(maxsize=256)
-def _free_extents(cfg: Config, family: str, in_dtype: Any) -> tuple[Extents, ...] | str:
-    """The M, K and N strategies for a family and input dtype, or why there are none."""
+def _free_extents(cfg: Config, family: str, in_dtype: Any, layout: Any) -> tuple[Extents, ...] | str:
+    """The M, K and N strategies for a family, input dtype and layout, or why there are none."""
     out = []
     for i, axis in enumerate("mkn"):
-        mult = axis_multiple(cfg, axis, family, in_dtype)
+        mult = axis_multiple(cfg, axis, family, in_dtype, layout)
         if not extent_candidates(cfg.tiling[i], 1, cfg.max_extent, mult):
             return f"max_extent={cfg.max_extent}, but {axis.upper()} must be a multiple of {mult}"
         out.append(cached_extents(cfg.tiling[i], 1, cfg.max_extent, mult))
@@ -205,7 +233,7 @@ def _batch_shapes(nb: int) -> SearchStrategy[list[int]]:
 def draw_free_static(draw: Any, cfg: Config) -> Static:
     fam = draw(sampled(cfg.families))
     in_dt, out_dt = draw(sampled(cfg.dtype_pairs))
-    layout = draw(sampled(_layouts(cfg, fam)))
+    layout = draw(sampled(layouts_of(cfg, fam)))
     any_g, sharded_g = _free_groups(cfg)
     facts = families.get(fam)
     g = draw(sharded_g if cfg.sharding and facts.takes_sizes else any_g)
@@ -213,7 +241,7 @@ def draw_free_static(draw: Any, cfg: Config) -> Static:
     if cfg.shapes is not None:
         mkn = draw(sampled(cfg.shapes))
     else:
-        axes = _free_extents(cfg, fam, in_dt)
+        axes = _free_extents(cfg, fam, in_dt, layout)
         if isinstance(axes, str):
             raise InvalidArgument(axes)
         mkn = (axes[0](draw), axes[1](draw), axes[2](draw))

@@ -13,7 +13,7 @@ a run of any budget reaches every pair.
 ==============  =========================================================================
 factor          levels
 ==============  =========================================================================
-layout          the convention's layouts of the family (plain, lhsT, rhsT, packed, ...)
+layout          the layouts of the family drawn (plain, lhsT, rhsT, packed, ...)
 m, k, n         the extent against its tile: zero, below one tile, aligned (a tile
                 multiple), unaligned (a multiple + or - the smallest step allowed: K prefers
                 the minus side, a last tile almost full, M and N the plus side)
@@ -49,8 +49,10 @@ import numpy as np
 
 from gmm_ref import families
 from gmm_ref.conventions.base import has_tail
+from gmm_ref.layouts import layout_name
 from gmm_ref.problem import Problem
-from property_tests.strategies._static import Config, Static, axis_multiple, fits
+from property_tests.strategies._common import pairs_of
+from property_tests.strategies._static import Config, Static, axis_multiple, fits, layouts_of, storage_refusal
 
 __all__ = ["EXTENT_LEVELS", "SPAN_LEVELS", "Cell", "Design", "Factor", "design", "observe", "pairs_of", "static_levels",
            "static_rows"]
@@ -98,21 +100,6 @@ class Design:
     inexpressible: tuple[tuple[str, str], ...]
 
 
-def layout_name(layout: tuple[bool, bool, bool]) -> str:
-    lt, rt, packed = layout
-    parts = [p for p, on in (("lhsT", lt), ("rhsT", rt), ("packed", packed)) if on]
-    return "+".join(parts) or "plain"
-
-
-def pairs_of(levels: dict[str, Any]) -> set[frozenset[tuple[str, str]]]:
-    """Every pair of (factor, level) of a row; a factor may hold a set of observed levels."""
-    items = [(f, v if isinstance(v, (set, frozenset)) else {v}) for f, v in levels.items()]
-    out = set()
-    for (f, a), (g, b) in itertools.combinations(items, 2):
-        out.update(frozenset({(f, x), (g, y)}) for x in a for y in b)
-    return out
-
-
 # ------------------------------------------------------------------ the space
 class _Space:
     """The factors of one configuration and the concrete values a (partial) row of levels implies."""
@@ -123,7 +110,7 @@ class _Space:
         self.rules = cfg.rules
         self.facts = families.get(family)
         self.ragged = self.facts.ragged
-        self.layouts = {layout_name(x): x for x in self.rules.layouts_of(family)}
+        self.layouts = {layout_name(x): x for x in layouts_of(cfg, family)}
         self.dtypes = {f"{i}->{o}": (i, o) for i, o in cfg.dtype_pairs}
         self.factors = self._factors()
         self._memo: dict[frozenset, Any] = {}
@@ -160,9 +147,9 @@ class _Space:
         return self.cfg.tiling["mkn".index(axis)]
 
     @functools.cache  # noqa: B019 - one space per design, dropped with it
-    def extent_candidates(self, axis: str, level: str, in_dtype: Any) -> tuple[int, ...] | str:
-        """Values of ``axis`` at ``level`` (first preferred), or why there are none."""
-        t, u = self.tile(axis), axis_multiple(self.cfg, axis, self.family, in_dtype)
+    def extent_candidates(self, axis: str, level: str, in_dtype: Any, layout: Any = None) -> tuple[int, ...] | str:
+        """Values of ``axis`` at ``level`` (first preferred) in ``layout`` (None: any), or why there are none."""
+        t, u = self.tile(axis), axis_multiple(self.cfg, axis, self.family, in_dtype, layout)
         hi = self.cfg.max_extent
         name = self.rules.name
         if level == "zero":
@@ -205,7 +192,7 @@ class _Space:
         cands = {}
         for axis in "mkn":
             if axis in row:
-                c = self.extent_candidates(axis, row[axis], in_dt)
+                c = self.extent_candidates(axis, row[axis], in_dt, self.layouts.get(row.get("layout", "")))
                 if isinstance(c, str):
                     return c
                 cands[axis] = c
@@ -226,7 +213,7 @@ class _Space:
         for operand, rows in (("lhs", "m"), ("rhs", "k")):
             kind = row.get(f"{operand}_storage")
             if kind and rows in ext:
-                why = self.rules.storage_refusal(operand, kind, ext[rows], in_dt)
+                why = storage_refusal(self.cfg, operand, kind, ext[rows], in_dt)
                 if why:
                     return why
         if "groups" not in row:

@@ -20,7 +20,14 @@ import gmm_ref
 from gmm_ref import families
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, integers, resolve, sampled
 from property_tests.strategies._config import config
-from property_tests.strategies._static import Config, Static, draw_free_static, walked_buckets
+from property_tests.strategies._static import (
+    Config,
+    Static,
+    draw_free_static,
+    layouts_of,
+    storage_refusal,
+    walked_buckets,
+)
 from property_tests.strategies.design import Cell, Design, design, pairs_of, static_levels, static_rows
 from property_tests.strategies.sizes import draw_serving_sizes, draw_sizes, draw_span_sizes
 from property_tests.strategies.values import (
@@ -59,6 +66,8 @@ def problems(
     zero_extents: Sequence[str] | None = None,
     quantizations: Sequence[tuple[Any, Any]] | None = None,
     storages: Mapping[str, Sequence[str]] | None = None,
+    layouts: Sequence[str] | None = None,
+    operand_alignment: int | Mapping[str, int] | None = None,
 ) -> SearchStrategy[gmm_ref.Problem]:
     """:class:`gmm_ref.Problem` instances that ``convention``'s real kernel takes.
 
@@ -95,6 +104,13 @@ def problems(
     ``storages`` (``{"rhs": ("contiguous", "slice", "chunk")}``) narrows how the
     operands of a convention whose arguments carry strides lie in memory, each to
     some of ``gmm_ref.problem.STORAGES`` (an operand not named: any of them).
+    ``layouts`` narrows the layouts (``gmm_ref.layouts.LAYOUT_NAMES``: ``"plain"``,
+    ``"lhsT"``, ``"rhsT+packed"``, ...) to those named, and the families to those
+    with one of them. ``operand_alignment`` (``16``, or ``{"lhs": 16}``: bytes, a
+    power of two) keeps each operand's byte offset into its buffer and every stride
+    but its unit one (``gmm_ref.layouts.stored_geometry``) multiples of it: the
+    extents its rows run along are drawn multiples, and storages that would break
+    it for the drawn extents (a slice, a transposed view of odd rows) are not drawn.
     ``all_empty=True``: every group empty; where the sum must equal the
     extent (``allow_tail=False``), every group but one, which holds it all.
 
@@ -111,7 +127,8 @@ def problems(
                      max_batch_dims=max_batch_dims, sharding=sharding, max_shards=max_shards,
                      existing_out=existing_out, values=values, allow_tail=allow_tail, all_empty=all_empty,
                      vary_out_dtype=vary_out_dtype, shapes=shapes, max_buckets=max_buckets, multiple_of=multiple_of,
-                     zero_extents=zero_extents, quantizations=quantizations, storages=storages)
+                     zero_extents=zero_extents, quantizations=quantizations, storages=storages, layouts=layouts,
+                     operand_alignment=operand_alignment)
 
     @st.composite
     def _draw(draw: Any) -> gmm_ref.Problem:
@@ -183,11 +200,12 @@ def _drawer(*, convention: Any = None, families: Any = None, dtypes: Any = None,
             sharding: Any = None, max_shards: Any = 4, existing_out: Any = None,
             values: Any = ("exact", "normal", "wide", "poisoned"), allow_tail: Any = None, all_empty: Any = False,
             vary_out_dtype: Any = None, shapes: Any = None, max_buckets: Any = 8, multiple_of: Any = None,
-            zero_extents: Any = None, quantizations: Any = None, storages: Any = None) -> _Drawer:
+            zero_extents: Any = None, quantizations: Any = None, storages: Any = None, layouts: Any = None,
+            operand_alignment: Any = None) -> _Drawer:
     """A drawer for ``problems()``'s arguments, checked where they are values."""
     config_args = (convention, families, dtypes, tiling, min_groups, max_groups, max_extent,
                    max_batch_dims, sharding, max_shards, existing_out, shapes, max_buckets, vary_out_dtype,
-                   multiple_of, zero_extents, quantizations, storages)
+                   multiple_of, zero_extents, quantizations, storages, layouts, operand_alignment)
     drawer = _Drawer(config_args, values, check_bool("allow_tail", allow_tail, allow_none=True),
                      check_bool("all_empty", all_empty))
     if drawer.fixed:
@@ -319,7 +337,7 @@ def _sizes(draw: Any, cfg: Config, s: Static, kind: str, tail_ok: bool, all_empt
 
 def _storages(cfg: Config, operand: str, rows: int, in_dtype: Any) -> tuple[str, ...]:
     allowed = cfg.storages[0 if operand == "lhs" else 1]
-    return tuple(x for x in allowed if not cfg.rules.storage_refusal(operand, x, rows, in_dtype))
+    return tuple(x for x in allowed if not storage_refusal(cfg, operand, x, rows, in_dtype))
 
 
 def _build(draw: Any, cfg: Config, s: Static, kinds: tuple[str, ...], tail_ok: bool, all_empty: bool,
@@ -469,7 +487,7 @@ def plan(cfg: Config) -> tuple[tuple[Static, ...], frozenset[tuple[str, frozense
 def _plain(cfg: Config) -> list[Static]:
     """The plain signatures (the family's first layout, no shards, batch or existing output, smallest
     extents) of the ``PLAIN_KEPT`` fewest group counts and of the most, as the walk makes them."""
-    first = {f: cfg.rules.layouts_of(f)[0] for f in cfg.families}
+    first = {f: layouts_of(cfg, f)[0] for f in cfg.families}
     walked = walked_buckets(dataclasses.replace(cfg, max_buckets=max(cfg.max_buckets, 8)))
     plain = sorted((s for s in walked if s.layout == first[s.family] and s.shards == 1 and not s.existing
                     and not s.batch), key=Static.cost)

@@ -8,6 +8,7 @@ still caught.
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -122,6 +123,14 @@ def test_a_scope_that_leaves_nothing_is_a_usage_error(scope, message):
     (dict(tail="no"), TypeError, "tail: expected a bool"),
     (dict(numerics="float32"), TypeError, "numerics: expected a gmm_ref.Numerics"),
     (dict(known_issues=["a bug"]), TypeError, "known_issues: expected KnownIssue"),
+    (dict(layouts="plane"), ValueError, r"layouts: expected one or more of the layouts \('plain', 'rhsT', 'lhsT'"),
+    (dict(layouts=[]), ValueError, "layouts: expected one or more of the layouts"),
+    (dict(layouts="none"), ValueError, "layouts: expected one or more of the layouts"),
+    (dict(alignment=12), ValueError, "alignment: expected a power of two of bytes"),
+    (dict(alignment=0), ValueError, "alignment: expected a power of two of bytes"),
+    (dict(alignment=True), ValueError, "alignment: expected a power of two of bytes"),
+    (dict(alignment="lhs=16,out=16"), ValueError, "alignment: expected a power of two of bytes"),
+    (dict(alignment={"lhs": "x"}), ValueError, "alignment: expected a power of two of bytes"),
 ])
 def test_bad_scope_is_a_named_error(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -261,3 +270,163 @@ def test_zero_extents_are_spelled_alike_everywhere():
     assert scope_fields({"zero-extents": "none"})["zero_extents"] == Scope(zero_extents="none").zero_extents
     with pytest.raises(ValueError, match="zero_extents: expected some of the axes"):
         Scope(zero_extents="q")
+
+
+# ------------------------------------------------------------------ layouts and alignment
+def test_layouts_and_alignment_are_spelled_alike_everywhere():
+    """A tuple, a list and ``"a,b"`` mean in ``declare`` what they mean on the command line; one int (or ``"16"``) is
+    every operand's alignment, ``"none"`` and ``{}`` none."""
+    assert Scope(layouts="rhsT,plain").layouts == Scope(layouts=["plain", "rhsT"]).layouts == ("plain", "rhsT")
+    assert Scope().layouts is None and Scope(layouts="lhsT+rhsT").layouts == ("lhsT+rhsT",)
+    both = {"lhs": 16, "rhs": 16}
+    assert Scope(alignment=16).alignment == Scope(alignment="16").alignment == both
+    assert Scope(alignment="lhs=16,rhs=16").alignment == Scope(alignment=both).alignment == both
+    assert Scope(alignment="rhs=32").alignment == {"rhs": 32}
+    assert Scope(alignment="none").alignment == Scope(alignment={}).alignment == Scope(alignment=1).alignment == {}
+    assert scope_fields({"layouts": "plain,lhsT", "alignment": "lhs=16"}) == {"layouts": ("plain", "lhsT"),
+                                                                              "alignment": {"lhs": 16}}
+    assert scope_fields({"alignment": "32"}, prefix="--gmm-") == {"alignment": {"lhs": 32, "rhs": 32}}
+    with pytest.raises(ValueError, match=r"^--gmm-layouts: expected one or more of the layouts \('plain'"):
+        scope_fields({"layouts": "plain,rhst"}, prefix="--gmm-")
+    with pytest.raises(ValueError, match=r"^--alignment: expected a power of two of bytes"):
+        scope_fields({"alignment": "lhs=24"})
+    scope = Scope(layouts=("plain", "rhsT"), alignment={"lhs": 16, "rhs": 32})
+    assert Scope.from_json(json.loads(json.dumps(scope.to_json()))) == scope
+    assert "layouts plain,rhsT; alignment lhs=16,rhs=32" in scope.describe()
+
+
+def test_a_declared_layout_leaves_the_families_it_has_and_must_leave_one():
+    def te_kernel(*args, **kwargs):  # never called: only its declaration is read
+        raise NotImplementedError
+
+    adapter = resolve_kernel(te_kernel, convention="te.grouped_gemm", scope=Scope(layouts=("plain",)))
+    assert adapter.families == ("ragged_m",), adapter.families  # te's ragged_k layouts are all packed
+    assert adapter.limits().layouts == ("plain",)
+    with pytest.raises(ValueError, match=r"^layouts: \('packed',\) leaves none of ragged_dot's layouts \('plain',\)"):
+        configure(get("jax.ragged_dot"), scope=Scope(layouts=("packed",)))
+    with pytest.raises(ValueError, match=r"^--layouts: \('rhsT',\) leaves none of ragged_dot's layouts"):
+        apply_scope(get("jax.ragged_dot"), scope_fields({"layouts": "rhsT"}))
+
+
+def _problem(convention, lhs_shape, rhs_shape, sizes, **kwargs):
+    rng = np.random.default_rng(0)
+    return gmm_ref.Problem("ragged_m", rng.standard_normal(lhs_shape).astype(np.float32),
+                           rng.standard_normal(rhs_shape).astype(np.float32), sizes, convention=convention, **kwargs)
+
+
+def test_a_declared_layout_or_alignment_refuses_the_problems_outside_it():
+    transposed = _problem("ragged_dot_general", (4, 8), (2, 3, 8), [2, 2], rhs_transposed=True)
+    assert Scope(layouts=("plain", "lhsT")).refusal(transposed) == \
+        "the declared scope takes the layouts plain, lhsT, not rhsT"
+    assert Scope(layouts="rhsT").refusal(transposed) is None
+    # a chunk of a split starts one row in: 4 float32 = 16 bytes
+    chunk = _problem("torch.grouped_mm", (4, 4), (2, 4, 8), [2, 2], storage=("chunk", "contiguous"))
+    why = Scope(alignment={"lhs": 32}).refusal(chunk)
+    assert why == ("the declared scope takes lhs aligned to 32 bytes (its offset and every stride but its unit one), "
+                   "not lhs [4, 4]:float32 stored chunk, with a byte offset of 16"), why
+    assert Scope(alignment=16).refusal(chunk) is None and Scope(alignment={"rhs": 32}).refusal(chunk) is None
+    # odd K: rows of 12 bytes
+    odd = _problem("ragged_dot", (4, 3), (2, 3, 8), [2, 2])
+    assert "lhs [4, 3]:float32 stored contiguous, with a stride of 12 bytes (axis 0)" in \
+        Scope(alignment={"lhs": 16}).refusal(odd)
+    assert Scope(alignment={"rhs": 16}).refusal(odd) is None  # rhs rows: 8 float32
+
+
+def test_the_geometry_a_scope_judges_is_the_one_a_kernel_gets():
+    """A stored operand's offset and strides, as ``gmm_ref.layouts.stored_geometry`` says, are those of the guarded
+    copy the harness hands a kernel (a view contiguous after all copied by itself)."""
+    from gmm_kernels.sandbox import guards
+    from gmm_ref.layouts import stored, stored_geometry
+
+    for shape in ((3, 5), (1, 7), (4, 1), (2, 3, 5), (2, 1, 5), (2, 5, 1), (1, 3, 5), (1, 1)):
+        for dtype in (np.float32, np.int8, np.float64):
+            for kind in gmm_ref.problem.STORAGES:
+                with guards.call("k") as call:
+                    copy = call.copy("x", stored(np.zeros(shape, dtype), kind))
+                (guard,) = call.guards
+                where = copy.__array_interface__["data"][0] - guard.base.__array_interface__["data"][0]
+                assert (where - guard.lo * copy.itemsize, copy.strides) == stored_geometry(
+                    shape, copy.itemsize, kind), (shape, dtype, kind)
+
+
+@settings(max_examples=60, deadline=None)
+@given(gst.problems(convention="ragged_dot_general", layouts=("plain", "lhsT"),
+                    operand_alignment={"lhs": 16, "rhs": 32}))
+def test_problems_draw_only_the_declared_layouts_and_alignment(problem):
+    assert not problem.rhs_transposed
+    assert Scope(layouts=("plain", "lhsT"), alignment={"lhs": 16, "rhs": 32}).refusal(problem) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(gst.problems(convention="torch.grouped_mm", operand_alignment=32))
+def test_problems_draw_no_storage_that_breaks_the_alignment(problem):
+    # a slice's rows are 16 bytes wider than its own: never 32-byte aligned with them (but where it has no element)
+    assert "slice" not in problem.storage or 0 in (problem.m, problem.k, problem.n), problem.describe()
+    assert Scope(alignment=32).refusal(problem) is None
+
+
+def test_the_covering_design_has_only_the_declared_layouts_and_its_cells_are_within_the_scope():
+    from property_tests.strategies.problems import covering
+
+    scope = Scope(layouts=("rhsT", "lhsT+rhsT"), alignment={"lhs": 16})
+    cov = covering(convention="ragged_dot_general", families=["ragged_m", "ragged_k"], layouts=scope.layouts,
+                       operand_alignment=dict(scope.alignment))
+    for design in cov.designs.values():
+        assert [f.levels for f in design.factors if f.name == "layout"] == [("rhsT", "lhsT+rhsT")]
+    for cell in cov.cells:
+        @settings(max_examples=2, deadline=None, database=None)
+        @given(cell.strategy)
+        def within(problem):
+            assert scope.refusal(problem) is None, problem.describe()
+
+        within()
+
+
+def test_a_kernel_refusing_a_transposed_rhs_fails_undeclared_and_passes_declared():
+    pytest.importorskip("jax")
+    from tests.corpus import declared_layouts as dl
+
+    (failed,) = check_kernel(dl.ragged_dot_general_no_transposed_rhs, convention="ragged_dot_general",
+                             modes=["exact"], raise_on_failure=False)
+    assert failed.status is Status.FAILED and "rhs must be stored [..., K, N]" in failed.detail, failed.detail
+    report = check_kernel(dl.ragged_dot_general_layouts_declared, modes=["exact", "normal"])
+    assert report.ok and all(r.examples > 0 for r in report), [r.line() for r in report]
+    scoped = check_kernel(dl.ragged_dot_general_no_transposed_rhs, convention="ragged_dot_general", modes=["exact"],
+                          scope=Scope(layouts=("plain", "lhsT")))
+    assert scoped.ok, [r.line() for r in scoped]
+
+
+def test_a_kernel_refusing_misaligned_rows_fails_undeclared_and_passes_declared():
+    pytest.importorskip("jax")
+    from tests.corpus import declared_layouts as dl
+
+    (failed,) = check_kernel(dl.ragged_dot_lhs_rows_of_16_bytes, convention="ragged_dot", modes=["exact"],
+                             raise_on_failure=False)
+    assert failed.status is Status.FAILED and "lhs rows must span a multiple of 16 bytes" in failed.detail
+    report = check_kernel(dl.ragged_dot_alignment_declared, modes=["exact", "normal", "many_groups"])
+    assert report.ok and all(r.examples > 0 for r in report), [r.line() for r in report]
+
+
+def test_a_kernel_refusing_misaligned_strides_fails_undeclared_and_passes_declared():
+    pytest.importorskip("torch")
+    from tests.corpus import declared_layouts as dl
+
+    (failed,) = check_kernel(dl.grouped_mm_strides_of_32_bytes, convention="torch.grouped_mm", modes=["exact"],
+                             raise_on_failure=False)
+    assert failed.status is Status.FAILED and "strides must be multiples of 32 bytes" in failed.detail
+    report = check_kernel(dl.grouped_mm_alignment_declared, modes=["exact", "normal", "strided"])
+    assert report.ok and all(r.examples > 0 for r in report), [r.line() for r in report]
+
+
+def test_a_strided_cells_view_is_judged_by_the_declared_alignment():
+    pytest.importorskip("torch")
+    from property_tests.checks import large_strided
+    from tests.corpus import declared_layouts as dl
+
+    adapter = resolve_kernel(dl.grouped_mm_alignment_declared)
+    cell = large_strided.StridedCell("ragged_m", "rhs", "groups")
+    # groups 2**30 elements apart, each a [K, N] block of rows of N float32: 48 bytes, then 64
+    assert large_strided.misaligned(adapter, cell, np.zeros((4, 16, 12), np.float32), 0) == (
+        f"{adapter.name} declares rhs aligned to 32 bytes: the view has a stride of 48 bytes (axis 1)")
+    assert large_strided.misaligned(adapter, cell, np.zeros((4, 16, 16), np.float32), 0) is None
+    assert large_strided.misaligned(get("torch.grouped_mm"), cell, np.zeros((4, 16, 12), np.float32), 0) is None

@@ -277,6 +277,11 @@ MAIN = [
     (["--kernel", "jax.ragged_dot", "--multiple", "k=x"], "--multiple: expected AXIS=N"),
     (["--kernel", "jax.ragged_dot", "--numerics", "accumulate=float99"], "--numerics: accumulate"),
     (["--kernel", "jax.ragged_dot", "--numerics", "fast"], "--numerics: expected accumulate=DTYPE"),
+    (["--kernel", "jax.ragged_dot", "--layouts", "plane"],
+     "--layouts: expected one or more of the layouts ('plain', 'rhsT', 'lhsT'"),
+    (["--kernel", "jax.ragged_dot", "--layouts", "rhsT"],
+     "--layouts: ('rhsT',) leaves none of ragged_dot's layouts ('plain',) (kernel jax.ragged_dot)"),
+    (["--kernel", "jax.ragged_dot", "--alignment", "lhs=12"], "--alignment: expected a power of two of bytes"),
     (["--golden-dir", "/no/such/dir"], "--golden-dir: expected a golden directory with a manifest.json"),
     (["--no-goldens", "--golden-dir", "."], "--no-goldens: given with --golden-dir"),
 ]
@@ -325,6 +330,8 @@ PLUGIN = [
      "--gmm-families: ('ragged_k',) leaves none of ragged_dot's"),
     (["--gmm-kernel=jax.ragged_dot", "--gmm-multiple=q=2"], "--gmm-multiple: expected AXIS=N"),
     (["--gmm-kernel=jax.ragged_dot", "--gmm-numerics=fast"], "--gmm-numerics: expected accumulate=DTYPE"),
+    (["--gmm-kernel=jax.ragged_dot", "--gmm-layouts=lhsT"], "--gmm-layouts: ('lhsT',) leaves none of ragged_dot's"),
+    (["--gmm-kernel=jax.ragged_dot", "--gmm-alignment=out=16"], "--gmm-alignment: expected a power of two"),
     (["--gmm-example-db="], "--gmm-example-db: expected a directory, redis://HOST:PORT or 'off'"),
     (["--gmm-example-db=ftp://host/x"], "--gmm-example-db: expected a directory or redis://HOST:PORT, got the URL"),
 ]
