@@ -6,7 +6,9 @@
 experts' gradient, the weights' gradient ``[T, top_k]``). Each element passes when it equals the once-rounded
 value or lies within its bound of the exact one (NaN where that is NaN); a failure names the token, the slot and
 its expert (the experts' gradient: the expert, the element and the slots feeding it), counts the wrong ones and,
-where one explains the difference, names the culprit.
+where one explains the difference, names the culprit. Like the grouped comparison's, its :class:`Mismatch` carries the
+mask of the wrong elements (``exc.comparison.bad``) and, for the report's picture, the kernel's output
+(``exc.output``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gmm_ref import dtypes as _dt
-from gmm_ref.compare import Mismatch, ranges
+from gmm_ref.compare import Comparison, Mismatch, ranges
 from gmm_ref.routed.gradients import GRADIENT_OUTPUTS, OUTPUTS, RoutedGradients
 
 __all__ = ["assert_routed_matches", "combined_feeds", "output_target", "output_wrong", "routed_element"]
@@ -106,7 +108,8 @@ def assert_routed_matches(actual: Any, ref: Any, *, numerics: Any = None, kernel
                        f"{rounded.shape} ({shape_words})", kind="shape")
     a64 = _dt.as_numpy(a, name="actual").astype(np.float64) if a.size else np.zeros(a.shape)
     bound = bound_of(numerics)
-    bad = np.argwhere(_wrong(a64, rounded, exact, bound) & mask)
+    wrong = _wrong(a64, rounded, exact, bound) & mask
+    bad = np.argwhere(wrong)
     if not bad.size:
         return
     if output in ("combined", "d_tokens"):
@@ -115,7 +118,8 @@ def assert_routed_matches(actual: Any, ref: Any, *, numerics: Any = None, kernel
         message = _experts_report(a64, ref, bound, bad, kernel)
     else:
         message = _slots_report(a64, ref.routing, rounded, bound, bad, kernel, words, axis)
-    raise Mismatch(message, kind="values")
+    found = Comparison(False, "values", message, mismatched=len(bad), defined=int(np.count_nonzero(mask)), bad=wrong)
+    raise Mismatch(message, comparison=found, output=a)
 
 
 def _slots_report(a64: np.ndarray, r: Any, rounded: np.ndarray, bound: np.ndarray, bad: np.ndarray, kernel: str,

@@ -27,7 +27,7 @@ import numpy as np
 import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_ref.layouts import blocks
-from property_tests.checks import failures, picture
+from property_tests.checks import failures, picture, routed_picture
 
 __all__ = ["draw", "explain", "name_poison_source", "regions", "tf32_hint"]
 
@@ -159,15 +159,24 @@ def tf32_hint(adapter: KernelAdapter, exc: BaseException, mode: str) -> None:
 
 
 def draw(adapter: KernelAdapter, exc: BaseException, mode: str) -> None:
-    """A picture of a wrong output (``property_tests.checks.picture``), named in a note of ``exc``."""
+    """A picture of a wrong output (``property_tests.checks.picture``; a routed kernel's:
+    ``property_tests.checks.routed_picture``), named in a note of ``exc``."""
     problem = failures.recipe_problem(exc, None)
     out, bad = getattr(exc, "output", None), getattr(getattr(exc, "comparison", None), "bad", None)
-    if not isinstance(problem, gmm_ref.Problem) or out is None or bad is None or bad.shape != np.shape(out):
+    if problem is None or out is None or bad is None or bad.shape != np.shape(out) or not np.any(bad):
         return
     numerics = (failures.recipe(exc) or {}).get("numerics") or adapter.numerics_for(problem)
-    path = picture.save(out, adapter.reference_for(problem), numerics, bad)
+    if isinstance(problem, gmm_ref.Problem):
+        path = picture.save(out, adapter.reference_for(problem), numerics, bad)
+        layout = "group boundaries blue, tiles gray"
+    elif isinstance(problem, gmm_ref.Routing):
+        output = adapter.convention_facts.output
+        path = routed_picture.save(out, adapter.reference_for(problem), numerics, bad, output)
+        layout = routed_picture.words(output)
+    else:
+        return
     failures.note(exc, f"{picture.NOTE} (wrong elements orange to dark red by error over the bound, NaN/Inf purple, "
-                       f"undefined gray; group boundaries blue, tiles gray): {path}")
+                       f"undefined gray; {layout}): {path}")
 
 
 def explain(adapter: KernelAdapter, exc: BaseException, mode: str) -> None:

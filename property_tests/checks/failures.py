@@ -37,6 +37,7 @@ from gmm_ref.repro import fenced
 
 __all__ = [
     "LOGGER",
+    "POSITION",
     "CheckRun",
     "Repeated",
     "attach",
@@ -66,6 +67,8 @@ __all__ = [
 ]
 
 _RECIPE = "_gmm_recipe"
+#: the attribute naming a check's failure's cell (its place in the run's order: the search goes on from there)
+POSITION = "_gmm_position"
 _LEFT = "_gmm_left_property"  # (the exception's notes as it left the property, the problem it failed on)
 _NOTES = "_gmm_notes"  # the notes the harness added since
 _AGAIN = "_gmm_again"  # a callable that checks the failing example again
@@ -442,7 +445,7 @@ def name_guarded_reads(adapter: KernelAdapter, exc: BaseException) -> None:
         return
     out, exc.output = exc.output, None  # the output is not kept alive after this
     problem = recipe_problem(exc, None)
-    if out is None or problem is None:
+    if out is None or not isinstance(problem, gmm_ref.Problem):  # the guards' reruns take a grouped problem only
         return
     lines = adapter.guarded_reads(problem, out, exc.comparison.bad)
     if lines:

@@ -5,7 +5,8 @@ element: white where right, light gray where the convention leaves it undefined,
 dark red by how far past the bound they are (log scale, 1x to 10**6x), NaN or Inf where the reference has none (or the
 reverse) purple. Group boundaries are blue lines, the kernel's tile grid (where the problem names a tiling) gray
 lines, so that "the last partial K tile of every group" or "every row of group 3" shows at a glance. The PNG is
-encoded here (zlib): no plotting library is needed.
+encoded here (zlib): no plotting library is needed. A routed kernel's output is drawn by ``routed_picture`` with this
+module's colours and encoder.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 import gmm_ref
 from gmm_ref.repro import repro_directory
 
-__all__ = ["MAX_PIXELS", "NOTE", "image", "png", "save"]
+__all__ = ["MAX_PIXELS", "NOTE", "colours", "image", "png", "save", "severity", "write"]
 
 #: the largest side of a picture, in pixels (a larger output is shown a block of elements a pixel)
 MAX_PIXELS = 1024
@@ -51,8 +52,9 @@ def _grid(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1, x.shape[-1])
 
 
-def _severity(out: np.ndarray, values: np.ndarray, mask: np.ndarray, bound: np.ndarray, bad: np.ndarray) -> np.ndarray:
-    """Per element: -2 undefined, -1 right, 0..1 how far past the bound (log), 2 NaN/Inf."""
+def severity(out: np.ndarray, values: np.ndarray, mask: np.ndarray, bound: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    """Per element: -2 undefined, -1 right, 0..1 how far past the bound (log), 2 NaN/Inf (``values``: what the
+    error is measured from)."""
     o, r = out.astype(np.float64), values.astype(np.float64)
     sev = np.where(mask, -1.0, -2.0)
     with np.errstate(all="ignore"):
@@ -62,7 +64,9 @@ def _severity(out: np.ndarray, values: np.ndarray, mask: np.ndarray, bound: np.n
     return np.where(bad & (~np.isfinite(o) | ~np.isfinite(r)), 2.0, sev)
 
 
-def _colours(sev: np.ndarray) -> np.ndarray:
+def colours(sev: np.ndarray) -> np.ndarray:
+    """The colour of each :func:`severity` (white right, gray undefined, orange to dark red wrong, purple NaN/Inf;
+    any other code white)."""
     rgb = np.empty((*sev.shape, 3), np.uint8)
     rgb[:] = _WHITE
     rgb[sev == -2.0] = _GRAY
@@ -89,8 +93,8 @@ def _boundaries(problem: gmm_ref.Problem, rows: int, cols: int) -> tuple[set[int
 def image(out: Any, reference: gmm_ref.Reference, numerics: Any, bad: np.ndarray) -> np.ndarray:
     """The ``[height, width, 3]`` picture of ``out`` against ``reference`` (module docstring)."""
     problem = reference.problem
-    sev = _grid(_severity(np.asarray(out), np.asarray(reference.values), np.asarray(reference.mask),
-                          np.asarray(reference.bound(numerics)), np.asarray(bad)))
+    sev = _grid(severity(np.asarray(out), np.asarray(reference.values), np.asarray(reference.mask),
+                         np.asarray(reference.bound(numerics)), np.asarray(bad)))
     rows, cols = sev.shape
     block = max(1, -(-max(rows, cols) // MAX_PIXELS))  # elements a pixel side, where there are too many
     if block > 1:  # each pixel the worst of its block
@@ -98,7 +102,7 @@ def image(out: Any, reference: gmm_ref.Reference, numerics: Any, bad: np.ndarray
         padded[:rows, :cols] = sev
         sev = padded.reshape(padded.shape[0] // block, block, -1, block).max(axis=(1, 3))
     side = max(1, min(16, MAX_PIXELS // max(sev.shape)))
-    rgb = np.repeat(np.repeat(_colours(sev), side, axis=0), side, axis=1)
+    rgb = np.repeat(np.repeat(colours(sev), side, axis=0), side, axis=1)
     if side >= 3:  # lines on the elements' first pixel row / column
         tm, _, tn = problem.tiling or (0, 0, 0)
         row_groups, col_groups = _boundaries(problem, rows, cols)
@@ -111,9 +115,15 @@ def image(out: Any, reference: gmm_ref.Reference, numerics: Any, bad: np.ndarray
     return rgb
 
 
-def save(out: Any, reference: gmm_ref.Reference, numerics: Any, bad: np.ndarray) -> Path:
-    """Write :func:`image` as a PNG into the reproducers' directory (``gmm_ref.repro.repro_directory``); its path."""
-    data = png(image(out, reference, numerics, bad))
+def write(rgb: np.ndarray) -> Path:
+    """Write the image ``rgb`` as a PNG into the reproducers' directory (``gmm_ref.repro.repro_directory``), named
+    by its contents; its path."""
+    data = png(rgb)
     path = repro_directory() / f"failure-{hashlib.sha256(data).hexdigest()[:12]}.png"
     path.write_bytes(data)
     return path
+
+
+def save(out: Any, reference: gmm_ref.Reference, numerics: Any, bad: np.ndarray) -> Path:
+    """Write :func:`image` as a PNG (:func:`write`); its path."""
+    return write(image(out, reference, numerics, bad))

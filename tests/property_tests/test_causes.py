@@ -124,6 +124,48 @@ def test_a_declared_layout_refuses_the_problems_outside_it():
     assert Scope(contiguous=("lhs",)).refusal(p) is None
 
 
+def test_a_transposed_layout_or_a_misaligned_operand_is_a_trait_a_declaration_scopes_out():
+    from gmm_kernels import resolve_kernel
+    from tests.corpus import declared_layouts as dl
+
+    rng = np.random.default_rng(0)
+    odd = gmm_ref.Problem("ragged_m", rng.standard_normal((4, 3)).astype("float32"),
+                          rng.standard_normal((2, 8, 3)).astype("float32"), [2, 2], rhs_transposed=True,
+                          convention="ragged_dot_general")
+    assert {"layout:rhsT", "unaligned:lhs", "unaligned:rhs"} <= causes.traits(odd)  # rows of K = 3 float32
+    even = causes.traits(odd.replace(lhs=np.zeros((4, 4), "float32"), rhs=np.zeros((2, 8, 4), "float32")))
+    assert "layout:rhsT" in even and not {"unaligned:lhs", "unaligned:rhs"} & even
+    evidence = {"raised:x": {causes.TOTAL: 9, "layout:rhsT": 9, "unaligned:lhs": 9}}
+    general = resolve_kernel(dl.ragged_dot_general_no_transposed_rhs, convention="ragged_dot_general")
+    assert causes.declarations(general, evidence) == {
+        "layout:rhsT": ["layouts plain,lhsT", "layouts=('plain', 'lhsT')"],
+        "unaligned:lhs": ["alignment lhs=16", "alignment={'lhs': 16}"]}
+    # what the kernel already declares stays declared
+    scoped = resolve_kernel(dl.ragged_dot_general_no_transposed_rhs, convention="ragged_dot_general",
+                            scope=Scope(layouts=("plain", "rhsT", "lhsT"), alignment={"rhs": 32}))
+    assert causes.declarations(scoped, evidence) == {
+        "layout:rhsT": ["layouts plain,lhsT", "layouts=('plain', 'lhsT')"],
+        "unaligned:lhs": ["alignment lhs=16,rhs=32", "alignment={'lhs': 16, 'rhs': 32}"]}
+    # a convention with no layout but the transposed one has none to offer
+    only = resolve_kernel(dl.ragged_dot_general_no_transposed_rhs, convention="ragged_dot_general",
+                          scope=Scope(layouts=("rhsT",)))
+    assert "layout:rhsT" not in causes.declarations(only, evidence)
+
+
+def test_the_main_job_takes_the_layout_and_alignment_declarations():
+    pytest.importorskip("jax")
+    from property_tests.cli.main import main
+
+    argv = ["check", "--in-process", "--kernel", "tests.corpus.declared_layouts:ragged_dot_general_no_transposed_rhs",
+            "--convention", "ragged_dot_general", "--modes", "exact", "--no-goldens", "--families", "ragged_k"]
+    assert main(argv) == 1
+    assert main([*argv, "--layouts", "plain,lhsT"]) == 0
+    rows = ["check", "--in-process", "--kernel", "tests.corpus.declared_layouts:ragged_dot_lhs_rows_of_16_bytes",
+            "--convention", "ragged_dot", "--modes", "exact", "--no-goldens"]
+    assert main(rows) == 1
+    assert main([*rows, "--alignment", "lhs=16"]) == 0
+
+
 def test_the_main_job_lists_the_causes_in_its_text_and_json(capsys, tmp_path):
     pytest.importorskip("torch")
     from property_tests.cli.main import main
@@ -278,6 +320,155 @@ def test_a_picture_of_a_nan_is_purple_and_an_undefined_element_gray():
     assert at(0, 0) == (128, 0, 170) and at(1, 1)[2] < 60 and at(1, 1)[0] >= 140
     assert at(2, 2) == (255, 255, 255)
     assert at(3, 0) == (225, 225, 225) if not ref.mask[3, 0] else True  # the row past the groups: undefined
+
+
+# ------------------------------------------------------------------ a routed kernel's picture
+def _local_slots_loop(A, B, topk_ids, expert_map):
+    """Each slot's float32 product with its local expert (a zero row for another rank's): ``[T, top_k, N]``."""
+    import torch
+
+    t, top_k = topk_ids.shape
+    out = torch.zeros((t, top_k, B.shape[1]), dtype=torch.float32)
+    for i in range(t):
+        for j in range(top_k):
+            e = int(topk_ids[i, j]) if expert_map is None else int(expert_map[int(topk_ids[i, j])])
+            if e >= 0:
+                out[i, j] = B[e].float() @ A[i].float()
+    return out
+
+
+def moe_slots_later_slots_off(A, B, topk_ids, topk_weights, mul_routed_weight, expert_map=None):
+    """torch.moe_slots, right for every token's first slot and the first token, off by one elsewhere."""
+    out = _local_slots_loop(A, B, topk_ids, expert_map)
+    if mul_routed_weight:
+        out = out * topk_weights.float()[:, :, None]
+    out[1:, 1:] += 1
+    return out.to(A.dtype)
+
+
+def moe_experts_later_tokens_off(hidden_states, weight, topk_ids, topk_weights, expert_map=None):
+    """torch.moe_experts, right for the first token and every token's first column, off by one elsewhere."""
+    out = (_local_slots_loop(hidden_states, weight, topk_ids, expert_map) * topk_weights.float()[:, :, None]).sum(1)
+    out[1:, 1:] += 1
+    return out.to(hidden_states.dtype)
+
+
+def _routed_grid(routing, output, bad):
+    """The picture's grid of elements (routed_picture's layout): the wrong ones, and each slot band's (row, first
+    column, local expert)."""
+    t, top_k, n = routing.num_tokens, routing.top_k, bad.shape[-1]
+    local = routing.local_ids
+    if output == "slots":  # a block of N columns per slot, a gap column between two
+        grid = np.zeros((t, top_k * (n + 1) - 1), bool)
+        for j in range(top_k):
+            grid[:, j * (n + 1):j * (n + 1) + n] = bad[:, j]
+        return grid, [(i, j * (n + 1), int(local[i, j])) for i in range(t) for j in range(top_k)]
+    grid = np.zeros((t, top_k + 1 + n), bool)  # a square per slot, a gap column, the combined row
+    grid[:, top_k + 1:] = bad
+    return grid, [(i, j, int(local[i, j])) for i in range(t) for j in range(top_k)]
+
+
+@pytest.mark.parametrize(("kernel", "convention", "output"),
+                         [(moe_slots_later_slots_off, "torch.moe_slots", "slots"),
+                          (moe_experts_later_tokens_off, "torch.moe_experts", "combined")])
+def test_a_routed_wrong_output_gets_a_picture_red_exactly_on_its_wrong_slots(kernel, convention, output, tmp_path,
+                                                                            monkeypatch):
+    pytest.importorskip("torch")
+    from property_tests.checks import picture, routed_picture
+
+    monkeypatch.setenv("GMM_REPRO_DIR", str(tmp_path))
+    report = check_kernel(kernel, convention=convention, modes=["normal"], raise_on_failure=False)
+    (result,) = report.results
+    assert result.status is Status.FAILED, result.line()
+    note = next(n for n in result.error.__notes__ if n.startswith(picture.NOTE))
+    path = note.rsplit(": ", 1)[-1]
+    assert path.startswith(str(tmp_path)) and report.causes[0]["picture"] == path, (note, report.causes)
+    assert routed_picture.words(output) in note, note
+    routing = causes.failures.recipe_problem(result.error, None)
+    bad = result.error.comparison.bad
+    assert bad.any() and not bad.all(), bad  # the first token is right: the picture must tell them apart
+    grid, bands = _routed_grid(routing, output, bad)
+    side = min(16, picture.MAX_PIXELS // max(grid.shape))
+    assert side >= 3, grid.shape
+    _, _, pixels = _decoded(path)
+    wrong = (pixels[..., 2] == 0) | (pixels == (128, 0, 170)).all(axis=-1)  # the error scale's colours, NaN purple
+    at = np.repeat(np.repeat(grid, side, axis=0), side, axis=1)
+    centres = wrong[side // 2::side, side // 2::side][:grid.shape[0], :grid.shape[1]]
+    assert np.array_equal(centres, grid), (np.argwhere(centres != grid), bad)  # every wrong element drawn wrong
+    assert wrong.sum() == wrong[:at.shape[0], :at.shape[1]][at].sum()  # and nothing else
+    tint, shade = routed_picture.palette(routing.num_local_experts)
+    for row, col, local in bands:  # each slot band outlined in its expert's shade, its right elements tinted
+        corner, centre = pixels[row * side, col * side], pixels[row * side + side // 2, col * side + side // 2]
+        assert tuple(corner) == (tuple(shade[local]) if local >= 0 else (150, 150, 150)), (row, col, local)
+        if local >= 0 and not grid[row, col]:
+            assert tuple(centre) == tuple(tint[local]), (row, col, local)
+
+
+def test_a_routed_kernels_passing_run_writes_no_picture(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from tests.corpus.moe_slots import moe_slots
+
+    monkeypatch.setenv("GMM_REPRO_DIR", str(tmp_path))
+    report = check_kernel(moe_slots, convention="torch.moe_slots", modes=["normal"], raise_on_failure=False)
+    assert report.ok, [r.line() for r in report]
+    assert not list(tmp_path.glob("*.png"))
+
+
+def _routed_example(foreign="undefined"):
+    rng = np.random.default_rng(0)
+    return gmm_ref.Routing(tokens=rng.standard_normal((5, 4)).astype(np.float32),
+                           experts=rng.standard_normal((4, 3, 4)).astype(np.float32),
+                           topk_ids=np.array([[0, 3], [1, 3], [3, 2], [6, 0], [5, 4]]),
+                           expert_map=np.array([0, 1, 2, 3, -1, -1, -1, -1]), foreign=foreign)
+
+
+def test_a_routed_mismatch_carries_its_output_and_wrong_elements_and_its_picture_marks_them():
+    from property_tests.checks import routed_picture
+
+    r = _routed_example()
+    ref = gmm_ref.routed_reference(r)
+    out = np.array(ref.slots, np.float32)
+    out[:, 1] += 1  # slot 1 of every token: wrong where it is local, undefined on another rank
+    out[0, 0, 0] = np.nan
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        gmm_ref.assert_routed_matches(out, ref)
+    want = np.zeros(out.shape, bool)
+    want[:, 1] = r.local_ids[:, 1, None] >= 0
+    want[0, 0, 0] = True
+    assert info.value.output is not None and np.array_equal(info.value.output, out, equal_nan=True)
+    assert np.array_equal(info.value.comparison.bad, want)
+    img = routed_picture.image(out, ref, None, want)
+    side = 16
+    at = lambda t, j, n: tuple(img[t * side + side // 2, (j * 4 + n) * side + side // 2])  # noqa: E731
+    tint, shade = routed_picture.palette(4)
+    assert at(0, 0, 0) == (128, 0, 170)  # NaN purple
+    assert at(0, 1, 0)[2] == 0 and at(2, 1, 2)[2] == 0  # wrong: the error scale
+    assert at(0, 0, 1) == tuple(tint[0]) and at(2, 0, 0) == tuple(tint[3])  # right: its expert's tint
+    assert at(4, 1, 0) == (225, 225, 225)  # another rank's slot, undefined: gray
+    assert tuple(img[2 * side, 4 * side]) == tuple(shade[2])  # the band of token 2's slot 1 (expert 2) outlined
+    legend = img[-side // 2]
+    swatches = {tuple(c) for c in legend if tuple(c) != (255, 255, 255)}
+    assert swatches == {tuple(s) for s in shade}  # one swatch per local expert
+
+
+def test_a_routed_gradient_of_the_experts_is_a_block_per_expert():
+    from property_tests.checks import routed_picture
+
+    r = _routed_example(foreign="zero")
+    rng = np.random.default_rng(1)
+    b = gmm_ref.RoutedBackward.of(r, rng.standard_normal((5, 2, 3)).astype(np.float32))
+    g = gmm_ref.routed_gradients(b)
+    out = np.array(g.experts, np.float32)
+    out[1] += 1  # expert 1's [N, K] block
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        gmm_ref.assert_routed_matches(out, g, output="d_experts")
+    bad = info.value.comparison.bad
+    img = routed_picture.image(out, g, None, bad, "d_experts")
+    side = min(16, 1024 // 12)  # 4 experts x 3 rows, 4 columns
+    wrong = img[side // 2:12 * side:side, side // 2:4 * side:side, 2] == 0
+    assert np.array_equal(wrong, bad.reshape(12, 4)) and wrong[3:6].all() and not wrong[:3].any()
+    _, shade = routed_picture.palette(4)
+    assert tuple(img[3 * side, 0]) == tuple(shade[1])  # expert 1's block outlined in its shade
 
 
 def test_a_fresh_process_first_call_is_not_blamed_for_jaxs_own_start(tmp_path):
