@@ -29,7 +29,7 @@ from gmm_kernels.sandbox import device as devices
 from property_tests.checks import causes, cell_order, engine, failures, scale, tiers
 from property_tests.checks import example_db as example_dbs
 from property_tests.checks.explain import explain
-from property_tests.checks.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, mode_routings
+from property_tests.checks.modes import ALL_MODES, MODES, Mode, Unsupported, mode_covering, mode_of, routed_plan
 from property_tests.checks.profiles import DEFAULT as DEFAULT_PROFILE
 from property_tests.checks.profiles import PROFILES, pinned_constants
 from property_tests.checks.profiles import profile as profile_settings
@@ -38,9 +38,6 @@ from property_tests.checks.tally import Tally
 from property_tests.checks.tiers import Tier, budgets, cell_settings, chosen, run_setting
 from property_tests.strategies.design import observe
 from property_tests.strategies.problems import Covering, replay_refusal, replays
-
-#: where a failure was found: its cell's place in the order ``_run_property`` runs them
-_POSITION = "_gmm_position"
 
 __all__ = ["MODE_RESULTS", "ModeResults", "check_example", "check_kernel", "check_mode", "cotangent_for", "coverage"]
 
@@ -239,7 +236,7 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
                   tier: Tier | None = None, evidence: causes.Evidence | None = None, start: int = 0) -> Tally:
     """Run the mode's property over every cell of its covering design (``tier``'s examples a cell, in its order),
     from its ``start``-th cell in that order; ``evidence`` counts what each example did.
-    Raises the (shrunk) failure of the first failing cell (its place in the order as ``_POSITION``), or
+    Raises the (shrunk) failure of the first failing cell (its place in the order as ``failures.POSITION``), or
     :class:`failures.Repeated` when examples raised only an exception ``run`` already reported for the kernel, or
     :class:`Unsupported`."""
     __tracebackhide__ = True
@@ -278,10 +275,10 @@ def _run_property(adapter: KernelAdapter, mode: Mode, family: str | None, max_ex
             raise Unsupported(f"no {mode.name} problems in {adapter.convention}: {exc}") from None
         except Exception as exc:
             with contextlib.suppress(AttributeError):
-                setattr(exc, _POSITION, position)
+                setattr(exc, failures.POSITION, position)
             raise
     tally.conclude(adapter, "problem")
-    tally.summary = tally.pairs(cov)
+    tally.summary = tally.pairs(cov.designs)
     return tally
 
 
@@ -331,8 +328,9 @@ def check_mode(adapter: KernelAdapter, mode: Mode | str, *, family: str | None =
         # cause, looked past now, would pass and be dropped from it
         db = database if start is None else None
         if adapter.routed:  # a routed MoE kernel: routings drawn, not grouped problems
-            return run_routed(adapter, mode, mode_routings(adapter, mode), Tally(evidence), max_examples, profile, seed,
-                              database=db, run=run, tier=plan)
+            return run_routed(adapter, mode, *routed_plan(adapter, mode),
+                              Tally(evidence), max_examples, profile, seed, database=db, run=run, tier=plan,
+                              start=start or 0)
         return _run_property(adapter, mode, family, max_examples, profile, seed, database=db, run=run,
                              tier=plan, evidence=evidence, start=start or 0)
 
@@ -377,7 +375,7 @@ def _every_cause(adapter: KernelAdapter, mode: Mode, search: Callable[[causes.Ev
                 failures.finish(other, adapter, mode.name)
                 run.record_raised(adapter, other, where)
                 extra.append(causes.cause_of(other, where))
-            position = getattr(caught, _POSITION, None)
+            position = getattr(caught, failures.POSITION, None)
             if (result.status is Status.FAILED and causes.goes_on(result.error)  # type: ignore[arg-type]
                     and position is not None and len(found) < causes.MAX_CAUSES):
                 for exc in (result.error, *others):
@@ -417,14 +415,15 @@ def coverage(adapter: KernelAdapter, mode: Mode | str, *, family: str | None = N
     t0 = time.perf_counter()
     common = dict(kernel=adapter.name, check=mode.name, family=family,
                   setting=run_setting(profile, seed, max_examples))
-    if adapter.routed:
-        return Result(status=Status.UNSUPPORTED, detail="routed: no covering design of routed relations yet (the "
-                      "routings are drawn in one cell)", **common)
     if mode.cells:  # fixed problems, one per cell (checks.scale, checks.large): nothing drawn
         return Result(status=Status.UNSUPPORTED, detail=f"the {mode.name} mode draws no examples (one fixed problem "
                       "per cell, built for the kernel)", **common)
     try:
-        tally = _run_property(adapter, mode, family, max_examples, profile, seed, dry=True)
+        if adapter.routed:
+            tally = run_routed(adapter, mode, *routed_plan(adapter, mode),
+                               Tally(), max_examples, profile, seed, dry=True)
+        else:
+            tally = _run_property(adapter, mode, family, max_examples, profile, seed, dry=True)
     except Unsupported as exc:
         return Result(status=Status.UNSUPPORTED, detail=str(exc), seconds=time.perf_counter() - t0, **common)
     status = Status.PASSED if not tally.summary[1] else Status.FAILED

@@ -30,10 +30,11 @@ from property_tests.checks import large, large_strided, real_k
 from property_tests.checks.declared import Unsupported, problem_options, routing_options
 from property_tests.strategies.cotangents import routed_backwards
 from property_tests.strategies.problems import Covering, covering, problems
-from property_tests.strategies.routing import routed_replays, routings
+from property_tests.strategies.routed_design import RoutedCell, RoutedDesign
+from property_tests.strategies.routing import routed_covering, routed_replays, routings
 
 __all__ = ["ALL_MODES", "MODES", "OPT_IN_MODES", "Mode", "Unsupported", "mode_arguments", "mode_covering",
-           "mode_routings", "mode_strategy"]
+           "mode_routed_design", "mode_routings", "mode_strategy", "routed_plan"]
 
 
 #: strategy options that change the values drawn, not the shapes: modes differing only in these share compiled shapes
@@ -317,14 +318,27 @@ def mode_arguments(adapter: KernelAdapter, mode: Mode | str, family: str | None 
     return dict(convention=adapter.convention, **kwargs)
 
 
-def mode_routings(adapter: KernelAdapter, mode: Mode | str) -> st.SearchStrategy:
+def mode_routed_design(adapter: KernelAdapter) -> RoutedDesign:
+    """The covering design of routed relations of a routed kernel's routings (``gst.routed_covering``; one for
+    every mode: the modes differ in values, not in relations)."""
+    return routed_covering(**routing_options(adapter))
+
+
+def routed_plan(adapter: KernelAdapter, mode: Mode | str
+                ) -> tuple[RoutedDesign, Callable[[RoutedCell], st.SearchStrategy]]:
+    """A routed kernel's run of ``mode``: its design (:func:`mode_routed_design`) and each cell's routings."""
+    return mode_routed_design(adapter), lambda cell: mode_routings(adapter, mode, cell)
+
+
+def mode_routings(adapter: KernelAdapter, mode: Mode | str, cell: RoutedCell | None = None) -> st.SearchStrategy:
     """The routings (``gst.routings``) ``mode`` draws for a routed kernel, within its convention and declared
-    limits (a backward kernel's: their backward, ``gst.routed_backwards``, with the existing experts' gradient its
-    convention adds into); :class:`Unsupported` naming why where the mode does not apply to a routed kernel."""
+    limits, in one ``cell`` of :func:`mode_routed_design` (None: any); a backward kernel's: their backward
+    (``gst.routed_backwards``, with the existing experts' gradient its convention adds into). :class:`Unsupported`
+    naming why where the mode does not apply to a routed kernel."""
     mode = mode_of(mode)
     if mode.routed_values is None:
         raise Unsupported(mode.routed_why)
-    drawn = routings(values=mode.routed_values, **routing_options(adapter))
+    drawn = routings(values=mode.routed_values, cell=cell, **routing_options(adapter))
     conv = adapter.convention_facts
     if mode.replays > 1:  # one shape, new routings in turn (the graph mode)
         if conv.backward:

@@ -1,12 +1,14 @@
 """A routed MoE kernel's checks: routings drawn by ``property_tests.strategies.routing`` within its convention and
 declared limits, each judged against the routed reference (the token, slot and expert of the first wrong element
-named). ``check_mode`` runs a routed kernel's drawn modes here, in one cell of routings each; the ``scale`` cells
-judge through :func:`check_routed` too.
+named). ``check_mode`` runs a routed kernel's drawn modes here, over the cells of its covering design of routed
+relations (``property_tests.strategies.routed_design``); the ``scale`` cells judge through :func:`check_routed` too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import zlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,7 +18,7 @@ from hypothesis.database import ExampleDatabase
 
 import gmm_ref
 from gmm_kernels import KernelAdapter
-from gmm_kernels.sandbox import tamper
+from gmm_kernels.sandbox import cuda_graph, device, host, routed_graph, tamper
 from gmm_ref.routed.compare import routed_element
 from property_tests.checks import failures
 from property_tests.checks.profiles import pinned_constants
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from property_tests.checks.modes import Mode
     from property_tests.checks.tally import Tally
     from property_tests.checks.tiers import Tier
+    from property_tests.strategies.routed_design import RoutedCell, RoutedDesign
 
 __all__ = ["check_routed", "run_routed"]
 
@@ -68,7 +71,9 @@ def check_routed(adapter: KernelAdapter, routing: gmm_ref.Routing, mode: Mode) -
 
 def check_calls(adapter: KernelAdapter, calls: tuple[gmm_ref.Routing, ...], mode: Mode) -> None:
     """:func:`check_routed` of each routing in turn on the same kernel; a failure of a later one names the call and
-    the routings before it (its reproducer makes those calls first)."""
+    the routings before it (its reproducer makes those calls first). On a CUDA device, a torch kernel's calls again
+    as replays of one captured CUDA graph (``gmm_kernels.sandbox.routed_graph``); ``cuda_graph.NotCapturable``
+    where the call cannot be captured."""
     __tracebackhide__ = True
     for i, routing in enumerate(calls):
         try:
@@ -84,20 +89,46 @@ def check_calls(adapter: KernelAdapter, calls: tuple[gmm_ref.Routing, ...], mode
                 if isinstance(exc, gmm_ref.Mismatch):  # the one line names the call
                     exc.args = (f"call {i + 1} of one routing shape: {exc.args[0]}", *exc.args[1:])
             raise
+    if len(calls) > 1 and adapter.convention_facts.framework == "torch" and device.on_cuda():
+        if host.hosted(adapter):  # a capture here would record none of the kernel's work: it runs elsewhere
+            raise cuda_graph.NotCapturable("runs in a process of its own, where its CUDA graph capture is not made "
+                                           "(its eager calls passed; --in-process captures it)")
+
+        def attach(exc: BaseException, replay: int) -> None:
+            routing = calls[replay - 1]
+            failures.attach(exc, problem=routing, numerics=adapter.numerics_for(routing))
+            failures.extend_recipe(exc, before_routings=calls[:replay - 1])
+
+        routed_graph.check_routed_replays(adapter, calls, capture=cuda_graph.cuda_capture, on_failure=attach)
 
 
-def run_routed(adapter: KernelAdapter, mode: Mode, strategy: SearchStrategy[gmm_ref.Routing], tally: Tally,
-               max_examples: int | None, profile: str | None, seed: int | None = None,
-               database: ExampleDatabase | None = None, run: failures.CheckRun | None = None,
-               tier: Tier | None = None) -> Tally:
-    """Run ``mode``'s property on a routed kernel: routings of ``strategy`` (``modes.mode_routings``: drawn by
-    ``gst.routings`` within its convention and declared limits), each checked by :func:`check_routed` and counted in
-    ``tally``. One cell (no covering design of routed relations yet)."""
+def _budgets(adapter: KernelAdapter, max_examples: int | None, profile: str | None, cells: int,
+             tier: Tier | None) -> list[int]:
+    """Routings per cell: a tier's ``per_cell``, else the profile's spread as the grouped cells' are; an explicit
+    limit (``max_examples``, or the kernel's own cap) below two a cell gives every cell one while it lasts, then
+    none (a cell's first routing, its simplest, still shows the cell's relations)."""
+    limits = [x for x in (max_examples, adapter.max_examples) if x is not None]
+    if not limits or min(limits) >= 2 * cells or (tier is not None and tier.per_cell is not None):
+        return budgets(max_examples, profile, adapter.max_examples, cells, tier.per_cell if tier else None)
+    n = min(limits)
+    return [n // cells + (i < n % cells) for i in range(min(n, cells))]
+
+
+def run_routed(adapter: KernelAdapter, mode: Mode, design: RoutedDesign,
+               strategy_of: Callable[[RoutedCell], SearchStrategy], tally: Tally, max_examples: int | None,
+               profile: str | None, seed: int | None = None, database: ExampleDatabase | None = None,
+               run: failures.CheckRun | None = None, tier: Tier | None = None, dry: bool = False,
+               start: int = 0) -> Tally:
+    """Run ``mode``'s property on a routed kernel over the cells of ``design``, its covering design of routed
+    relations (from the ``start``-th cell on), each cell's routings from ``strategy_of(cell)`` (within its
+    convention and declared limits), each routing checked by :func:`check_routed` (``dry``: drawn and counted, no
+    kernel called) and counted in ``tally`` with the relations it showed. A failure names its cell's place
+    (``failures.POSITION``): the search for another cause goes on from there."""
     __tracebackhide__ = True
-    tally.cells = (1, 1)
     run = run if run is not None else failures.CheckRun()
-    quick = tier is not None and tier.routed_examples is not None and max_examples is None  # gmm-quick's examples
-    n = budgets(tier.routed_examples if quick else max_examples, profile, adapter.max_examples, 1)[0]  # type: ignore
+    per_cell = _budgets(adapter, max_examples, profile, len(design.cells), tier)
+    tally.cells = (len(per_cell), len(design.cells))
+    block = adapter.convention_facts.block_size
 
     def check(drawn: gmm_ref.Routing | tuple[gmm_ref.Routing, ...]) -> None:
         __tracebackhide__ = True
@@ -107,7 +138,11 @@ def run_routed(adapter: KernelAdapter, mode: Mode, strategy: SearchStrategy[gmm_
             tally.declined.append(reason)
             return
         try:
-            check_calls(adapter, calls, mode)
+            if not dry:
+                check_calls(adapter, calls, mode)
+        except cuda_graph.NotCapturable as exc:  # a refusal: its eager calls passed
+            tally.declined.append(f"{adapter.name} {exc}")
+            return
         except Exception as exc:
             where = run.seen_before(adapter, exc)
             if where is None:
@@ -118,20 +153,29 @@ def run_routed(adapter: KernelAdapter, mode: Mode, strategy: SearchStrategy[gmm_
             tally.repeated.append((where, exc))
             tally.evidence.add(calls[0], exc)
             return
-        tally.checked += 1
+        tally.count_routed(calls, block)
         tally.evidence.add(calls[0])
 
     def routed(routing: gmm_ref.Routing) -> None:
         check(routing)
 
-    prop = given(routing=strategy)(routed)
-    cell = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} routed"
-    if seed is not None or profile_settings(profile).derandomize:
-        prop = cell_settings(profile, n, True, database, cell)(hypothesis_seed(zlib.crc32(cell.encode()) ^ (seed or 0))(
-            prop))
-    else:
-        prop = cell_settings(profile, n, False, database, cell)(prop)
-    with pinned_constants():
-        prop()
+    for i, (cell, n) in enumerate(zip(design.cells, per_cell, strict=False)):
+        if i < start:
+            continue
+        prop = given(routing=strategy_of(cell))(routed)
+        name = f"gmm-harness {adapter.name} {adapter.convention} {mode.name} routed {cell.describe()}"
+        if seed is not None or profile_settings(profile).derandomize:
+            cell_seed = zlib.crc32(f"routed {cell.describe()}".encode()) ^ (seed or 0) ^ i
+            prop = cell_settings(profile, n, True, database, name)(hypothesis_seed(cell_seed)(prop))
+        else:
+            prop = cell_settings(profile, n, False, database, name)(prop)
+        try:
+            with pinned_constants():
+                prop()
+        except Exception as exc:
+            with contextlib.suppress(AttributeError):
+                setattr(exc, failures.POSITION, i)
+            raise
     tally.conclude(adapter, "routing")
+    tally.summary = tally.pairs({"routed": design})
     return tally

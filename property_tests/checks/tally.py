@@ -16,7 +16,7 @@ from property_tests.checks import failures
 from property_tests.checks.causes import Evidence
 from property_tests.checks.declared import Unsupported
 from property_tests.strategies.design import pairs_of
-from property_tests.strategies.problems import Covering
+from property_tests.strategies.routed_design import observe_routing
 
 __all__ = ["Tally"]
 
@@ -41,6 +41,15 @@ class Tally:
         self.coverage.update(relations)
         self.reached.update((problem.family, p) for p in pairs_of(seen))
 
+    def count_routed(self, calls: tuple[gmm_ref.Routing, ...], block: int) -> None:
+        """One routed example checked (``calls``: the routings of one shape called in turn), with the routed
+        relations each showed (``property_tests.strategies.routed_design``)."""
+        self.checked += 1
+        for r in calls:
+            seen = observe_routing(r, block)
+            self.coverage.update(f"{f}={v}" for f, vs in seen.items() for v in vs)
+            self.reached.update(("routed", p) for p in pairs_of(seen))
+
     def conclude(self, adapter: KernelAdapter, what: str) -> None:
         """After a mode's examples (``what``: problem, routing): :class:`failures.Repeated` if examples raised an
         exception another check reported, :class:`Unsupported` if the kernel declined every one."""
@@ -59,8 +68,9 @@ class Tally:
         return dict(examples=self.checked, coverage=tuple(sorted(self.coverage.items())), cells=self.cells,
                     pairs=self.summary[0], missing=self.summary[1])
 
-    def pairs(self, cov: Covering) -> tuple[tuple[int, int], tuple[str, ...]]:
-        """(pairs reached, pairs in the designs) and the missing ones, described."""
-        wanted = {(fam, p) for fam, d in cov.designs.items() for p in d.pairs}
+    def pairs(self, designs: dict[str, Any]) -> tuple[tuple[int, int], tuple[str, ...]]:
+        """(pairs reached, pairs in the ``designs`` (by family; a grouped ``Covering.designs``, or a routed
+        design)) and the missing ones, described."""
+        wanted = {(fam, p) for fam, d in designs.items() for p in d.pairs}
         missing = sorted(f"{fam}: " + " & ".join(f"{f}={v}" for f, v in sorted(p)) for fam, p in wanted - self.reached)
         return (len(wanted & self.reached), len(wanted)), tuple(missing)

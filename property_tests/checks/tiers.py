@@ -8,8 +8,8 @@ take one by name:
 - ``gmm-quick`` (pull requests): every cell of every mode's covering design once, one example each (so every
   static signature is compiled once and every pair of relations is still reached), the cells in
   :data:`property_tests.checks.cell_order.RELATION_WEIGHTS` order (the relations whose cells caught the most of the
-  project's broken kernels first), the ``scale`` cells as always (one fixed problem each), derandomized; a
-  routed kernel (one cell, no design yet) gets :data:`QUICK_ROUTED_EXAMPLES` routings a mode;
+  project's broken kernels first), the ``scale`` cells as always (one fixed problem each), derandomized (a routed
+  kernel's cells of routed relations likewise, in their design's order);
 - ``gmm-ci`` (the default): the profile's 50 examples spread over the cells, at least two a
   cell, derandomized;
 - ``gmm-nightly``: ``gmm-ci``'s run (the same verdict first), then a time budget of rounds of new examples
@@ -42,7 +42,6 @@ from property_tests.checks.profiles import profile as profile_settings
 
 __all__ = [
     "DEFAULT",
-    "QUICK_ROUTED_EXAMPLES",
     "ROUND_SEED_STEP",
     "ROUTED_INTERPRETED_EXAMPLES",
     "SAME_EVERY_RUN",
@@ -63,8 +62,6 @@ __all__ = [
 
 #: a round's seeds: round r of a run whose rounds start from seed S checks its cells under S + r * ROUND_SEED_STEP
 ROUND_SEED_STEP = 1_000_003
-#: routings a mode of a routed kernel gets under gmm-quick (no covering design of routed relations yet)
-QUICK_ROUTED_EXAMPLES = 10
 
 
 @dataclass(frozen=True)
@@ -73,7 +70,7 @@ class Tier:
 
     - ``profile``: the Hypothesis profile its kernel checks run under (their first round);
     - ``per_cell``: examples per cell of the covering design (None: the profile's ``max_examples`` spread over
-      the cells, at least two a cell); ``routed_examples``: a routed kernel's per mode (None: the profile's);
+      the cells, at least two a cell);
     - ``ordered_cells``: the cells in ``property_tests.checks.cell_order`` order (else the design's);
     - ``opt_in``: the opt-in modes it adds to the default ones;
     - ``budget``: seconds per kernel of rounds of new examples after its run (None: none);
@@ -85,7 +82,6 @@ class Tier:
     doc: str
     profile: str
     per_cell: int | None = None
-    routed_examples: int | None = None
     ordered_cells: bool = False
     opt_in: tuple[str, ...] = ()
     budget: float | None = None
@@ -117,7 +113,7 @@ class Tier:
 
 TIERS: dict[str, Tier] = {t.name: t for t in (
     Tier("gmm-quick", "pull requests: every cell once, the cells most likely to fail first", "gmm-quick",
-         per_cell=1, routed_examples=QUICK_ROUTED_EXAMPLES, ordered_cells=True),
+         per_cell=1, ordered_cells=True),
     Tier("gmm-ci", "the main job and CI: the derandomized gmm-ci profile, at least two examples a cell", "gmm-ci"),
     Tier("gmm-nightly", "nightly: gmm-ci, then a time budget of new examples, the large mode, an example database",
          "gmm-ci", opt_in=("large",), budget=5 * 60, dated_rounds=True, example_db=True),
@@ -246,9 +242,9 @@ def run_setting(profile: str | None, seed: int | None, max_examples: int | None 
 
 
 #: examples a mode of a routed MoE kernel that runs interpreted here gets in the default run (every kernel at once):
-#: a routing costs it tens of milliseconds to seconds (one interpreted program per live block), so the profile's 50
-#: would add about a minute per kernel; named (``--kernel``), it gets the profile's
-ROUTED_INTERPRETED_EXAMPLES = 10
+#: one routing a cell of its covering design of routed relations (at most 23 cells), where a routing costs tens of
+#: milliseconds to seconds (one interpreted program per live block); named (``--kernel``), it gets the profile's
+ROUTED_INTERPRETED_EXAMPLES = 24
 
 
 def examples_in_default_run(kernel: KernelAdapter, max_examples: int | None) -> int | None:

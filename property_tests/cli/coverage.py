@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gmm_kernels import FunctionAdapter, KernelAdapter, Result, Status, resolve_kernels
+from gmm_kernels import KernelAdapter, Result, Status, resolve_kernels, wrap
 from gmm_kernels.sandbox import device
 from gmm_ref import conventions
 from property_tests.checks.check import coverage
-from property_tests.checks.modes import MODES, Unsupported, mode_covering
+from property_tests.checks.modes import MODES, Unsupported, mode_covering, mode_routed_design
 from property_tests.checks.profiles import DEFAULT
 from property_tests.cli.options import add_device_option, modes_option
 
@@ -45,14 +45,11 @@ def add_parser(sub: Any) -> None:
 
 
 def _targets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[KernelAdapter]:
-    names = args.convention or ([] if args.kernel else conventions.names())
+    names = args.convention or ([] if args.kernel else [*conventions.names(), *conventions.routed_names()])
     targets: list[KernelAdapter] = []
     for name in names:
-        if name in conventions.routed_names():
-            parser.error(f"--convention: {name} is a routed MoE convention: no covering design of routed relations "
-                         "yet (its routings are drawn in one cell; docs/routed.md)")
-        try:
-            targets.append(FunctionAdapter(_never_called, name, name=f"<{conventions.get(name).name} kernel>"))
+        try:  # a routed convention's: its covering design of routed relations (docs/coverage.md)
+            targets.append(wrap(_never_called, name, name=f"<{conventions.get(name).name} kernel>"))
         except (KeyError, ValueError, TypeError) as exc:
             parser.error(f"--convention: {exc}")
     try:
@@ -65,11 +62,11 @@ def _targets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[
 def _inexpressible(target: KernelAdapter, modes: list[str]) -> list[str]:
     seen: dict[str, str] = {}
     for mode in modes:
-        try:
-            cov = mode_covering(target, mode)
+        try:  # a routed kernel's design is one for every mode
+            designs = {"routed": mode_routed_design(target)} if target.routed else mode_covering(target, mode).designs
         except (Unsupported, Exception):  # noqa: BLE001 - the table already says why the mode is n/a
             continue
-        for family, d in cov.designs.items():
+        for family, d in designs.items():
             for what, why in d.inexpressible:
                 seen.setdefault(f"{family}: {what}", why)
     return [f"  {what}: {why}" for what, why in sorted(seen.items())]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,10 +32,11 @@ import gmm_ref
 from gmm_ref import dtypes as _dt
 from gmm_ref.routed.routing import EXPERT_LAYOUTS, ID_DTYPES, WEIGHT_DTYPES, peaked_weights
 from property_tests.strategies._common import BOOLEANS, SEEDS, check_bool, check_int, integers, resolve, sampled
+from property_tests.strategies.routed_design import RoutedCell, RoutedDesign, cell_ids, expert_map, pick, routed_design
 from property_tests.strategies.values import VALUE_KINDS, fill, poison
 
-__all__ = ["EP_KINDS", "ID_PATTERNS", "RoutedStatic", "routed_buckets", "routed_replays", "routings", "topk_ids",
-           "topk_weights"]
+__all__ = ["EP_KINDS", "ID_PATTERNS", "RoutedStatic", "routed_buckets", "routed_covering", "routed_replays",
+           "routings", "topk_ids", "topk_weights"]
 
 #: how the tokens choose their experts (shrinks towards the first): a few experts (the others get no slot),
 #: every token on one expert, any expert, the last experts (ids past 256 and 512 where there are that many),
@@ -253,16 +255,6 @@ def _free_tokens(max_tokens: int, block_size: int) -> SearchStrategy[int]:
                      integers(0, max_tokens))
 
 
-def _pick(rng: np.random.Generator, t: int, top_k: int, cands: np.ndarray, distinct: bool) -> np.ndarray:
-    """``[t, top_k]`` experts chosen among ``cands`` (each token's distinct when ``distinct``)."""
-    if not distinct:
-        return cands[rng.integers(0, len(cands), size=(t, top_k))]
-    if t * len(cands) > 1 << 20:  # many tokens and experts: one choice per token, not a [t, E] sort
-        return np.array([rng.choice(cands, top_k, replace=False) for _ in range(t)], np.int64).reshape(t, top_k)
-    order = np.argsort(rng.random((t, len(cands))), axis=1)[:, :top_k]
-    return cands[order]
-
-
 def draw_ids(draw: Any, t: int, num_experts: int, top_k: int, distinct: bool, block_size: int,
              pattern: str | None = None) -> np.ndarray:
     """``[t, top_k]`` int64 expert ids of ``pattern`` (:data:`ID_PATTERNS`; drawn when None)."""
@@ -278,11 +270,11 @@ def draw_ids(draw: Any, t: int, num_experts: int, top_k: int, distinct: bool, bl
     if pattern == "few":
         cands = np.sort(rng.permutation(e)[:c]) if draw(BOOLEANS) else np.arange(c)
     if pattern in ("few", "last"):
-        return _pick(rng, t, top_k, cands, distinct)
+        return pick(rng, t, top_k, cands, distinct)
     if pattern == "under_block":  # slot i to the (i + offset)-th expert of a permutation: at most ceil(t*k/e)
         perm = rng.permutation(e)
         return perm[(np.arange(t * top_k) + int(rng.integers(0, e))) % e].reshape(t, top_k)
-    ids = _pick(rng, t, top_k, np.arange(e), distinct)
+    ids = pick(rng, t, top_k, np.arange(e), distinct)
     if pattern == "one_expert":  # every token lists expert x (in any slot; in every slot when repeats may be)
         x = draw(st.one_of(integers(0, e - 1), st.just(e - 1)))
         if not distinct and draw(BOOLEANS):
@@ -393,37 +385,26 @@ def _exact(rng: np.random.Generator, shape: tuple[int, ...], s: RoutedStatic) ->
     return rng.integers(-a, a + 1, size=shape, dtype=np.int8).astype(s.in_dtype)
 
 
-def _expert_map(draw: Any, rng: np.random.Generator, s: RoutedStatic) -> np.ndarray | None:
-    """global -> local: a contiguous range of experts (vLLM's linear placement), a scattered subset in order,
-    or a scattered subset in any order; all -1 for a rank without local experts."""
-    if s.ep == "off":
-        return None
-    e, local = s.num_experts, s.num_local
-    emap = np.full(e, -1, np.int64)
-    how = draw(sampled(("range", "scattered", "permuted")))
-    if how == "range":
-        start = draw(integers(0, e - local))
-        emap[start:start + local] = np.arange(local)
-    else:
-        chosen = np.sort(rng.permutation(e)[:local])
-        emap[chosen] = np.arange(local) if how == "scattered" else rng.permutation(local)
-    return emap.astype(s.id_dtype)
-
-
 def _build(draw: Any, cfg: RoutedConfig, s: RoutedStatic, kinds: tuple[str, ...], foreigns: tuple[str, ...],
-           max_tokens: Any) -> gmm_ref.Routing:
-    if s.tokens is not None:
+           max_tokens: Any, cell: RoutedCell | None = None) -> gmm_ref.Routing:
+    emap: np.ndarray | None = None
+    if cell is not None:
+        ids, emap = cell_ids(draw, cfg, cell)
+        t = len(ids)
+    elif s.tokens is not None:
         t = s.tokens
     elif isinstance(max_tokens, SearchStrategy):
         t = check_int("num_tokens", draw(max_tokens), minimum=0, maximum=MAX_TOKENS)
     else:
         t = draw(_free_tokens(max_tokens, cfg.block_size))
-    ids = draw_ids(draw, t, s.num_experts, s.top_k, cfg.distinct, cfg.block_size)
+    if cell is None:
+        ids = draw_ids(draw, t, s.num_experts, s.top_k, cfg.distinct, cfg.block_size)
     kind = draw(sampled(kinds))
     foreign = draw(sampled(foreigns))
     seed = draw(SEEDS)
     rng = np.random.default_rng(seed)
-    emap = _expert_map(draw, rng, s)
+    if cell is None:
+        emap = expert_map(draw, rng, s)
     value_kind = "normal" if kind == "poisoned" else kind
     e_shape = (s.num_local, s.n, s.k) if s.layout == "enk" else (s.num_local, s.k, s.n)
     if value_kind == "exact":
@@ -434,7 +415,8 @@ def _build(draw: Any, cfg: RoutedConfig, s: RoutedStatic, kinds: tuple[str, ...]
     weights = weights_of(rng, (t, s.top_k), s.weight_dtype, "exact" if value_kind == "exact" else "normal")
     if s.top_k > 1 and s.mul_routed_weight and t and draw(st.booleans()):  # a peaked router (drawn last)
         ids = ids.copy()
-        peak(np.random.default_rng((seed, 1)), weights, ids, not cfg.distinct, s.out_dtype)
+        # repeats (half the tokens on one expert) only outside a cell: they would change the cell's load
+        peak(np.random.default_rng((seed, 1)), weights, ids, not cfg.distinct and cell is None, s.out_dtype)
     if kind == "poisoned":  # NaN / Inf wherever no local slot reads
         local = (emap.astype(np.int64)[ids] if emap is not None else ids) >= 0
         poison(rng, tokens, np.broadcast_to(~local.any(axis=1)[:, None], tokens.shape))
@@ -464,6 +446,7 @@ def routings(
     values: str | Sequence[str] = VALUE_KINDS,
     foreign: str | Sequence[str] = ("zero", "undefined"),
     max_buckets: int | None = 8,
+    cell: RoutedCell | None = None,
 ) -> SearchStrategy[gmm_ref.Routing]:
     """:class:`gmm_ref.Routing` instances drawn where fused-MoE kernels break (module docstring).
 
@@ -486,6 +469,9 @@ def routings(
     twice (vLLM's contract); False: repeats are drawn. ``block_size``: the alignment's block (BLOCK_SIZE_M) the
     ``"under_block"`` pattern and the token counts are drawn around.
 
+    ``cell``: one cell of :func:`routed_covering` of the same arguments: its bucket, token counts and routed
+    relations fixed (``property_tests.strategies.routed_design``), the rest free.
+
     Arguments are checked when the strategy is built: ``InvalidArgument`` names the argument. Shrinks towards
     the simplest bucket (smallest ``top_k``, fewest experts, no expert parallelism, smallest shape), few
     tokens, few experts and exact values.
@@ -498,12 +484,37 @@ def routings(
         "max_tokens", max_tokens, minimum=0, maximum=MAX_TOKENS)
     bucket_strategy = sampled(routed_buckets(cfg)) if cfg.max_buckets is not None else None
 
+    if cell is not None and cell.static not in routed_buckets(cfg):
+        raise InvalidArgument(f"cell={cell.describe()!r} is not a cell of routed_covering() of these arguments")
+
     @st.composite
     def _draw(draw: Any) -> gmm_ref.Routing:
+        if cell is not None:
+            return _build(draw, cfg, cell.static, kinds, foreigns, free_t, cell)
         s = draw(bucket_strategy) if bucket_strategy is not None else _draw_free_static(draw, cfg)
         return _build(draw, cfg, s, kinds, foreigns, free_t)
 
     return _draw()
+
+
+def routed_covering(**kwargs: Any) -> RoutedDesign:
+    """The covering design of routed relations of ``routings(**kwargs)`` (``values`` and ``foreign`` aside):
+    cells that together reach every pair the configuration can show (``property_tests.strategies.routed_design``);
+    draw each with ``routings(cell=cell, **kwargs)``. ``T`` must be static or free below ``max_tokens``, and the
+    signatures bucketed (``max_buckets`` not None)."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("values", "foreign", "cell")}
+    params = inspect.signature(routings).parameters
+    unknown = set(kwargs) - set(params)
+    if unknown:
+        raise InvalidArgument(f"routed_covering(): unknown arguments {sorted(unknown)}; it takes routings()'s")
+    full = {k: p.default for k, p in params.items() if k not in ("values", "foreign", "cell")} | kwargs
+    max_tokens = full.pop("max_tokens")
+    if isinstance(full["num_tokens"], SearchStrategy) or full["max_buckets"] is None:
+        raise InvalidArgument("routed_covering() needs num_tokens as ints or None and max_buckets not None: its "
+                              "cells fix the signature and the token count")
+    cfg = _config(**full)
+    tokens = tuple(range(check_int("max_tokens", max_tokens, minimum=0, maximum=MAX_TOKENS) + 1))
+    return routed_design(routed_buckets(cfg), tokens, cfg.distinct, cfg.block_size)
 
 
 def routed_replays(strategy: SearchStrategy[gmm_ref.Routing], n: int, *, distinct_experts: bool = True,

@@ -205,7 +205,8 @@ def test_the_strategies_draw_peaked_routers_that_expose_a_bf16_combine():
 
 BUGS = {
     "bf16_sum": ("normal", "differs from the routed reference's combined output"),
-    "lost_updates": ("exact", "is the only one in the sum"),
+    # one slot of a token kept, the others lost: named as the one kept (top_k > 2) or the one missing
+    "lost_updates": ("exact", ("is the only one in the sum", "is missing from the sum (dropped, or overwritten")),
     "unsorted_weights": ("wide", "instead of its own"),
     "foreign_computed": ("exact", "computed anyway, with local expert 0"),
 }
@@ -216,7 +217,7 @@ def test_broken_twins_are_rejected_naming_token_slot_and_expert(bug):
     mode, words = BUGS[bug]
     with pytest.raises(gmm_ref.Mismatch, match=SLOT) as info:
         check_kernel(Broken(bug), modes=[mode], profile="gmm-ci")
-    assert words in str(info.value)
+    assert any(w in str(info.value) for w in ((words,) if isinstance(words, str) else words)), str(info.value)
     assert "Routing: T=" in "\n".join(getattr(info.value, "__notes__", []))
 
 
