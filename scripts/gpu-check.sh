@@ -40,7 +40,8 @@ if [ "${GMM_GPU_TESTS:-1}" != 0 ]; then
         export PYTEST_PLUGINS=property_tests.plugin
     fi
     "$PY" -m pytest -q -p no:cacheprovider tests/gmm_kernels/test_device.py \
-        tests/gmm_kernels/test_cuda_graph.py tests/property_tests/test_graph_mode.py
+        tests/gmm_kernels/test_cuda_graph.py tests/gmm_kernels/test_routed_cuda_graph.py \
+        tests/property_tests/test_graph_mode.py
     tests=$?
     [ "$status" = 0 ] && status=$tests
 fi
