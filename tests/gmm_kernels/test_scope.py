@@ -396,25 +396,20 @@ def test_a_kernel_refusing_a_transposed_rhs_fails_undeclared_and_passes_declared
     assert scoped.ok, [r.line() for r in scoped]
 
 
-def test_a_kernel_refusing_misaligned_rows_fails_undeclared_and_passes_declared():
-    pytest.importorskip("jax")
+@pytest.mark.parametrize(("framework", "broken", "convention", "words", "declared", "modes"), [
+    ("jax", "ragged_dot_lhs_rows_of_16_bytes", "ragged_dot", "lhs rows must span a multiple of 16 bytes",
+     "ragged_dot_alignment_declared", ["exact", "normal", "many_groups"]),
+    ("torch", "grouped_mm_strides_of_32_bytes", "torch.grouped_mm", "strides must be multiples of 32 bytes",
+     "grouped_mm_alignment_declared", ["exact", "normal", "strided"]),
+])
+def test_a_kernel_refusing_misaligned_operands_fails_undeclared_and_passes_declared(framework, broken, convention,
+                                                                                     words, declared, modes):
+    pytest.importorskip(framework)
     from tests.corpus import declared_layouts as dl
 
-    (failed,) = check_kernel(dl.ragged_dot_lhs_rows_of_16_bytes, convention="ragged_dot", modes=["exact"],
-                             raise_on_failure=False)
-    assert failed.status is Status.FAILED and "lhs rows must span a multiple of 16 bytes" in failed.detail
-    report = check_kernel(dl.ragged_dot_alignment_declared, modes=["exact", "normal", "many_groups"])
-    assert report.ok and all(r.examples > 0 for r in report), [r.line() for r in report]
-
-
-def test_a_kernel_refusing_misaligned_strides_fails_undeclared_and_passes_declared():
-    pytest.importorskip("torch")
-    from tests.corpus import declared_layouts as dl
-
-    (failed,) = check_kernel(dl.grouped_mm_strides_of_32_bytes, convention="torch.grouped_mm", modes=["exact"],
-                             raise_on_failure=False)
-    assert failed.status is Status.FAILED and "strides must be multiples of 32 bytes" in failed.detail
-    report = check_kernel(dl.grouped_mm_alignment_declared, modes=["exact", "normal", "strided"])
+    (failed,) = check_kernel(getattr(dl, broken), convention=convention, modes=["exact"], raise_on_failure=False)
+    assert failed.status is Status.FAILED and words in failed.detail
+    report = check_kernel(getattr(dl, declared), modes=modes)
     assert report.ok and all(r.examples > 0 for r in report), [r.line() for r in report]
 
 
