@@ -152,13 +152,14 @@ def install(saved: dict[str, Any]) -> None:
     def width(ptrs: Any) -> int:
         return int(np.dtype(ti._get_np_dtype(ptrs.get_element_ty())).itemsize)
 
-    def masked_load(self: Any, ptrs: Any, mask: Any, other: Any, *rest: Any) -> Any:
+    # keywords pass through: the interpreter's own callers (a tensor descriptor's load) name some of them
+    def masked_load(self: Any, ptrs: Any, mask: Any, other: Any, *rest: Any, **kw: Any) -> Any:
         _checked(np, "load", ptrs.data, mask.data, width(ptrs))
-        return load(self, ptrs, mask, other, *rest)
+        return load(self, ptrs, mask, other, *rest, **kw)
 
-    def masked_store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
+    def masked_store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any, **kw: Any) -> Any:
         _checked(np, "store", ptrs.data, mask.data, width(ptrs))
-        return store(self, ptrs, value, mask, *rest)
+        return store(self, ptrs, value, mask, *rest, **kw)
 
     def launch(self: Any, *args: Any, **kwargs: Any) -> Any:
         _LAUNCHES.append(_spans(self.fn, args, kwargs))

@@ -239,6 +239,45 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 '''
 
 
+TENSOR_DESCRIPTORS = '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy(x, y, m, n, BM: tl.constexpr, BN: tl.constexpr):
+    dx = tl.make_tensor_descriptor(x, shape=[m, n], strides=[n, 1], block_shape=[BM, BN])
+    dy = tl.make_tensor_descriptor(y, shape=[m, n], strides=[n, 1], block_shape=[BM, BN])
+    pid = tl.program_id(0)
+    for j in range(0, n, BN):
+        dy.store([pid * BM, j], dx.load([pid * BM, j]))
+
+
+def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """torch._grouped_mm of mat_a copied through tensor descriptors (where they take it: 16-byte rows)."""
+    a = mat_a.contiguous()
+    if a.dim() == 2 and a.numel() and (a.shape[1] * a.element_size()) % 16 == 0:
+        copy = torch.empty_like(a)
+        _copy[(triton.cdiv(a.shape[0], 8),)](a, copy, a.shape[0], a.shape[1], BM=8, BN=8)
+        a = copy
+    return torch._grouped_mm(a, mat_b, offs=offs, out_dtype=out_dtype)
+'''
+
+
+def test_a_kernel_with_tensor_descriptors_runs_with_its_accesses_checked(tmp_path, monkeypatch):
+    """A descriptor's load and store reach the checked accesses with keyword arguments (the interpreter's own call)."""
+    from gmm_kernels import Scope
+
+    (tmp_path / "td_kernel.py").write_text(TENSOR_DESCRIPTORS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    scope = Scope(zero_extents=("m",), dtypes=["float32->float32", "bfloat16->bfloat16"], families=["ragged_m"])
+    report = check_kernel("td_kernel:grouped_mm", convention="torch.grouped_mm", modes=["exact"], max_examples=6,
+                          scope=scope, raise_on_failure=False)
+    assert report.ok, report.summary()
+    assert all(r.examples > 0 for r in report), report.summary()
+
+
 @pytest.mark.parametrize("in_process", [True, False])
 def test_a_kernel_with_block_pointers_is_refused_by_name_where_triton_removed_them(tmp_path, monkeypatch, in_process):
     import triton.language as tl
