@@ -31,7 +31,7 @@ from gmm_ref import FAMILIES, Numerics, Problem
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import has_tail
 from gmm_ref.dtypes import as_dtype
-from gmm_ref.layouts import LAYOUT_NAMES, layout_name, misalignment, stored_geometry
+from gmm_ref.layouts import LAYOUT_NAMES, layout_name, misalignment, named, stored_geometry
 from gmm_ref.problem import STORAGES
 from gmm_ref.scaled.quantizers import quantizer_from_json, quantizer_to_json
 
@@ -269,7 +269,7 @@ class Scope:
 
     def layouts_in(self, convention: Convention, family: str) -> tuple[tuple[bool, bool, bool], ...]:
         """``convention``'s layouts of ``family`` that the scope takes."""
-        return tuple(x for x in convention.layouts_of(family) if self.layouts is None or layout_name(x) in self.layouts)
+        return named(convention.layouts_of(family), self.layouts)
 
     def takes(self, in_dtype: Any, out_dtype: Any) -> bool:
         """Whether the scope takes inputs of ``in_dtype`` giving ``out_dtype``."""

@@ -22,7 +22,7 @@ from gmm_ref.families import DIMS
 from gmm_ref.problem import Problem
 
 __all__ = ["LAYOUT_NAMES", "SLICE_PAD_BYTES", "Block", "aligned_multiples", "blocks", "dequantized", "layout_name",
-           "misalignment", "stored", "stored_geometry"]
+           "misalignment", "named", "stored", "stored_geometry"]
 
 #: how much wider than the operand's rows a slice's buffer rows are (:func:`stored`)
 SLICE_PAD_BYTES = 16
@@ -33,6 +33,12 @@ def layout_name(layout: tuple[bool, bool, bool]) -> str:
     lt, rt, packed = layout
     parts = [p for p, on in (("lhsT", lt), ("rhsT", rt), ("packed", packed)) if on]
     return "+".join(parts) or "plain"
+
+
+def named(layouts: tuple[tuple[bool, bool, bool], ...], names: tuple[str, ...] | None
+          ) -> tuple[tuple[bool, bool, bool], ...]:
+    """Those of ``layouts`` whose :func:`layout_name` is one of ``names`` (None: all of them), in their order."""
+    return tuple(x for x in layouts if names is None or layout_name(x) in names)
 
 
 #: every layout's name, in the conventions' order (plain, rhsT, lhsT, lhsT+rhsT, then packed ones)

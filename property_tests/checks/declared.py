@@ -19,7 +19,7 @@ import gmm_ref
 from gmm_kernels import KernelAdapter
 from gmm_kernels.scope import Limits
 from gmm_ref import families
-from gmm_ref.layouts import aligned_multiples, layout_name
+from gmm_ref.layouts import aligned_multiples, named
 from property_tests.strategies.values import scaled_problem
 
 __all__ = ["Unsupported", "axis_multiple", "both_quantized", "built_problem", "declared_pairs", "exact_pair",
@@ -125,8 +125,7 @@ def first_layout(adapter: KernelAdapter, family: str) -> tuple[bool, bool, bool]
     """The first of ``family``'s layouts in ``adapter``'s convention that it takes: the one the problems built for
     it (``built_problem``, ``checks.large_strided``) are stored in."""
     layouts = adapter.convention_facts.layouts_of(family)
-    taken = adapter.limits().layouts
-    return next((x for x in layouts if taken is None or layout_name(x) in taken), layouts[0])
+    return (named(layouts, adapter.limits().layouts) or layouts)[0]
 
 
 def both_quantized(adapter: KernelAdapter, family: str) -> list[tuple[Any, Any]] | None:

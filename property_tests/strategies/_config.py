@@ -14,7 +14,7 @@ from gmm_ref import dtypes as _dt
 from gmm_ref import families as family_records
 from gmm_ref.conventions import Convention
 from gmm_ref.conventions.base import TRANSPOSES, packed_layouts
-from gmm_ref.layouts import LAYOUT_NAMES, layout_name
+from gmm_ref.layouts import LAYOUT_NAMES, named
 from gmm_ref.problem import RAGGED_FAMILIES, STORAGES
 from property_tests.strategies._common import (
     MAX_EXTENT,
@@ -234,7 +234,7 @@ def _layouts(value: Any, rules: Convention, convention: str | None, fams: tuple[
     names = (value,) if isinstance(value, str) else tuple(value)
     if not names or any(n not in LAYOUT_NAMES for n in names):
         raise InvalidArgument(f"layouts={value!r}, but it must be a non-empty sequence of {LAYOUT_NAMES}")
-    kept = tuple(f for f in fams if any(layout_name(x) in names for x in rules.layouts_of(f)))
+    kept = tuple(f for f in fams if named(rules.layouts_of(f), names))
     if not kept:
         raise InvalidArgument(f"layouts={value!r}, but convention={convention!r} takes none of them in "
                               f"families={fams!r}")

@@ -15,7 +15,7 @@ from hypothesis.strategies import SearchStrategy
 
 from gmm_ref import families
 from gmm_ref.conventions import Convention
-from gmm_ref.layouts import aligned_multiples, layout_name, misalignment, stored_geometry
+from gmm_ref.layouts import aligned_multiples, misalignment, named, stored_geometry
 from gmm_ref.problem import STORAGES
 from property_tests.strategies._common import BOOLEANS, Extents, cached_extents, extent_candidates, integers, sampled
 
@@ -94,7 +94,7 @@ def axis_multiple(cfg: Config, axis: str, family: str, in_dtype: Any,
 
 def layouts_of(cfg: Config, family: str) -> tuple[tuple[bool, bool, bool], ...]:
     """The layouts of ``family`` drawn: the convention's, narrowed to those asked for."""
-    return tuple(x for x in cfg.rules.layouts_of(family) if cfg.layouts is None or layout_name(x) in cfg.layouts)
+    return named(cfg.rules.layouts_of(family), cfg.layouts)
 
 
 def storage_refusal(cfg: Config, operand: str, kind: str, rows: int, in_dtype: Any) -> str | None:
