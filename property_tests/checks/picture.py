@@ -22,7 +22,7 @@ import numpy as np
 import gmm_ref
 from gmm_ref.repro import repro_directory
 
-__all__ = ["MAX_PIXELS", "NOTE", "colours", "image", "png", "save", "severity", "write"]
+__all__ = ["MAX_PIXELS", "NOTE", "colours", "enlarged", "image", "png", "save", "severity", "worst", "write"]
 
 #: the largest side of a picture, in pixels (a larger output is shown a block of elements a pixel)
 MAX_PIXELS = 1024
@@ -77,6 +77,21 @@ def colours(sev: np.ndarray) -> np.ndarray:
     return rgb
 
 
+def worst(sev: np.ndarray, block: int) -> np.ndarray:
+    """``sev`` (a 2-D :func:`severity` grid) with each ``block`` x ``block`` of elements one: its worst (the edges
+    padded as undefined)."""
+    if block == 1:
+        return sev
+    pads = ((0, -sev.shape[0] % block), (0, -sev.shape[1] % block))
+    padded = np.pad(sev, pads, constant_values=-2.0)
+    return padded.reshape(padded.shape[0] // block, block, -1, block).max(axis=(1, 3))
+
+
+def enlarged(x: np.ndarray, side: int) -> np.ndarray:
+    """``x`` with each element a ``side`` x ``side`` square of pixels."""
+    return np.repeat(np.repeat(x, side, axis=0), side, axis=1)
+
+
 def _boundaries(problem: gmm_ref.Problem, rows: int, cols: int) -> tuple[set[int], set[int]]:
     """The grid's rows and columns where a group starts (the output's ragged axis, or each group's block)."""
     facts = problem.family_facts
@@ -97,12 +112,9 @@ def image(out: Any, reference: gmm_ref.Reference, numerics: Any, bad: np.ndarray
                          np.asarray(reference.bound(numerics)), np.asarray(bad)))
     rows, cols = sev.shape
     block = max(1, -(-max(rows, cols) // MAX_PIXELS))  # elements a pixel side, where there are too many
-    if block > 1:  # each pixel the worst of its block
-        padded = np.full((-(-rows // block) * block, -(-cols // block) * block), -2.0)
-        padded[:rows, :cols] = sev
-        sev = padded.reshape(padded.shape[0] // block, block, -1, block).max(axis=(1, 3))
+    sev = worst(sev, block)  # each pixel the worst of its block
     side = max(1, min(16, MAX_PIXELS // max(sev.shape)))
-    rgb = np.repeat(np.repeat(colours(sev), side, axis=0), side, axis=1)
+    rgb = enlarged(colours(sev), side)
     if side >= 3:  # lines on the elements' first pixel row / column
         tm, _, tn = problem.tiling or (0, 0, 0)
         row_groups, col_groups = _boundaries(problem, rows, cols)

@@ -93,16 +93,13 @@ def _reduced(panel: tuple[np.ndarray, np.ndarray, np.ndarray], block: int
         return panel
     pads = ((0, -sev.shape[0] % block), (0, -sev.shape[1] % block))
 
-    def blocks(x: np.ndarray) -> np.ndarray:
-        return x.reshape(x.shape[0] // block, block, x.shape[1] // block, block)
-
-    worst = blocks(np.pad(sev, pads, constant_values=-2.0)).max(axis=(1, 3))
-    out = [worst]
-    for x, none in ((owner, _NONE), (band, -1)):
-        b = blocks(np.pad(x, pads, mode="edge"))
+    def shared(x: np.ndarray, none: int) -> np.ndarray:
+        b = np.pad(x, pads, mode="edge")
+        b = b.reshape(b.shape[0] // block, block, b.shape[1] // block, block)
         lo, hi = b.min(axis=(1, 3)), b.max(axis=(1, 3))
-        out.append(np.where(lo == hi, lo, none))
-    return out[0], out[1], out[2]
+        return np.where(lo == hi, lo, none)
+
+    return picture.worst(sev, block), shared(owner, _NONE), shared(band, -1)
 
 
 def _assembled(panels: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,16 +123,13 @@ def _outline(rgb: np.ndarray, owner: np.ndarray, band: np.ndarray, side: int, sh
     edges = [inside & (around[:-2, 1:-1] != band), inside & (around[2:, 1:-1] != band),
              inside & (around[1:-1, :-2] != band), inside & (around[1:-1, 2:] != band)]
 
-    def up(x: np.ndarray) -> np.ndarray:
-        return np.repeat(np.repeat(x, side, axis=0), side, axis=1)
-
     width = max(1, side // 6)  # thick enough to tell the hue of a band whose every element is wrong
     py, px = np.arange(rgb.shape[0]) % side, np.arange(rgb.shape[1]) % side
     at = [(py < width)[:, None], (py >= side - width)[:, None], (px < width)[None, :], (px >= side - width)[None, :]]
     edge = np.zeros(rgb.shape[:2], bool)
     for e, where in zip(edges, at, strict=True):
-        edge |= up(e) & where
-    rgb[edge] = up(colour)[edge]
+        edge |= picture.enlarged(e, side) & where
+    rgb[edge] = picture.enlarged(colour, side)[edge]
 
 
 def _with_legend(rgb: np.ndarray, shade: np.ndarray, side: int) -> np.ndarray:
@@ -169,7 +163,7 @@ def image(out: Any, ref: Any, numerics: Any, bad: np.ndarray, output: str = "slo
     rgb = picture.colours(sev)
     right = (sev == -1.0) & (owner >= 0)
     rgb[right] = tint[owner[right]]
-    rgb = np.repeat(np.repeat(rgb, side, axis=0), side, axis=1)
+    rgb = picture.enlarged(rgb, side)
     if side >= 3:  # room for a band's outline around its elements' insides
         _outline(rgb, owner, band, side, shade)
     return _with_legend(rgb, shade, side)
