@@ -38,7 +38,7 @@ from gmm_kernels.sandbox import convert, device, inputs
 from gmm_ref import Mismatch, Problem, assert_matches_reference
 from gmm_ref.dtypes import as_numpy
 
-__all__ = ["NotCapturable", "buffers", "check_replays", "cuda_capture", "judge_replay", "refill"]
+__all__ = ["NotCapturable", "buffers", "check_replays", "cuda_capture", "judge_replay", "refill", "replay_each"]
 
 #: ``capture(call) -> (replay, output)``: ``call`` captured once; ``replay()`` runs it again on what its buffers
 #: then hold, returning None (the graph writes ``output``, a static tensor) or its own output (a stand-in)
@@ -131,32 +131,49 @@ def judge_replay(adapter: Any, out: Any, problem: Problem, captured: Problem, re
         raise
 
 
-def check_replays(adapter: Any, problems: tuple[Problem, ...], capture: Capture = cuda_capture,
-                  on_failure: OnFailure | None = None) -> None:
-    """Capture ``adapter``'s call on ``problems[0]``'s arguments (device tensors on the selected device), then for
-    each problem write its arguments into those buffers, replay and judge (:func:`judge_replay`). The kernel gets
-    tensors, which its adapter passes through (``gmm_kernels.sandbox.convert.to_torch``). ``capture``: how the call is
-    captured (:data:`Capture`; the CPU tests give a stand-in); ``on_failure``: see :data:`OnFailure`."""
+def replay_each(adapter: Any, hosts: list[tuple[tuple, dict]], judge: Callable[[np.ndarray, int], None],
+                capture: Capture, on_failure: Callable[[BaseException, int], None] | None, what: str,
+                found_by: str) -> None:
+    """Capture ``adapter``'s call on ``hosts[0]`` (its convention's arguments, NumPy) as device tensors on the
+    selected device, then for each host ``i`` write its arguments into those buffers, replay, and ``judge(output as
+    NumPy, i)``. :class:`NotCapturable` where some host's arguments do not fit the first one's buffers (``what``: the
+    replays' arguments, in words) or the capture fails; a replay's failure gets the note ``found_by`` and goes to
+    ``on_failure(exc, i)`` before it is raised. The kernel gets tensors, which its adapter passes through
+    (``gmm_kernels.sandbox.convert.to_torch``)."""
     __tracebackhide__ = True
     facts = adapter.convention_facts
-    hosts = [inputs.fresh(*facts.arguments(adapter._own(p))) for p in problems]
     static_args, static_kw = convert.to_framework("torch", *hosts[0])
+    try:  # every replay's arguments must fit the captured buffers
+        pairs = [buffers((static_args, static_kw), h) for h in hosts]
+    except ValueError as exc:
+        raise NotCapturable(f"cannot be replayed with {what}: {exc}") from exc
 
     def call() -> Any:
         out = adapter.invoke(*static_args, **static_kw)
         return facts.out_value(static_args, static_kw) if out is None and facts.out_argument is not None else out
 
     replay, out = capture(call)
-    for i, (problem, host) in enumerate(zip(problems, hosts, strict=True)):
+    for i, pair in enumerate(pairs):
         try:
-            refill(buffers((static_args, static_kw), host))
+            refill(pair)
             result = replay()
             device.synchronize()
-            got = as_numpy(out if result is None else result, name=f"output of {adapter.name}", strict=True)
-            judge_replay(adapter, got, problem, problems[0], i + 1)
+            judge(as_numpy(out if result is None else result, name=f"output of {adapter.name}", strict=True), i)
         except Exception as exc:
-            exc.add_note("found by replaying one captured CUDA graph (gmm_kernels.sandbox.cuda_graph.check_replays); a "
-                         "reproducer's eager calls may pass")
+            exc.add_note(found_by)
             if on_failure is not None:
-                on_failure(exc, problem, i + 1)
+                on_failure(exc, i)
             raise
+
+
+def check_replays(adapter: Any, problems: tuple[Problem, ...], capture: Capture = cuda_capture,
+                  on_failure: OnFailure | None = None) -> None:
+    """Capture ``adapter``'s call on ``problems[0]``'s arguments, then replay it with each problem's written into its
+    buffers and judge each (:func:`replay_each`, :func:`judge_replay`). ``capture``: how the call is captured
+    (:data:`Capture`; the CPU tests give a stand-in); ``on_failure``: see :data:`OnFailure`."""
+    __tracebackhide__ = True
+    hosts = [inputs.fresh(*adapter.convention_facts.arguments(adapter._own(p))) for p in problems]
+    replay_each(adapter, hosts, lambda got, i: judge_replay(adapter, got, problems[i], problems[0], i + 1), capture,
+                None if on_failure is None else lambda exc, i: on_failure(exc, problems[i], i + 1),
+                "other group sizes of one shape", "found by replaying one captured CUDA graph "
+                "(gmm_kernels.sandbox.cuda_graph.check_replays); a reproducer's eager calls may pass")

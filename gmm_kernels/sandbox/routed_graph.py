@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from gmm_kernels.sandbox import convert, cuda_graph, device, inputs
+from gmm_kernels.sandbox import cuda_graph, inputs
 from gmm_ref import Mismatch, assert_routed_matches
-from gmm_ref.dtypes import as_numpy
 
 __all__ = ["check_routed_replays", "judge_routed_replay"]
 
@@ -68,32 +67,16 @@ def judge_routed_replay(adapter: Any, out: np.ndarray, routing: Any, captured: A
 def check_routed_replays(adapter: Any, routings: tuple[Any, ...], capture: Any = None,
                          on_failure: OnFailure | None = None) -> None:
     """Capture ``adapter``'s call on ``routings[0]``'s arguments (device tensors), then for each routing write its
-    arguments into those buffers, replay and judge (:func:`judge_routed_replay`). ``capture``:
-    ``cuda_graph.cuda_capture`` (None) or a stand-in; ``on_failure``: see :data:`OnFailure`."""
+    arguments into those buffers, replay and judge (``cuda_graph.replay_each``, :func:`judge_routed_replay`).
+    ``capture``: ``cuda_graph.cuda_capture`` (None) or a stand-in; ``on_failure``: see :data:`OnFailure`."""
     __tracebackhide__ = True
     conv = adapter.convention_facts
     hosts = [inputs.fresh(*conv.arguments(r)) for r in routings]
-    static_args, static_kw = convert.to_framework("torch", *hosts[0])
-    try:  # every routing's arguments must fit the first one's buffers
-        pairs = [cuda_graph.buffers((static_args, static_kw), h) for h in hosts]
-    except ValueError as exc:
-        raise cuda_graph.NotCapturable(f"cannot be replayed with a new routing of one shape: {exc}") from exc
 
-    def call() -> Any:
-        out = adapter.invoke(*static_args, **static_kw)
-        return conv.out_value(static_args, static_kw) if out is None and conv.out_argument is not None else out
+    def judge(got: np.ndarray, i: int) -> None:
+        judge_routed_replay(adapter, conv.per_slot(got, *hosts[i]), routings[i], routings[0], i + 1)
 
-    replay, out = (capture or cuda_graph.cuda_capture)(call)
-    for i, (routing, host, pair) in enumerate(zip(routings, hosts, pairs, strict=True)):
-        try:
-            cuda_graph.refill(pair)
-            result = replay()
-            device.synchronize()
-            got = as_numpy(out if result is None else result, name=f"output of {adapter.name}", strict=True)
-            judge_routed_replay(adapter, conv.per_slot(got, *host), routing, routings[0], i + 1)
-        except Exception as exc:
-            exc.add_note("found by replaying one captured CUDA graph with each routing in turn "
-                         "(gmm_kernels.sandbox.routed_graph); a reproducer's eager calls may pass")
-            if on_failure is not None:
-                on_failure(exc, i + 1)
-            raise
+    cuda_graph.replay_each(adapter, hosts, judge, capture or cuda_graph.cuda_capture,
+                           None if on_failure is None else lambda exc, i: on_failure(exc, i + 1),
+                           "a new routing of one shape", "found by replaying one captured CUDA graph with each "
+                           "routing in turn (gmm_kernels.sandbox.routed_graph); a reproducer's eager calls may pass")
