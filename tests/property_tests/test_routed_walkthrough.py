@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.doc_steps import FENCE, doc_steps
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "routed.md"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 
 pytest.importorskip("torch")
 if not DOC.is_file():  # an installed package has no docs/: the walk-through is this repository's own test
@@ -41,19 +42,7 @@ REPORT = ("token 0, slot 0 (expert ", "my_moe:fused_moe differs from the routed 
 
 
 def _steps() -> tuple[dict[str, str], list[str]]:
-    files, commands = {}, []
-    for lang, body in FENCE.findall(DOC.read_text()):
-        if lang == "python":
-            first, _, rest = body.partition("\n")
-            assert first.startswith("# "), f"a python block in {DOC.name} must start with '# PATH': {first!r}"
-            assert first[2:].strip() not in files, f"{first[2:].strip()} written by two blocks"
-            files[first[2:].strip()] = rest
-        elif lang == "bash":
-            for line in body.splitlines():
-                line = line.split("  #")[0].strip()
-                if line and not line.startswith("#"):
-                    commands.append(line)
-    return files, commands
+    return doc_steps(DOC)
 
 
 def test_every_block_is_labelled_and_the_walkthrough_is_there():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -19,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.doc_steps import doc_steps
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "check-your-kernel.md"
-BLOCK = re.compile(r"```(python|bash)\n(.*?)```", re.S)
 
 pytest.importorskip("jax")
 if not DOC.is_file():  # an installed package has no docs/: the walk-through is this repository's own test
@@ -29,18 +29,7 @@ if not DOC.is_file():  # an installed package has no docs/: the walk-through is 
 
 
 def _steps() -> tuple[dict[str, str], list[str]]:
-    files, commands = {}, []
-    for lang, body in BLOCK.findall(DOC.read_text()):
-        if lang == "python":
-            first, _, rest = body.partition("\n")
-            assert first.startswith("# "), f"a python block in {DOC.name} must start with '# PATH': {first!r}"
-            files[first[2:].strip()] = rest
-        else:
-            for line in body.splitlines():
-                line = line.split("  #")[0].strip()
-                if line and not line.startswith("#") and not line.startswith("pip install"):
-                    commands.append(line)
-    return files, commands
+    return doc_steps(DOC)
 
 
 def test_the_walkthrough_has_what_the_issue_asks_for():
