@@ -64,6 +64,7 @@ __all__ = [
     "recipe_problem",
     "replayed",
     "signature",
+    "steadier",
 ]
 
 _RECIPE = "_gmm_recipe"
@@ -118,24 +119,43 @@ def is_flaky(exc: BaseException) -> bool:
     return isinstance(group, (list, tuple)) and any(is_flaky(e) for e in group if isinstance(e, BaseException))
 
 
-def check_again(exc: BaseException, *, flaky: bool, clock: Callable[[], float] = time.perf_counter) -> bool:
-    """Check the shrunk failure ``exc``'s example again (:data:`AGAIN_CALLS` calls, or fewer within
-    :data:`AGAIN_SECONDS`); if some pass, or Hypothesis saw it pass (``flaky``), mark ``exc`` intermittent with the
-    count and return True. A failure of one call compared with another (two runs that differ) is left alone, as are
-    a kernel that tampered with the harness and a failure with no example to check."""
+def _recheck(exc: BaseException, clock: Callable[[], float]) -> tuple[int, int] | None:
+    """(calls that failed, calls made) of ``exc``'s example checked again (:data:`AGAIN_CALLS` calls, or fewer
+    within :data:`AGAIN_SECONDS`); None for a failure with no example to check, a failure of one call compared
+    with another (two runs that differ) and a kernel that tampered with the harness."""
     again = getattr(exc, _AGAIN, None)
     if again is None or getattr(exc, "kind", None) in ("determinism", "tampered"):
-        return False
+        return None
     failed = made = 0
     start = clock()
     while made < AGAIN_CALLS and (made == 0 or clock() - start < AGAIN_SECONDS):
         made += 1
         try:
             again()
-        except Exception:  # noqa: BLE001 - any failure of the kernel counts, as it did the first time
-            failed += 1
-    if flaky:  # Hypothesis' own calls of the example: at least one failed and one passed
-        failed, made = failed + 1, made + 2
+        except Exception as other:  # noqa: BLE001 - any failure of the kernel counts, as it did the first time
+            # of the same call of the example: a later call's failure does not make the report's steady
+            mine, its = _calls_before(exc), _calls_before(other)
+            failed += mine is None or its is None or mine == its
+    return failed, made
+
+
+def _calls_before(exc: BaseException) -> int | None:
+    """How many calls of one shape came before ``exc``'s failing call in its example (None: not known)."""
+    made = recipe(exc)
+    if made is None:
+        return None
+    return len(made.get("before", ()) or made.get("before_routings", ()))
+
+
+def check_again(exc: BaseException, *, flaky: bool, clock: Callable[[], float] = time.perf_counter) -> bool:
+    """Check the shrunk failure ``exc``'s example again (:func:`_recheck`); if some calls pass, or Hypothesis saw
+    it pass (``flaky``), mark ``exc`` intermittent with the count and return True."""
+    counted = _recheck(exc, clock)
+    if counted is None:
+        return False
+    failed, made = counted
+    # Hypothesis' own calls of the example: its last one failed (the report's); with ``flaky``, one also passed
+    failed, made = failed + 1, made + (2 if flaky else 1)
     if failed == made:
         return False
     with contextlib.suppress(AttributeError):
@@ -145,6 +165,24 @@ def check_again(exc: BaseException, *, flaky: bool, clock: Callable[[], float] =
     note(exc, f"Intermittent: the same problem failed {failed} of {made} calls (the report is of one that failed); "
               "a race, uninitialized memory or state kept between calls? The reproducer calls it until it fails.")
     return True
+
+
+def steadier(shrunk: BaseException, first: BaseException | None,
+             clock: Callable[[], float] = time.perf_counter) -> BaseException | None:
+    """``first`` (the check's first failing example, before shrinking) if it fails every time it is checked
+    again while ``shrunk`` (intermittent) did not: state a kernel keeps across examples (a result kept by
+    addresses an allocator handed out again) can make Hypothesis shrink to an example that failed only once,
+    while the example it started from fails on every call. Else None."""
+    if first is None or first is shrunk or intermittent(shrunk) is None:
+        return None
+    counted = _recheck(first, clock)
+    if counted is None or counted[0] != counted[1]:
+        return None
+    failed, made = intermittent(shrunk)  # type: ignore[misc]
+    note(first, f"Hypothesis' smallest failing example failed {failed} of {made} calls when checked again (state "
+                f"the kernel kept from earlier examples?); this report is of the first failing example found, "
+                f"which failed all {counted[1]} calls made again.")
+    return first
 
 
 def poisoned_from(exc: BaseException, regions: list[str]) -> None:
@@ -348,6 +386,8 @@ class CheckRun:
         #: before Hypothesis shrinks it (default: :func:`log_found`)
         self.announce = announce if announce is not None else log_found
         self._found: set[tuple[str, str]] = set()
+        #: the first failing example of the search now running, before shrinking (:func:`steadier`)
+        self.first: BaseException | None = None
         #: the wrong outputs the check now running already reported, by kind: it goes on looking for another cause
         self._wrong: dict[str, str] = {}
 
@@ -356,7 +396,11 @@ class CheckRun:
         announce its first one, once a check and before shrinking (the report, shrunk, follows when the check
         ends). Hypothesis' own control flow (an ``assume``) is no failure, and a mode the kernel declares a known
         upstream bug in is no failure to announce (its verdict is the known bug)."""
-        if isinstance(exc, HypothesisException) or (adapter.name, where) in self._found:
+        if isinstance(exc, HypothesisException):
+            return
+        if self.first is None:
+            self.first = exc
+        if (adapter.name, where) in self._found:
             return
         with contextlib.suppress(Exception):
             if adapter.known_issue(mode):
@@ -380,6 +424,7 @@ class CheckRun:
     def check_ended(self) -> None:
         """The check now running ended: a wrong output is a failure again (another check's verdict is its own)."""
         self._wrong.clear()
+        self.first = None
 
     def seen_before(self, adapter: KernelAdapter, exc: BaseException) -> str | None:
         """If ``exc`` is an exception the kernel already raised in a check this run reported, or a wrong output of
@@ -396,9 +441,12 @@ def failed_result(adapter: KernelAdapter, mode: str, caught: BaseException, run:
     ``explain(adapter, failure, mode)`` adds what reruns of the example tell (``poison_source``)."""
     exc, distinct = primary(caught)
     known = adapter.known_issue(mode)
+    first, run.first = run.first, None  # the next search has a first failure of its own
     # the failing example checked again: one that also passes is intermittent, whatever Hypothesis saw
     flaky = not known and not isinstance(exc, Repeated) \
         and check_again(exc, flaky=is_flaky(caught))
+    if flaky and distinct == 1 and (steady := steadier(exc, first)) is not None:
+        exc, flaky = steady, False
     if explain is not None and not isinstance(exc, Repeated) and not flaky:
         with contextlib.suppress(Exception):  # an explanation never changes a verdict
             explain(adapter, exc, mode)

@@ -124,6 +124,11 @@ def wrong_when_racing(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 _BY_ADDRESS: dict = {}
 
 
+def forget_kept_results() -> None:
+    """Empty the results the address-keyed kernels kept: a test starts them as a fresh process would."""
+    _BY_ADDRESS.clear()
+
+
 def _address_key(mat_a, mat_b, offs, with_sizes):
     key = (mat_a.data_ptr(), mat_b.data_ptr(), tuple(mat_a.shape), tuple(mat_b.shape))
     if offs is not None:

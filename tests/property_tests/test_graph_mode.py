@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+import gmm_ref
 from gmm_kernels import Status, resolve_kernel
 from property_tests.checks import failures
-from property_tests.checks.check import check_mode
+from property_tests.checks.check import check_example, check_mode
 from property_tests.checks.modes import ALL_MODES, MODES, Mode
 from property_tests.strategies.problems import covering, replay_refusal, replays
 from tests.corpus import broken_kernels as bk
@@ -158,15 +159,26 @@ def test_a_serving_layout_replays_its_unscaled_problems():
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                     reason="torch is not installed: the cheating kernels are torch.grouped_mm kernels")
 def test_the_reproducer_of_a_result_kept_by_address_raises_the_report(tmp_path):
-    """The graph mode's calls reuse the first call's buffers; so do the reproducer's (``recycling``)."""
+    """The graph mode's calls reuse the first call's buffers; so do the reproducer's (``recycling``). One example
+    of fixed calls, not a search: the kernel keeps results across examples too, where an allocator handing an
+    address out again decides which call fails first."""
     from tests.corpus import cheating_kernels as ck
 
-    result = check_mode(resolve_kernel(ck.cached_by_address, convention="torch.grouped_mm"), "graph",
-                        profile="gmm-ci")
-    # (checked again in new buffers, some calls miss its cache: it may be INTERMITTENT)
-    assert result.status.failure, result
-    script = next(n for n in result.error.__notes__ if "```python" in n).split("```python")[1].split("```")[0]
+    rng = np.random.default_rng(0)
+    lhs, rhs = rng.standard_normal((12, 8)).astype(np.float32), rng.standard_normal((3, 8, 4)).astype(np.float32)
+    calls = tuple(gmm_ref.Problem("ragged_m", lhs, rhs, np.array(sizes, np.int32), out_dtype=np.float32)
+                  for sizes in ([4, 4, 4], [2, 7, 3], [12, 0, 0], [0, 5, 6]))
+    adapter = resolve_kernel(ck.cached_by_address, convention="torch.grouped_mm")
+    ck.forget_kept_results()  # a fresh process: its first call keeps nothing stale
+    with pytest.raises(gmm_ref.Mismatch) as info:
+        check_example(adapter, MODES["graph"], calls)
+    failures.finish(info.value, adapter, "graph")
+    assert "Call 2 (draw 1) of one shape, in the same buffers" in "\n".join(info.value.__notes__)
+    script = next(n for n in info.value.__notes__ if "```python" in n).split("```python")[1].split("```")[0]
     assert "with recycling():" in script
-    ck._BY_ADDRESS.clear()
+    ck.forget_kept_results()
     with pytest.raises(AssertionError, match="group"):
         exec(compile(script, str(tmp_path / "repro.py"), "exec"), {"__name__": "__main__"})
+    ck.forget_kept_results()
+    alone = script.replace("with recycling():", "if True:")  # fresh buffers each call: nothing kept shows
+    exec(compile(alone, str(tmp_path / "alone.py"), "exec"), {"__name__": "__main__"})

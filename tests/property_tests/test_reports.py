@@ -318,3 +318,72 @@ def test_the_tier_line_says_the_examples_a_run_asked_for():
     assert "the gmm-ci profile's 50 examples a mode" in tier_of("gmm-ci").describe()
     asked = tier_of("gmm-ci").describe(7)
     assert "at most 7 examples a mode (--max-examples)" in asked and "50" not in asked
+
+
+_RECIPE = dict(problem=gmm_ref.Problem("ragged_m", np.ones((4, 2), np.float32), np.ones((2, 2, 2), np.float32),
+                                       np.array([2, 2], np.int32)), numerics=gmm_ref.Numerics())
+
+
+def _failing(line: str, fails, before=(), again_before=None) -> gmm_ref.Mismatch:
+    """A failure as it leaves the property: ``fails(i)`` says whether its example's i-th check again fails;
+    ``before``: the group sizes of the calls of its example before the failing one (``again_before``: before
+    the one that fails when checked again, default the same)."""
+    exc = gmm_ref.Mismatch(f"kernel k vs gmm_ref\nWrong groups:\n  {line}")
+    failures.attach(exc, **_RECIPE, **failures.replayed(before))
+    calls = iter(range(10 ** 6))
+
+    def again() -> None:
+        if fails(next(calls)):
+            other = gmm_ref.Mismatch(line)
+            failures.attach(other, **_RECIPE, **failures.replayed(before if again_before is None else again_before))
+            raise other
+
+    failures.left_property(exc, "Problem(...)")
+    failures.attach_again(exc, again)
+    return exc
+
+
+def _judged(shrunk: BaseException, first: BaseException) -> gmm_kernels.Result:
+    adapter = resolve_kernel(bk.ragged_dot_always_raises, convention="ragged_dot")
+    run = failures.CheckRun(announce=lambda *args: None)
+    run.found(adapter, "graph", "graph", first)  # the first failing example, before Hypothesis shrank it
+    common = dict(kernel=adapter.name, check="graph", family=None, setting="test")
+    return failures.failed_result(adapter, "graph", shrunk, run, common, 0.0)
+
+
+def test_an_intermittent_smallest_example_gives_way_to_a_first_example_that_always_fails():
+    """A kernel's state from earlier examples can make Hypothesis shrink to an example that failed once; the
+    example it started from, failing every call, is the report then."""
+    first = _failing("group 1 (rows [3, 9), size 6): 6 wrong", lambda i: True)
+    shrunk = _failing("group 0 (rows [0, 1), size 1): 1 wrong", lambda i: False)
+    result = _judged(shrunk, first)
+    assert result.status is Status.FAILED and result.error is first, result
+    assert result.detail == "group 1 (rows [3, 9), size 6): 6 wrong"
+    assert "smallest failing example failed 1 of 21 calls" in "\n".join(first.__notes__)
+
+
+def test_an_intermittent_first_example_leaves_the_smallest_one_reported():
+    first = _failing("group 1 (rows [3, 9), size 6): 6 wrong", lambda i: i % 2 == 0)
+    shrunk = _failing("group 0 (rows [0, 1), size 1): 1 wrong", lambda i: i % 3 == 0)
+    result = _judged(shrunk, first)
+    assert result.status is Status.INTERMITTENT and result.error is shrunk, result
+    # Hypothesis' call of the shrunk example failed too: 7 of the 20 checks again, and that one
+    assert result.detail.startswith("failed 8 of 21 calls of the same problem: group 0"), result.detail
+
+
+def test_a_steady_smallest_example_is_the_report_without_checking_the_first_again():
+    first = _failing("group 1 (rows [3, 9), size 6): 6 wrong", lambda i: pytest.fail("checked again"))
+    shrunk = _failing("group 0 (rows [0, 1), size 1): 1 wrong", lambda i: True)
+    result = _judged(shrunk, first)
+    assert result.status is Status.FAILED and result.error is shrunk, result
+
+
+def test_a_first_example_failing_again_only_in_another_call_is_not_steady():
+    """Its example checked again fails every time, but in a later call than the report's: the report's call
+    itself passed, so the first example is no steadier than the smallest."""
+    first = _failing("group 1 (rows [3, 9), size 6): 6 wrong", lambda i: True, before=(), again_before=([1, 2],))
+    shrunk = _failing("group 0 (rows [0, 1), size 1): 1 wrong", lambda i: False)
+    result = _judged(shrunk, first)
+    assert result.status is Status.INTERMITTENT and result.error is shrunk, result
+    steady = _failing("group 1 (rows [3, 9), size 6): 6 wrong", lambda i: True, before=([1, 2],))
+    assert _judged(_failing("group 0 (rows [0, 1), size 1): 1 wrong", lambda i: False), steady).error is steady
