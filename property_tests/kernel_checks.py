@@ -19,10 +19,10 @@ keep catching that bug.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
+import golden
 from gmm_kernels import Status
 from golden.judge import check_goldens, reasons_text, scope_reasons
 from golden.store import MANIFEST
@@ -39,8 +39,8 @@ __all__ = ["CAUSE", "CAUSES", "CHECK", "GOLDEN_DATA", "test_kernel_matches_golde
 #: cause: the plugin prints a failure as soon as it is reported; and what it found, by cause
 #: (``property_tests.checks.causes``), which the plugin sums at the end of the run
 CHECK, CAUSE, CAUSES = "gmm_check", "gmm_cause", "gmm_causes"
-#: this repository's goldens, where the tests run from a checkout (the goldens check is skipped otherwise)
-GOLDEN_DATA = Path(__file__).resolve().parents[1] / "golden" / "data"
+#: the goldens the ``golden`` package ships (in a checkout and in an install alike)
+GOLDEN_DATA = golden.DATA
 
 
 @pytest.mark.kernel
@@ -83,7 +83,8 @@ def test_kernel_matches_reference(gmm_kernel, gmm_mode, request, gmm_check_run):
     raise_failure(result)
 
 
-@pytest.mark.skipif(not (GOLDEN_DATA / MANIFEST).exists(), reason="no golden/data here (not a gmm-harness checkout)")
+@pytest.mark.skipif(not (GOLDEN_DATA / MANIFEST).exists(),
+                    reason=f"no golden manifest in {GOLDEN_DATA}: the golden package's data was not installed")
 @pytest.mark.kernel
 def test_kernel_matches_goldens(gmm_kernel, request):
     """Every golden case of the kernel's convention (the plugin selects the kernels)."""
